@@ -1,0 +1,22 @@
+"""The ways a lock request can fail."""
+
+
+class LockTimeout(Exception):
+    """A wait for a lock ran out of time before the lock could be granted."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"timed out waiting for {key!r}")
+        self.key = key
+
+
+class AlreadyWaiting(Exception):
+    """
+    The owner is already waiting for this key.
+
+    The earlier request stays queued and will be answered; this one changes
+    nothing.
+    """
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"already waiting for {key!r}")
+        self.key = key

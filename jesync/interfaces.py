@@ -1,0 +1,100 @@
+"""The lock service's contract, which every wire protocol is written against."""
+
+from __future__ import annotations
+
+from typing import Hashable, Literal, NamedTuple
+
+from zope.interface import Attribute, Interface
+
+
+class KeyStatus(NamedTuple):
+    """How many owners hold a key and how many wait for it."""
+
+    key: str
+    granted: int
+    waiting: int
+
+
+ListingOrder = Literal["key", "requests", "grants"]
+
+
+class IGrant(Interface):
+    """A lock held by one owner, as handed out by L{ILockService.acquire}."""
+
+    key = Attribute("The key held.")
+    owner = Attribute("Who holds it.")
+    max_concurrent = Attribute("The concurrency this holder admitted the key under.")
+    expires_at = Attribute(
+        "Clock time at which the failsafe releases this grant, or None if it never expires."
+    )
+    seconds_left = Attribute(
+        "Seconds until the failsafe releases this grant (a float), or None if it never expires."
+    )
+
+    def release() -> bool:
+        """
+        Give the lock back.
+
+        @return: True if this grant was still held, False if it had already
+            been released, had expired, or its owner had gone away.
+        """
+
+
+class ILockService(Interface):
+    """
+    A table of named counting locks, shared by every protocol and embedder.
+
+    An owner is any hashable object (a protocol connection, usually).  A key is
+    held by at most as many owners as every holder's C{max_concurrent} allows;
+    other requests wait in arrival order.
+    """
+
+    def acquire(
+        key: str,
+        owner: Hashable,
+        max_concurrent: int = 1,
+        timeout: float = -1,
+        expires: float = 120,
+    ):
+        """
+        Ask for C{key} on behalf of C{owner}.
+
+        @param max_concurrent: how many holders (this one included) the
+            requester accepts; at least 1.
+        @param timeout: seconds to wait; -1 waits for ever, 0 does not wait.
+        @param expires: seconds after the grant at which it is released
+            automatically (the failsafe); 0 means never.
+        @raise ValueError: if a parameter is out of range (nothing changes).
+        @return: a Deferred firing with an L{IGrant}.  If C{owner} already
+            holds C{key}, the grant is renewed (its expiry restarts with
+            C{expires}) and the same grant is returned.  It fails with
+            L{jesync.errors.LockTimeout} when the wait times out, with
+            L{jesync.errors.AlreadyWaiting} at once if C{owner} already waits
+            for C{key} (the first request still stands), and with
+            L{twisted.internet.defer.CancelledError} if it is cancelled or the
+            owner goes away first.
+        """
+
+    def release(key: str, owner: Hashable) -> bool:
+        """
+        Release C{owner}'s grant of C{key}, handing it to the next waiters.
+
+        @return: True if C{owner} held C{key}.
+        """
+
+    def release_all(owner: Hashable) -> None:
+        """
+        Forget C{owner}: release everything it holds and cancel its waits.
+        """
+
+    def status(key: str) -> KeyStatus:
+        """The holder and waiter counts of C{key} (0, 0 for an unused key)."""
+
+    def listing(order: ListingOrder = "key") -> list[KeyStatus]:
+        """
+        Every key in use, sorted by key, by waiting count ("requests",
+        descending) or by holder count ("grants", descending); ties by key.
+        """
+
+
+__all__ = ["IGrant", "ILockService", "KeyStatus", "ListingOrder"]

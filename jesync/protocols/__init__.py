@@ -1,0 +1,1 @@
+"""The wire protocols, one per module, all served over one LockService."""

@@ -1,0 +1,23 @@
+from setuptools import setup
+
+setup(
+    name="jesync",
+    version="0.1.0",
+    description="A lock server (mutexes and counting semaphores) speaking the JESync protocol, on Twisted",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    license="MIT",
+    python_requires=">=3.11",
+    # twisted/plugins has no __init__.py: it is Twisted's namespace for dropins.
+    packages=["jesync", "jesync.protocols", "twisted.plugins"],
+    package_data={"twisted.plugins": ["jesync_plugin.py"]},
+    install_requires=["twisted>=23.10", "zope.interface>=5", "automat>=22.10"],
+    extras_require={
+        "test": ["pytest>=7", "pytest-twisted>=1.14", "hypothesis>=6"],
+    },
+    classifiers=[
+        "Framework :: Twisted",
+        "Programming Language :: Python :: 3",
+        "Topic :: System :: Distributed Computing",
+    ],
+)

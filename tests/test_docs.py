@@ -1,0 +1,49 @@
+"""
+The README's embedding example runs as written and prints what the README
+says it prints.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from twisted.trial.unittest import SynchronousTestCase
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def readme_blocks(language: str) -> list[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
+
+
+class ReadmeTests(SynchronousTestCase):
+    def test_opens_with_two_commands(self) -> None:
+        """The first code block holds exactly the install-and-run and install-and-test commands."""
+        first = readme_blocks("sh")[0].splitlines()
+        self.assertEqual(
+            first,
+            ["pip install . && twistd -n jesync", "pip install '.[test]' && python -m pytest"],
+        )
+
+    def test_embedding_example_runs_as_documented(self) -> None:
+        [example] = readme_blocks("python")
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        result = subprocess.run(
+            [sys.executable, "-c", example],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        self.assertEqual(result.returncode, 0, result.stderr)
+        [expected] = readme_blocks("text")
+        lines = result.stdout.splitlines()
+        expected_lines = expected.splitlines()
+        self.assertEqual(len(lines), len(expected_lines), result.stdout)
+        self.assertRegex(lines[0], r"^serving JESync on port \d+$")
+        self.assertEqual(lines[1:], expected_lines[1:])

@@ -18,8 +18,11 @@ import math
 from typing import Callable, Generic, Hashable, TypeVar
 
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.logger import Logger
 
 TICKS_PER_SECOND = 100
+
+_ABSENT = object()
 
 Item = TypeVar("Item", bound=Hashable)
 
@@ -36,6 +39,8 @@ class Deadlines(Generic[Item]):
     Items fire in deadline order, and in the order they were added within one
     tick.  C{fire} may add and remove items.
     """
+
+    _log = Logger()
 
     def __init__(self, clock: IReactorTime, fire: Callable[[Item], object]) -> None:
         self._clock = clock
@@ -61,11 +66,12 @@ class Deadlines(Generic[Item]):
                 self._schedule(tick)
         bucket[item] = None
 
-    def remove(self, item: Item, at: float) -> None:
-        """Forget C{item}, which was added with deadline C{at}."""
+    def discard(self, item: Item, at: float) -> None:
+        """Forget C{item}, added with deadline C{at}, unless it has already fired."""
         tick = _tick(at)
-        bucket = self._buckets[tick]
-        del bucket[item]
+        bucket = self._buckets.get(tick)
+        if bucket is None or bucket.pop(item, _ABSENT) is _ABSENT:
+            return
         if not bucket:
             del self._buckets[tick]
             # Emptied ticks stay in the heap until due; rebuild it when they
@@ -95,7 +101,11 @@ class Deadlines(Generic[Item]):
                 continue
             item = next(iter(bucket))
             del bucket[item]
-            self._fire(item)
+            try:
+                self._fire(item)
+            except Exception:
+                # A failing callback must not stop every later deadline.
+                self._log.failure("deadline callback failed for {item!r}", item=item)
         if self._ticks:
             # (replacing any timer an add() made while items were firing)
             self._schedule(self._ticks[0])

@@ -203,8 +203,7 @@ class LockService:
             granted.extend(self._admit(key, self._locks[key]))
         for key in entries:
             self._forget_if_idle(key)
-        for deferred, grant in granted:
-            deferred.callback(grant)
+        self._deliver(granted)
         for deferred in cancelled:
             deferred.cancel()
 
@@ -242,7 +241,7 @@ class LockService:
     def _renew(self, grant: Grant, expires: float) -> None:
         """Restart C{grant}'s failsafe; its C{max_concurrent} stays as granted."""
         if grant.expires_at is not None:
-            self._expiries.remove(grant, grant.expires_at)
+            self._expiries.discard(grant, grant.expires_at)
         grant.expires_at = self.clock.seconds() + expires if expires else None
         if grant.expires_at is not None:
             self._expiries.add(grant, grant.expires_at)
@@ -287,7 +286,7 @@ class LockService:
         waiter.deferred = None
         lock.waiting -= 1
         if waiter.timeout_at is not None:
-            self._wait_timeouts.remove(waiter, waiter.timeout_at)
+            self._wait_timeouts.discard(waiter, waiter.timeout_at)
         waiters = lock.waiters
         assert waiters is not None
         if not lock.waiting:
@@ -299,22 +298,38 @@ class LockService:
     def _remove_holder(self, lock: _Lock, grant: Grant) -> None:
         lock.holders.remove(grant)
         if grant.expires_at is not None:
-            self._expiries.remove(grant, grant.expires_at)
+            self._expiries.discard(grant, grant.expires_at)
 
     def _release_grant(self, grant: Grant) -> bool:
         """Release C{grant} if it is still its owner's hold on its key."""
-        key, owner = grant.key, grant.owner
-        held = self._owners.get(owner)
-        if held is None or held.get(key) is not grant:
+        if not self._holds(grant):
             return False
-        self._forget_entry(owner, held, key)
+        key, owner = grant.key, grant.owner
+        self._forget_entry(owner, self._owners[owner], key)
         lock = self._locks[key]
         self._remove_holder(lock, grant)
         granted = self._admit(key, lock)
         self._forget_if_idle(key)
-        for deferred, new_grant in granted:
-            deferred.callback(new_grant)
+        self._deliver(granted)
         return True
+
+    def _deliver(self, granted: list[tuple[Deferred[Grant], Grant]]) -> None:
+        """Fire the Deferreds of new grants, once the table is final."""
+        for deferred, grant in granted:
+            if deferred.called:
+                # An earlier callback cancelled it after it was granted but
+                # before it was told: give the grant back.
+                grant.release()
+            elif not self._holds(grant):
+                # An earlier callback released it (or its owner) first.
+                deferred.cancel()
+            else:
+                deferred.callback(grant)
+
+    def _holds(self, grant: Grant) -> bool:
+        """Whether C{grant} is still its owner's hold on its key."""
+        held = self._owners.get(grant.owner)
+        return held is not None and held.get(grant.key) is grant
 
     def _withdraw(self, waiter: _Waiter) -> None:
         """Take a waiter out of its queue, leaving its Deferred unfired."""
@@ -328,14 +343,11 @@ class LockService:
     # -- clock events ----------------------------------------------------
 
     def _expire(self, grant: Grant) -> None:
-        # The deadline queue has already forgotten the grant.
-        grant.expires_at = None
         self._release_grant(grant)
 
     def _time_out(self, waiter: _Waiter) -> None:
         deferred = waiter.deferred
         assert deferred is not None
-        waiter.timeout_at = None  # the deadline queue has already forgotten it
         self._withdraw(waiter)
         deferred.errback(LockTimeout(waiter.key))
 

@@ -74,6 +74,13 @@ class Deadlines(Generic[Item]):
             return
         if not bucket:
             del self._buckets[tick]
+            if not self._buckets:
+                # Nothing left: no timer, no stale ticks (an idle server sleeps).
+                self._ticks.clear()
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
+                return
             # Emptied ticks stay in the heap until due; rebuild it when they
             # outnumber the live ones so churn cannot grow it without bound.
             if len(self._ticks) > 2 * len(self._buckets) + 64:

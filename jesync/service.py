@@ -25,6 +25,7 @@ from zope.interface import implementer
 from jesync.deadlines import Deadlines
 from jesync.errors import AlreadyWaiting, LockTimeout
 from jesync.interfaces import IGrant, ILockService, KeyStatus, ListingOrder
+from jesync.keys import encode_key
 
 DEFAULT_EXPIRES = 120
 WAIT_FOREVER = -1
@@ -107,6 +108,11 @@ class _Lock:
 
 
 _Held = Union[Grant, _Waiter]
+
+
+def _by_key(row: KeyStatus) -> bytes:
+    """Keys sort by their bytes on the wire (for UTF-8 keys, code point order)."""
+    return encode_key(row.key)
 
 
 def check_request(max_concurrent: int, timeout: float, expires: float) -> None:
@@ -216,15 +222,16 @@ class LockService:
         return KeyStatus(key, len(lock.holders), lock.waiting)
 
     def listing(self, order: ListingOrder = "key") -> list[KeyStatus]:
-        rows = [KeyStatus(key, len(lock.holders), lock.waiting) for key, lock in self._locks.items()]
         if order == "key":
-            rows.sort()
+            sort_key = _by_key
         elif order == "requests":
-            rows.sort(key=lambda row: (-row.waiting, row.key))
+            sort_key = lambda row: (-row.waiting, _by_key(row))  # noqa: E731
         elif order == "grants":
-            rows.sort(key=lambda row: (-row.granted, row.key))
+            sort_key = lambda row: (-row.granted, _by_key(row))  # noqa: E731
         else:
             raise ValueError(f"unknown listing order {order!r}")
+        rows = [KeyStatus(key, len(lock.holders), lock.waiting) for key, lock in self._locks.items()]
+        rows.sort(key=sort_key)
         return rows
 
     # -- the rules -------------------------------------------------------

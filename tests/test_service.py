@@ -909,6 +909,15 @@ class StatusAndListingTests(ServiceTestCase):
         self.assertEqual(self.service.status("nothing"), KeyStatus("nothing", 0, 0))
         self.assertNotIn("nothing", self.service._locks)
 
+    def test_listing_sorts_keys_by_their_bytes(self) -> None:
+        """Keys that are not UTF-8 (surrogate escapes) sort by their wire bytes too."""
+        wire_keys = [b"\xee\x80\x80", b"\xff", b"\xed\x9f\xbf", b"\x80", b"\xc3\xa9", b"z"]
+        for n, raw in enumerate(wire_keys):
+            self.grant(raw.decode("utf-8", "surrogateescape"), n)
+        for order in ["key", "requests", "grants"]:
+            listed = [row.key.encode("utf-8", "surrogateescape") for row in self.service.listing(order)]
+            self.assertEqual(listed, sorted(wire_keys), order)
+
     def fill(self) -> None:
         """b: 2 holders, 0 waiting; a: 1 holder, 3 waiting; c and d: 1 holder, 1 waiting each."""
         self.grant("b", "x", max_concurrent=2)

@@ -18,6 +18,7 @@ from twisted.python.failure import Failure
 
 from jesync.errors import AlreadyWaiting, LockTimeout
 from jesync.interfaces import ILockService, KeyStatus
+from jesync.keys import decode_key, encode_key
 from jesync.protocols.lines import LockLineReceiver
 from jesync.service import DEFAULT_EXPIRES, WAIT_FOREVER, Grant
 
@@ -37,19 +38,6 @@ def parse_integer(field: bytes, name: str) -> int:
     if abs(value) > LARGEST_NUMBER:
         raise BadRequest(f"{name} is out of range")
     return value
-
-
-def decode_key(field: bytes) -> str:
-    """
-    Keys are opaque bytes.  They become C{str} as UTF-8, with any invalid
-    bytes kept as surrogate escapes, so every byte string is a distinct key
-    and is echoed back exactly.
-    """
-    return field.decode("utf-8", "surrogateescape")
-
-
-def encode_key(key: str) -> bytes:
-    return key.encode("utf-8", "surrogateescape")
 
 
 class JESyncProtocol(LockLineReceiver):
@@ -138,6 +126,9 @@ class JESyncProtocol(LockLineReceiver):
             for row in self.service.listing(order)
         ]
         lines.append(b"END\n")
+        if self.verbose:
+            for line in lines:
+                self.log.debug("{peer} answered {line!r}", peer=self.peer, line=line[:-1])
         self.transport.write(b"".join(lines))
 
     def do_status_by_key(self, args: list[bytes]) -> None:

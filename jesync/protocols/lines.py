@@ -7,8 +7,10 @@ connections, and giving everything back when a connection goes.
 from __future__ import annotations
 
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
+from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.logger import Logger
 from twisted.protocols.basic import LineReceiver
+from zope.interface import implementer
 
 from jesync.interfaces import ILockService
 
@@ -19,10 +21,12 @@ def describe_peer(address: object) -> str:
         host = f"[{address.host}]" if isinstance(address, IPv6Address) else address.host
         return f"{host}:{address.port}"
     if isinstance(address, UNIXAddress):
-        return f"unix:{address.name.decode() if isinstance(address.name, bytes) else address.name or ''}"
+        name = address.name.decode(errors="backslashreplace") if isinstance(address.name, bytes) else address.name
+        return f"unix:{name or ''}"
     return str(address)
 
 
+@implementer(IHalfCloseableProtocol)
 class LockLineReceiver(LineReceiver):
     """
     A line protocol whose connection is an owner in a L{ILockService}.
@@ -37,7 +41,8 @@ class LockLineReceiver(LineReceiver):
     itself as the producer of its own replies, so when more than the
     transport's buffer size (64 KiB) of replies is unsent, reading from that
     client stops until they drain: a client that never reads cannot make the
-    server buffer without bound.
+    server buffer without bound.  A client that shuts down its sending side
+    is answered, then closed.
     """
 
     delimiter = b"\n"
@@ -57,6 +62,16 @@ class LockLineReceiver(LineReceiver):
     def connectionLost(self, reason: object = None) -> None:
         self.service.release_all(self)
         self.log.info("{peer} disconnected", peer=self.peer)
+
+    def readConnectionLost(self) -> None:
+        """
+        The client has sent all it will (it shut down its side, as C{nc -N}
+        does): let the replies already written reach it, then close.
+        """
+        self.close()
+
+    def writeConnectionLost(self) -> None:
+        """Never asked for: the server closes both directions at once."""
 
     def dataReceived(self, data: bytes) -> None:
         buffer = self._buffer + data if self._buffer else data
@@ -78,7 +93,9 @@ class LockLineReceiver(LineReceiver):
                 line = line[:-1]
             self.lineReceived(line)
         rest = buffer[start:]
-        if len(rest) > self.MAX_LENGTH + 1 and not transport.disconnecting:
+        # While paused, the rest may hold whole lines not yet read: it is only
+        # one line's beginning once reading goes on (resumeProducing).
+        if len(rest) > self.MAX_LENGTH + 1 and not self.paused and not transport.disconnecting:
             self._buffer = b""
             self.lineTooLong()
             return

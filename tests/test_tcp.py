@@ -1,0 +1,640 @@
+"""
+The JESync protocol over real TCP, against a server listening in this process
+(built with the embedding API: C{JESyncFactory(LockService(reactor))}).
+
+Nothing here sleeps: every step waits for the reply line it expects (or the
+connection closing), with a bounded timeout.  That a line is I{not} sent is
+shown by order: the next line a client reads is the reply to a later command.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from socket import SO_RCVBUF, SO_SNDBUF, SOL_SOCKET
+from unittest import skipIf
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, gatherResults, inlineCallbacks
+from twisted.internet.endpoints import UNIXServerEndpoint
+from twisted.internet.error import ConnectionDone, ConnectionLost
+from twisted.internet.protocol import Factory
+from twisted.trial.unittest import TestCase
+
+from jesync import JESyncFactory, LockService
+from tests.support import (
+    INVALID_PARAMETER_CASES,
+    TIMEOUT,
+    ConnectionTracker,
+    Flood,
+    LineClient,
+    TCPServer,
+    unsent_bytes,
+)
+
+MAX_LINE = 8192
+
+
+class TCPTestCase(TestCase):
+    timeout = 30
+
+    @inlineCallbacks
+    def setUp(self):
+        self.server = yield TCPServer.start(self)
+        self.service = self.server.service
+
+    def tearDown(self) -> None:
+        # Never a traceback, whatever the test sent.
+        self.assertEqual(self.flushLoggedErrors(), [])
+
+    def connect(self) -> Deferred:
+        return self.server.connect()
+
+    def connect_many(self, count: int) -> Deferred:
+        return self.server.connect_many(count)
+
+    @inlineCallbacks
+    def wait_gone(self, client):
+        """Wait until the server has seen C{client}'s connection go."""
+        yield client.wait_closed()
+        yield self.server.wait_server_lost([self.server.protocol_for(client)])
+
+
+class FramingTests(TCPTestCase):
+    @inlineCallbacks
+    def test_newline_and_carriage_return(self):
+        client = yield self.connect()
+        self.assertEqual((yield client.ask(b"status k\n")), b"STATUS 0 0 k\n")
+        self.assertEqual((yield client.ask(b"lock k\r\n")), b"GRANTED 1 0 k 120\n")
+        self.assertEqual((yield client.ask(b"status k\r\n")), b"STATUS 1 0 k\n")
+
+    @inlineCallbacks
+    def test_line_in_pieces(self):
+        client = yield self.connect()
+        self.assertEqual((yield client.ask(b"status k\n")), b"STATUS 0 0 k\n")
+        served = self.server.protocol_for(client)
+        real_received = served.dataReceived
+        arrivals: list[Deferred[None]] = []
+
+        def dataReceived(data):
+            real_received(data)
+            if arrivals:
+                arrivals.pop(0).callback(None)
+
+        served.dataReceived = dataReceived
+        # each piece reaches the server on its own before the next is sent
+        for piece in [b"lock k 2 ", b"-1 30", b"\r"]:
+            arrival = Deferred()
+            arrivals.append(arrival)
+            client.send(piece)
+            yield arrival.addTimeout(TIMEOUT, reactor)
+        self.assertEqual(client.unread(), b"")
+        self.assertEqual((yield client.ask(b"\nstatus k\n", 2)), b"GRANTED 1 0 k 30\nSTATUS 1 0 k\n")
+
+    @inlineCallbacks
+    def test_runs_of_whitespace(self):
+        client = yield self.connect()
+        self.assertEqual(
+            (yield client.ask(b"  lock \t k   2\t\t-1 \x0b 30  \n\tstatus\x0ck \r\nrelease  k\t\n", 3)),
+            b"GRANTED 1 0 k 30\nSTATUS 1 0 k\nRELEASED 0 0 k\n",
+        )
+
+    @inlineCallbacks
+    def test_pipelining(self):
+        client, other = yield self.connect_many(2)
+        yield other.ask(b"lock busy\n")
+        commands = b"".join(b"lock k%d\nstatus k%d\n" % (i, i) for i in range(1000))
+        commands += b"lock busy\nbogus\nstatus busy\nstatus-by-grants\nrelease k0\n"
+        expected = b"".join(b"GRANTED 1 0 k%d 120\nSTATUS 1 0 k%d\n" % (i, i) for i in range(1000))
+        expected += b"INVALID_COMMAND\nSTATUS 1 1 busy\n"
+        keys = sorted([b"busy"] + [b"k%d" % i for i in range(1000)])
+        expected += b"".join(b"STATUS 1 %d %s\n" % (key == b"busy", key) for key in keys)
+        expected += b"END\nRELEASED 0 0 k0\n"
+        self.assertEqual((yield client.ask(commands, expected.count(b"\n"))), expected)
+
+
+class LockTests(TCPTestCase):
+    @inlineCallbacks
+    def test_defaults_and_waiting_does_not_block(self):
+        holder, waiter = yield self.connect_many(2)
+        self.assertEqual((yield holder.ask(b"lock k\n")), b"GRANTED 1 0 k 120\n")
+        self.assertEqual(
+            (yield waiter.ask(b"lock k\nstatus k\nlock other\nstatus-by-key\n", 5)),
+            b"STATUS 1 1 k\nGRANTED 1 0 other 120\nSTATUS 1 1 k\nSTATUS 1 0 other\nEND\n",
+        )
+        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 1 0 k\n")
+        self.assertEqual((yield waiter.read_line()), b"GRANTED 1 0 k 120\n")
+
+    @inlineCallbacks
+    def test_max_concurrent(self):
+        clients = yield self.connect_many(4)
+        for n, client in enumerate(clients[:3], 1):
+            self.assertEqual((yield client.ask(b"lock k 3\n")), b"GRANTED %d 0 k 120\n" % n)
+        self.assertEqual((yield clients[3].ask(b"lock k 3\nstatus k\n")), b"STATUS 3 1 k\n")
+        self.assertEqual((yield clients[1].ask(b"release k\n")), b"RELEASED 3 0 k\n")
+        self.assertEqual((yield clients[3].read_line()), b"GRANTED 3 0 k 120\n")
+
+    @inlineCallbacks
+    def test_less_strict_request_passes_stricter_one(self):
+        holder, strict, loose = yield self.connect_many(3)
+        self.assertEqual((yield holder.ask(b"lock k 3\n")), b"GRANTED 1 0 k 120\n")
+        self.assertEqual((yield strict.ask(b"lock k 1\nstatus k\n")), b"STATUS 1 1 k\n")
+        self.assertEqual((yield loose.ask(b"lock k 3\n")), b"GRANTED 2 1 k 120\n")
+        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 1 1 k\n")
+        self.assertEqual((yield loose.ask(b"release k\n")), b"RELEASED 1 0 k\n")
+        self.assertEqual((yield strict.read_line()), b"GRANTED 1 0 k 120\n")
+
+    @inlineCallbacks
+    def test_protocol_md_example(self):
+        c1, c2 = yield self.connect_many(2)
+        self.assertEqual((yield c1.ask(b"lock report 1 -1 60\n")), b"GRANTED 1 0 report 60\n")
+        self.assertEqual((yield c2.ask(b"lock report 1 30\nstatus report\n")), b"STATUS 1 1 report\n")
+        self.assertEqual((yield c1.ask(b"release report\n")), b"RELEASED 1 0 report\n")
+        self.assertEqual((yield c2.read_line()), b"GRANTED 1 0 report 120\n")
+        self.assertEqual((yield c2.ask(b"status-by-key\n", 2)), b"STATUS 1 0 report\nEND\n")
+
+    @inlineCallbacks
+    def test_expires_argument(self):
+        client = yield self.connect()
+        self.assertEqual((yield client.ask(b"lock k 1 10 30\n")), b"GRANTED 1 0 k 30\n")
+        self.assertEqual((yield client.ask(b"lock j 1 -1 0\n")), b"GRANTED 1 0 j 0\n")
+
+    @inlineCallbacks
+    def test_timeout(self):
+        holder, waiter, other = yield self.connect_many(3)
+        yield holder.ask(b"lock k\n")
+        yield other.ask(b"lock k\nstatus k\n")
+        waiter.send(b"lock k 1 1\n")
+        self.assertEqual((yield waiter.ask(b"status k\n")), b"STATUS 1 2 k\n")
+        self.assertEqual((yield waiter.read_line()), b"TIMEOUT 1 1 k\n")
+        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 1 0 k\n")
+        self.assertEqual((yield other.read_line()), b"GRANTED 1 0 k 120\n")
+        self.assertEqual((yield waiter.ask(b"status k\n")), b"STATUS 1 0 k\n")
+
+    @inlineCallbacks
+    def test_timeout_zero(self):
+        holder, waiter = yield self.connect_many(2)
+        yield holder.ask(b"lock k\n")
+        self.assertEqual((yield waiter.ask(b"lock k 1 0\n")), b"TIMEOUT 1 0 k\n")
+        self.assertEqual((yield waiter.ask(b"lock free 1 0\n")), b"GRANTED 1 0 free 120\n")
+
+    @inlineCallbacks
+    def test_waiter_granted_with_own_expires(self):
+        holder, waiter = yield self.connect_many(2)
+        yield holder.ask(b"lock k\n")
+        self.assertEqual((yield waiter.ask(b"lock k 1 -1 30\nstatus k\n")), b"STATUS 1 1 k\n")
+        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 1 0 k\n")
+        self.assertEqual((yield waiter.read_line()), b"GRANTED 1 0 k 30\n")
+
+    @inlineCallbacks
+    def test_fifo(self):
+        holder, *waiters = yield self.connect_many(4)
+        yield holder.ask(b"lock k\n")
+        for n, waiter in enumerate(waiters, 1):
+            self.assertEqual((yield waiter.ask(b"lock k\nstatus k\n")), b"STATUS 1 %d k\n" % n)
+        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 1 2 k\n")
+        self.assertEqual((yield waiters[0].read_line()), b"GRANTED 1 2 k 120\n")
+        self.assertEqual((yield waiters[0].ask(b"release k\n")), b"RELEASED 1 1 k\n")
+        self.assertEqual((yield waiters[1].read_line()), b"GRANTED 1 1 k 120\n")
+        self.assertEqual((yield waiters[2].ask(b"status k\n")), b"STATUS 1 1 k\n")
+
+
+class RenewalTests(TCPTestCase):
+    @inlineCallbacks
+    def test_lock_again_while_holding_restarts_expiry(self):
+        holder, waiter = yield self.connect_many(2)
+        self.assertEqual((yield holder.ask(b"lock k 1 -1 1\n")), b"GRANTED 1 0 k 1\n")
+        self.assertEqual((yield holder.ask(b"lock k 1 -1 60\n")), b"GRANTED 1 0 k 60\n")
+        # Had the first expiry stood, this wait would be granted after 1s.
+        self.assertEqual((yield waiter.ask(b"lock k 1 2\nstatus k\n")), b"STATUS 1 1 k\n")
+        self.assertEqual((yield waiter.read_line()), b"TIMEOUT 1 0 k\n")
+        self.assertEqual((yield holder.ask(b"lock k\n")), b"GRANTED 1 0 k 120\n")
+        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 0 0 k\n")
+
+    @inlineCallbacks
+    def test_lock_again_while_waiting_answered_once(self):
+        holder, waiter = yield self.connect_many(2)
+        yield holder.ask(b"lock k\n")
+        self.assertEqual(
+            (yield waiter.ask(b"lock k\nlock k 1 1\nlock k 3 0 9\nstatus k\n")), b"STATUS 1 1 k\n"
+        )
+        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 1 0 k\n")
+        self.assertEqual((yield waiter.ask(b"status k\n", 2)), b"GRANTED 1 0 k 120\nSTATUS 1 0 k\n")
+
+
+class ExpiryTests(TCPTestCase):
+    @inlineCallbacks
+    def test_owner_not_told_and_waiter_granted(self):
+        owner, waiter = yield self.connect_many(2)
+        self.assertEqual((yield owner.ask(b"lock k 1 -1 1\n")), b"GRANTED 1 0 k 1\n")
+        self.assertEqual((yield waiter.ask(b"lock k 1 -1 20\nstatus k\n")), b"STATUS 1 1 k\n")
+        self.assertEqual((yield waiter.read_line()), b"GRANTED 1 0 k 20\n")
+        # The owner's next line is the answer to its next command.
+        self.assertEqual((yield owner.ask(b"release k\n")), b"NOT_RELEASED 1 0 k\n")
+        self.assertEqual(owner.unread(), b"")
+        self.assertEqual((yield waiter.ask(b"release k\n")), b"RELEASED 0 0 k\n")
+
+
+class ReleaseTests(TCPTestCase):
+    @inlineCallbacks
+    def test_release_replies(self):
+        holder, other = yield self.connect_many(2)
+        self.assertEqual((yield other.ask(b"release k\n")), b"NOT_RELEASED 0 0 k\n")
+        yield holder.ask(b"lock k 2\n")
+        self.assertEqual((yield other.ask(b"release k\n")), b"NOT_RELEASED 1 0 k\n")
+        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 0 0 k\n")
+        self.assertEqual((yield holder.ask(b"release k\n")), b"NOT_RELEASED 0 0 k\n")
+
+    @inlineCallbacks
+    def test_release_while_waiting(self):
+        holder, waiter = yield self.connect_many(2)
+        yield holder.ask(b"lock k\n")
+        self.assertEqual((yield waiter.ask(b"lock k\nrelease k\n")), b"NOT_RELEASED 1 1 k\n")
+        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 1 0 k\n")
+        self.assertEqual((yield waiter.read_line()), b"GRANTED 1 0 k 120\n")
+
+
+class StatusTests(TCPTestCase):
+    @inlineCallbacks
+    def test_status(self):
+        clients = yield self.connect_many(5)
+        self.assertEqual((yield clients[0].ask(b"status unused\n")), b"STATUS 0 0 unused\n")
+        for client in clients:
+            client.send(b"lock k 2\n")
+        self.assertEqual((yield clients[0].read_line()), b"GRANTED 1 0 k 120\n")
+        self.assertEqual((yield clients[1].read_line()), b"GRANTED 2 0 k 120\n")
+        # the last three lock requests have surely been read once they answer this
+        for client in clients[2:]:
+            yield client.ask(b"status x\n")
+        self.assertEqual((yield clients[0].ask(b"status k\n")), b"STATUS 2 3 k\n")
+
+    @inlineCallbacks
+    def test_listings(self):
+        c1, c2, c3, c4, client = yield self.connect_many(5)
+        self.assertEqual((yield client.ask(b"status-by-key\nstatus-by-requests\nstatus-by-grants\n", 3)), b"END\n" * 3)
+        yield c1.ask(b"lock d\nlock c\nlock b 3\nlock a\n", 4)
+        yield c2.ask(b"lock a\nlock b 3\n")
+        yield c3.ask(b"lock a\nlock d\nstatus d\n")
+        yield c4.ask(b"lock d\nstatus d\n")
+        self.assertEqual(
+            (yield client.ask(b"status-by-key\n", 5)),
+            b"STATUS 1 2 a\nSTATUS 2 0 b\nSTATUS 1 0 c\nSTATUS 1 2 d\nEND\n",
+        )
+        self.assertEqual(
+            (yield client.ask(b"status-by-requests\n", 5)),
+            b"STATUS 1 2 a\nSTATUS 1 2 d\nSTATUS 2 0 b\nSTATUS 1 0 c\nEND\n",
+        )
+        self.assertEqual(
+            (yield client.ask(b"status-by-grants\n", 5)),
+            b"STATUS 2 0 b\nSTATUS 1 2 a\nSTATUS 1 0 c\nSTATUS 1 2 d\nEND\n",
+        )
+
+
+class QuitTests(TCPTestCase):
+    @inlineCallbacks
+    def test_quit_closes_and_releases(self):
+        quitter, waiter = yield self.connect_many(2)
+        yield quitter.ask(b"lock a\nlock b 2\nstatus b\n", 3)
+        self.assertEqual((yield waiter.ask(b"lock a\nlock b 1\nstatus b\n")), b"STATUS 1 1 b\n")
+        quitter.send(b"status a\nquit\nlock c\nstatus a\n")
+        self.assertEqual((yield quitter.read_line()), b"STATUS 1 1 a\n")
+        reason = yield quitter.wait_closed()
+        self.assertIsInstance(reason, ConnectionDone)
+        self.assertEqual(quitter.unread(), b"")
+        self.assertEqual(
+            (yield waiter.read_lines(2)), [b"GRANTED 1 0 a 120\n", b"GRANTED 1 0 b 120\n"]
+        )
+        self.assertEqual((yield waiter.ask(b"status-by-key\n", 3)), b"STATUS 1 0 a\nSTATUS 1 0 b\nEND\n")
+
+    @inlineCallbacks
+    def test_quit_with_arguments_is_invalid(self):
+        client = yield self.connect()
+        self.assertEqual(
+            (yield client.ask(b"quit now\nQUIT\nstatus k\n", 3)),
+            b"INVALID_PARAMETER: too many arguments\nINVALID_COMMAND\nSTATUS 0 0 k\n",
+        )
+
+
+class InvalidRequestTests(TCPTestCase):
+    @inlineCallbacks
+    def test_invalid_commands(self):
+        client = yield self.connect()
+        lines = [b"", b"\r", b"   ", b" \t \x0b\x0c ", b"hello", b"LOCK k", b"Lock k", b"RELEASE k",
+                 b"STATUS k", b"lockk", b"status_by_key", b"\x00", b"\xff\xfe\x80 k", b"l\xc3\xb6ck k"]
+        self.assertEqual(
+            (yield client.ask(b"\n".join(lines) + b"\nstatus k\n", len(lines) + 1)),
+            b"INVALID_COMMAND\n" * len(lines) + b"STATUS 0 0 k\n",
+        )
+        garbage = bytes(range(256)).replace(b"\n", b"").replace(b" ", b"")
+        self.assertEqual(
+            (yield client.ask(garbage + b"\n" + garbage[::-1] + b"\r\nlock k\n", 3)),
+            b"INVALID_COMMAND\nINVALID_COMMAND\nGRANTED 1 0 k 120\n",
+        )
+        self.assertEqual(self.flushLoggedErrors(), [])
+
+    @inlineCallbacks
+    def test_invalid_parameters(self):
+        holder, client = yield self.connect_many(2)
+        yield holder.ask(b"lock k 1 -1 0\n")
+        cases = INVALID_PARAMETER_CASES
+        request = b"".join(line + b"\n" for line, message in cases)
+        expected = b"".join(b"INVALID_PARAMETER: " + message + b"\n" for line, message in cases)
+        self.assertEqual((yield client.ask(request, len(cases))), expected)
+        self.assertEqual(
+            (yield client.ask(b"status-by-key\nlock k2\n", 3)), b"STATUS 1 0 k\nEND\nGRANTED 1 0 k2 120\n"
+        )
+
+
+class DisconnectTests(TCPTestCase):
+    @inlineCallbacks
+    def hand_over(self, leave):
+        """C{leave} makes the holder go; its waiter gets both its keys."""
+        holder, waiter = yield self.connect_many(2)
+        yield holder.ask(b"lock k\nlock j 1 -1 0\n", 2)
+        self.assertEqual((yield waiter.ask(b"lock k\nlock j\nstatus j\n")), b"STATUS 1 1 j\n")
+        yield leave(holder)
+        self.assertEqual(
+            (yield waiter.read_lines(2)), [b"GRANTED 1 0 k 120\n", b"GRANTED 1 0 j 120\n"]
+        )
+        yield self.wait_gone(holder)
+        self.assertEqual((yield waiter.ask(b"status-by-key\n", 3)), b"STATUS 1 0 j\nSTATUS 1 0 k\nEND\n")
+
+    def test_clean_close(self):
+        return self.hand_over(lambda client: client.disconnect())
+
+    def test_abort(self):
+        return self.hand_over(lambda client: client.abort())
+
+    def test_mid_line(self):
+        def leave(client):
+            client.send(b"release k\nrelease j")
+            return client.read_line().addCallback(
+                lambda line: (self.assertEqual(line, b"RELEASED 1 0 k\n"), client.abort())[1]
+            )
+
+        return self.hand_over(leave)
+
+    @inlineCallbacks
+    def test_while_waiting(self):
+        holder, waiter, third = yield self.connect_many(3)
+        yield holder.ask(b"lock k\n")
+        self.assertEqual((yield waiter.ask(b"lock k\nstatus k\n")), b"STATUS 1 1 k\n")
+        self.assertEqual((yield third.ask(b"lock k\nstatus k\n")), b"STATUS 1 2 k\n")
+        yield waiter.disconnect()
+        yield self.wait_gone(waiter)
+        self.assertEqual((yield third.ask(b"status k\n")), b"STATUS 1 1 k\n")
+        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 1 0 k\n")
+        self.assertEqual((yield third.read_line()), b"GRANTED 1 0 k 120\n")
+
+
+class LineLengthTests(TCPTestCase):
+    @inlineCallbacks
+    def test_longest_line_accepted(self):
+        client = yield self.connect()
+        key = b"k" * (MAX_LINE - len(b"lock "))
+        self.assertEqual((yield client.ask(b"lock " + key + b"\n")), b"GRANTED 1 0 " + key + b" 120\n")
+        key = b"s" * (MAX_LINE - len(b"status "))
+        self.assertEqual((yield client.ask(b"status " + key + b"\r\n")), b"STATUS 0 0 " + key + b"\n")
+
+    @inlineCallbacks
+    def test_too_long_closes_only_that_connection(self):
+        client, other = yield self.connect_many(2)
+        yield client.ask(b"lock held\n")
+        yield other.ask(b"lock mine\n")
+        key = b"k" * (MAX_LINE + 1 - len(b"status "))
+        self.assertEqual(
+            (yield client.ask(b"status a\nstatus " + key + b"\nstatus b\n", 2)),
+            b"STATUS 0 0 a\nINVALID_PARAMETER: line too long\n",
+        )
+        reason = yield client.wait_closed()
+        self.assertIsInstance(reason, ConnectionDone)
+        self.assertEqual(client.unread(), b"")
+        self.assertEqual(
+            (yield other.ask(b"lock held 1 0\nstatus-by-key\n", 4)),
+            b"GRANTED 1 0 held 120\nSTATUS 1 0 held\nSTATUS 1 0 mine\nEND\n",
+        )
+
+    @inlineCallbacks
+    def test_endless_line(self):
+        client, other = yield self.connect_many(2)
+        client.send(b"x" * 100000)
+        self.assertEqual((yield client.read_line()), b"INVALID_PARAMETER: line too long\n")
+        reason = yield client.wait_closed()
+        # the server may close with unread bytes, which is a reset
+        self.assertIsInstance(reason, (ConnectionDone, ConnectionLost))
+        self.assertEqual(client.unread(), b"")
+        self.assertEqual((yield other.ask(b"status x\n")), b"STATUS 0 0 x\n")
+
+
+class OpaqueKeyTests(TCPTestCase):
+    @inlineCallbacks
+    def test_keys_are_bytes(self):
+        client, other = yield self.connect_many(2)
+        keys = [b"\xff\xfe", b"a\x00b", b"\x00", b"\xc3", b"\xed\xa0\x80", b"caf\xc3\xa9", b"\xc3\xbf", b"\xff"]
+        for key in keys:
+            self.assertEqual((yield client.ask(b"lock " + key + b"\n")), b"GRANTED 1 0 " + key + b" 120\n")
+            self.assertEqual(
+                (yield other.ask(b"lock %s 1 0\nstatus %s\nrelease %s\n" % (key, key, key), 3)),
+                b"TIMEOUT 1 0 %s\nSTATUS 1 0 %s\nNOT_RELEASED 1 0 %s\n" % (key, key, key),
+            )
+        listing = yield client.ask(b"status-by-key\n", len(keys) + 1)
+        self.assertEqual(
+            sorted(listing.split(b"\n")[:-2]), sorted(b"STATUS 1 0 " + key for key in keys)
+        )
+        for key in keys:
+            self.assertEqual((yield client.ask(b"release " + key + b"\n")), b"RELEASED 0 0 " + key + b"\n")
+        self.assertEqual(self.flushLoggedErrors(), [])
+
+
+class BackpressureTests(TCPTestCase):
+    @inlineCallbacks
+    def test_client_that_does_not_read(self):
+        # Small kernel buffers, so that the server's own buffer fills soon.
+        self.server.port.socket.setsockopt(SOL_SOCKET, SO_SNDBUF, 8192)
+        slow, other = yield self.connect_many(2)
+        slow.transport.getHandle().setsockopt(SOL_SOCKET, SO_RCVBUF, 8192)
+        self.assertEqual((yield slow.ask(b"status x\n")), b"STATUS 0 0 x\n")
+        served = self.server.protocol_for(slow)
+        transport = served.transport
+        paused: Deferred[None] = Deferred()
+        real_pause = served.pauseProducing
+
+        def pauseProducing():
+            real_pause()
+            if not paused.called:
+                paused.callback(None)
+
+        served.pauseProducing = pauseProducing
+        most_unsent = [0]
+        real_write = transport.write
+
+        def write(data):
+            real_write(data)
+            most_unsent[0] = max(most_unsent[0], unsent_bytes(transport))
+
+        transport.write = write
+
+        # The client stops reading and writes status commands as fast as
+        # the connection takes them, until the server stops reading it.
+        slow.transport.pauseProducing()
+        chunk = b"status x\n" * 1000
+        flood = Flood(slow.transport, chunk, lambda: paused.called, limit=64 * 2**20)
+        flood.start()
+        yield paused.addTimeout(20, reactor)
+        flood.finish()
+        sent = flood.written // len(b"status x\n")
+        self.assertTrue(served.paused)
+        # ... and keeps writing.
+        slow.send(b"status x\n" * 20000 + b"status end\n")
+        sent += 20000
+
+        # Meanwhile another client is served.
+        self.assertEqual((yield other.ask(b"lock k\n")), b"GRANTED 1 0 k 120\n")
+        for _ in range(20):
+            self.assertEqual((yield other.ask(b"status k\nstatus-by-key\n", 3)), b"STATUS 1 0 k\nSTATUS 1 0 k\nEND\n")
+            self.assertTrue(served.paused)
+        bound = transport.bufferSize + len(b"STATUS 0 0 x\n")
+        self.assertLessEqual(most_unsent[0], bound)
+        self.assertLessEqual(unsent_bytes(transport), bound)
+        self.assertGreater(unsent_bytes(transport), 0)  # else it would have resumed
+
+        # When it reads at last, everything is answered, in order.
+        transport.getHandle().setsockopt(SOL_SOCKET, SO_SNDBUF, 2**20)
+        slow.transport.getHandle().setsockopt(SOL_SOCKET, SO_RCVBUF, 2**20)
+        slow.transport.resumeProducing()
+        replies = yield slow.read_lines(sent + 1, timeout=20)
+        self.assertEqual(len(replies), sent + 1)
+        self.assertEqual(set(replies[:-1]), {b"STATUS 0 0 x\n"})
+        self.assertEqual(replies[-1], b"STATUS 0 0 end\n")
+        self.assertFalse(served.paused)
+        self.assertEqual((yield slow.ask(b"status k\n")), b"STATUS 1 0 k\n")
+        self.assertLessEqual(most_unsent[0], bound)
+
+
+class ManyConnectionsTests(TCPTestCase):
+    @inlineCallbacks
+    def setUp(self):
+        self.server = yield TCPServer.start(self, backlog=512)
+        self.service = self.server.service
+
+    @inlineCallbacks
+    def read_replies(self, client):
+        """The replies to lock own, lock shared, status own."""
+        lines = yield client.read_lines(2)
+        if lines[1].startswith(b"GRANTED"):
+            lines += yield client.read_lines(1)
+        return lines
+
+    @inlineCallbacks
+    def test_thousands_of_connections(self):
+        total, batch = 2000, 200
+        for first in range(0, total, batch):
+            clients = yield self.connect_many(batch)
+            for n, client in enumerate(clients, first):
+                client.send(b"lock own%d\nlock shared\nstatus own%d\n" % (n, n))
+            replies = yield gatherResults([self.read_replies(client) for client in clients], consumeErrors=True)
+            expected = [[b"GRANTED 1 0 own%d 120\n" % n, b"STATUS 1 0 own%d\n" % n] for n in range(first, first + batch)]
+            # whichever asked first got the shared key
+            (winner,) = [i for i, lines in enumerate(replies) if len(lines) == 3]
+            expected[winner].insert(1, b"GRANTED 1 0 shared 120\n")
+            self.assertEqual(replies, expected)
+            self.assertEqual(self.service.status("shared"), ("shared", 1, batch - 1))
+            yield gatherResults(
+                [(client.disconnect() if n % 2 else client.abort()) for n, client in enumerate(clients)],
+                consumeErrors=True,
+            )
+        yield self.server.wait_server_lost(timeout=20)
+        self.assertEqual(len(self.server.protocols), total)
+        self.assertEqual(self.service.listing(), [])
+        self.assertEqual(getattr(self.service, "_owners", {}), {})
+        client = yield self.connect()
+        self.assertEqual(
+            (yield client.ask(b"status-by-key\nlock shared\n", 2)), b"END\nGRANTED 1 0 shared 120\n"
+        )
+
+
+class EmbeddingTests(TestCase):
+    timeout = 30
+
+    @inlineCallbacks
+    def test_embedding_api(self):
+        from twisted.internet.endpoints import TCP4ServerEndpoint, TCP4ClientEndpoint, connectProtocol
+
+        from jesync import JESyncFactory, LockService
+        from tests.support import LineClient
+
+        service = LockService(reactor)
+        port = yield TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1").listen(JESyncFactory(service))
+        self.addCleanup(port.stopListening)
+        client = yield connectProtocol(
+            TCP4ClientEndpoint(reactor, "127.0.0.1", port.getHost().port), LineClient()
+        ).addTimeout(TIMEOUT, reactor)
+        self.assertEqual((yield client.ask(b"lock k\n")), b"GRANTED 1 0 k 120\n")
+        self.assertEqual([tuple(row) for row in service.listing()], [("k", 1, 0)])
+        self.assertEqual((yield client.ask(b"release k\nquit\n")), b"RELEASED 0 0 k\n")
+        yield client.wait_closed()
+        self.assertEqual(service.listing(), [])
+
+
+class HalfCloseTests(TCPTestCase):
+    @inlineCallbacks
+    def test_client_that_half_closes_gets_its_replies(self):
+        """
+        A client may send its commands and shut down its sending side (as
+        C{nc -N} does): it is answered, then the server closes.
+        """
+        client, other = yield self.connect_many(2)
+        yield other.ask(b"lock held\n")
+        client.send(b"lock mine\nstatus-by-key\nlock held\nstatus held\n")
+        client.transport.loseWriteConnection()
+        self.assertEqual(
+            (yield client.read_lines(5)),
+            [b"GRANTED 1 0 mine 120\n", b"STATUS 1 0 held\n", b"STATUS 1 0 mine\n", b"END\n", b"STATUS 1 1 held\n"],
+        )
+        self.assertIsInstance((yield client.wait_closed()), ConnectionDone)
+        self.assertEqual(client.unread(), b"")
+        yield self.wait_gone(client)
+        self.assertEqual((yield other.ask(b"status-by-key\n", 2)), b"STATUS 1 0 held\nEND\n")
+
+
+class UnixPeerTests(TestCase):
+    timeout = 30
+
+    @skipIf(not sys.platform.startswith("linux"), "abstract UNIX socket names are Linux's")
+    @inlineCallbacks
+    def test_client_with_undecodable_socket_name(self):
+        """
+        The peer's name only goes into the log: a client bound to an abstract
+        socket name that is not UTF-8 is served like any other.
+        """
+        directory = tempfile.mkdtemp(prefix="jesync-")
+        self.addCleanup(shutil.rmtree, directory, True)
+        path = os.path.join(directory, "s.sock")
+        service = LockService(reactor)
+        factory = JESyncFactory(service)
+        tracker = ConnectionTracker(factory)
+        port = yield UNIXServerEndpoint(reactor, path).listen(factory)
+        self.addCleanup(port.stopListening)
+
+        raw = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.addCleanup(raw.close)
+        raw.bind(b"\0\xff\xfejesync-test-%d" % os.getpid())
+        raw.connect(path)  # the listen backlog takes it at once
+        raw.setblocking(False)
+        clients = []
+        client_factory = Factory.forProtocol(LineClient)
+        real_build = client_factory.buildProtocol
+        client_factory.buildProtocol = lambda addr: clients.append(real_build(addr)) or clients[-1]
+        reactor.adoptStreamConnection(raw.fileno(), socket.AF_UNIX, client_factory)
+        (client,) = clients
+        self.addCleanup(lambda: tracker.close_all(clients))
+        self.assertEqual((yield client.ask(b"lock k\nstatus k\n", 2)), b"GRANTED 1 0 k 120\nSTATUS 1 0 k\n")
+        (served,) = tracker.protocols
+        self.assertEqual(served.peer, "unix:\x00\\xff\\xfejesync-test-%d" % os.getpid())
+        yield client.disconnect()
+        yield tracker.wait_lost()
+        self.assertEqual(service.listing(), [])
+        self.assertEqual(self.flushLoggedErrors(), [])

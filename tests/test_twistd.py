@@ -1,0 +1,369 @@
+"""
+C{twistd jesync}: its options (L{jesync.tap}), the plugin that makes it a
+twistd subcommand, and the real thing, run as a subprocess of the checkout.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import sys
+import tempfile
+
+from twisted.application.internet import StreamServerEndpointService
+from twisted.application.service import IServiceMaker, MultiService
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.endpoints import (
+    TCP4ClientEndpoint,
+    TCP4ServerEndpoint,
+    UNIXClientEndpoint,
+    UNIXServerEndpoint,
+    connectProtocol,
+)
+from twisted.internet.error import ConnectError, ConnectionDone, ProcessDone, ProcessTerminated
+from twisted.internet.protocol import ProcessProtocol
+from twisted.internet.task import deferLater
+from twisted.plugin import getPlugins
+from twisted.python import usage
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+
+from jesync import tap
+from jesync.protocols.jesync import JESyncFactory
+from jesync.service import LockService
+from tests.support import TIMEOUT, ConnectionTracker, LineClient
+
+REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
+
+
+def parse(*argv: str) -> tap.Options:
+    options = tap.Options()
+    options.parseOptions(list(argv))
+    return options
+
+
+def short_temp_dir(test) -> str:
+    """A fresh directory with a path short enough for UNIX sockets."""
+    path = tempfile.mkdtemp(prefix="jesync-")
+    test.addCleanup(shutil.rmtree, path, True)
+    return path
+
+
+class OptionsTests(SynchronousTestCase):
+    def test_default_port(self) -> None:
+        options = parse()
+        self.assertEqual(options["ports"], ["tcp:11400"])
+        self.assertFalse(options["verbose"])
+
+    def test_port_number_means_tcp(self) -> None:
+        self.assertEqual(parse("--port", "7777")["ports"], ["tcp:7777"])
+        self.assertEqual(parse("--port=7777")["ports"], ["tcp:7777"])
+        self.assertEqual(parse("-p", "7777")["ports"], ["tcp:7777"])
+
+    def test_repeated_port(self) -> None:
+        options = parse("--port", "7777", "-p", "unix:/run/jesync.sock", "--port", "tcp:7778:interface=127.0.0.1")
+        self.assertEqual(options["ports"], ["tcp:7777", "unix:/run/jesync.sock", "tcp:7778:interface=127.0.0.1"])
+
+    def test_descriptions_pass_through(self) -> None:
+        for description in [
+            "tcp:7777:interface=127.0.0.1",
+            "tcp6:7777:interface=\\:\\:1",
+            "unix:/run/jesync.sock:mode=660",
+            "tcp:port=7777:backlog=100",
+        ]:
+            self.assertEqual(parse("--port", description)["ports"], [description])
+
+    def test_invalid_description(self) -> None:
+        for value in ["bogus:1", "tcp:notaport", "", "tcp:7777:nosuchoption=1", "unix"]:
+            error = self.assertRaises(usage.UsageError, parse, "--port", value)
+            self.assertTrue(str(error).startswith(f"--port {value}: "), str(error))
+
+    def test_verbose(self) -> None:
+        self.assertTrue(parse("--verbose")["verbose"])
+        self.assertTrue(parse("-v")["verbose"])
+
+    def test_unknown_option(self) -> None:
+        self.assertRaises(usage.UsageError, parse, "--nope")
+        self.assertRaises(usage.UsageError, parse, "extra")
+
+    def test_usage_shows_examples(self) -> None:
+        text = tap.Options().getUsage(width=80)
+        self.assertIn("--port=", text)
+        self.assertIn("--verbose", text)
+        self.assertIn("twistd -n jesync --port 7777\n", text)
+
+
+class MakeServiceTests(SynchronousTestCase):
+    def test_one_listening_service_per_port(self) -> None:
+        server = tap.makeService(parse("--port", "7777", "--port", "tcp:7778:interface=127.0.0.1", "-p", "unix:/run/j.sock"))
+        self.assertIsInstance(server, MultiService)
+        children = list(server)
+        self.assertEqual(len(children), 3)
+        for child in children:
+            self.assertIsInstance(child, StreamServerEndpointService)
+            self.assertFalse(child.running)
+        tcp, tcp_local, unix = (child.endpoint for child in children)
+        self.assertIsInstance(tcp, TCP4ServerEndpoint)
+        self.assertEqual((tcp._port, tcp._interface), (7777, ""))
+        self.assertIsInstance(tcp_local, TCP4ServerEndpoint)
+        self.assertEqual((tcp_local._port, tcp_local._interface), (7778, "127.0.0.1"))
+        self.assertIsInstance(unix, UNIXServerEndpoint)
+        self.assertEqual(unix._address, "/run/j.sock")
+        # one factory, one lock table, behind every port
+        factories = {id(child.factory) for child in children}
+        self.assertEqual(len(factories), 1)
+        factory = children[0].factory
+        self.assertIsInstance(factory, JESyncFactory)
+        self.assertIsInstance(factory.service, LockService)
+        self.assertFalse(factory.verbose)
+
+    def test_default_service(self) -> None:
+        (child,) = tap.makeService(parse())
+        self.assertEqual((child.endpoint._port, child.endpoint._interface), (11400, ""))
+
+    def test_verbose_factory(self) -> None:
+        (child,) = tap.makeService(parse("--verbose", "--port", "7777"))
+        self.assertTrue(child.factory.verbose)
+
+
+class PluginTests(SynchronousTestCase):
+    def test_discovered(self) -> None:
+        makers = [maker for maker in getPlugins(IServiceMaker) if maker.tapname == "jesync"]
+        self.assertEqual(len(makers), 1)
+        (maker,) = makers
+        self.assertIs(maker.options, tap.Options)
+        self.assertIs(maker.makeService, tap.makeService)
+        self.assertEqual(maker.description, "A JESync-compatible lock server (mutexes and counting semaphores).")
+
+
+class StartedServiceTests(TestCase):
+    """The service makeService builds, started in this process."""
+
+    timeout = 30
+
+    @inlineCallbacks
+    def test_every_port_serves_one_lock_table(self):
+        directory = short_temp_dir(self)
+        paths = [os.path.join(directory, name) for name in ("a.sock", "b.sock")]
+        server = tap.makeService(parse("--port", f"unix:{paths[0]}", "--port", f"unix:{paths[1]}"))
+        (factory,) = {child.factory for child in server}
+        tracker = ConnectionTracker(factory)
+        server.startService()
+        clients = []
+        self.addCleanup(server.stopService)
+        self.addCleanup(lambda: tracker.close_all(clients))
+        for path in paths:
+            client = yield connectProtocol(UNIXClientEndpoint(reactor, path), LineClient()).addTimeout(TIMEOUT, reactor)
+            clients.append(client)
+        first, second = clients
+        self.assertEqual((yield first.ask(b"lock k\n")), b"GRANTED 1 0 k 120\n")
+        self.assertEqual((yield second.ask(b"lock k\nstatus k\n")), b"STATUS 1 1 k\n")
+        yield first.disconnect()
+        self.assertEqual((yield second.read_line()), b"GRANTED 1 0 k 120\n")
+        self.assertEqual((yield second.ask(b"release k\n")), b"RELEASED 0 0 k\n")
+        self.assertEqual(factory.service.listing(), [])
+
+
+class TwistdProcess(ProcessProtocol):
+    """A C{twistd} subprocess: its output so far, and waits for patterns in it."""
+
+    def __init__(self) -> None:
+        self.output = b""
+        self.ended: Deferred[Exception] = Deferred()
+        self._watchers: list[tuple[re.Pattern[bytes], int, Deferred]] = []
+
+    def outReceived(self, data: bytes) -> None:
+        self.output += data
+        self._check()
+
+    errReceived = outReceived
+
+    def processEnded(self, reason) -> None:
+        for pattern, count, waiting in self._watchers:
+            waiting.errback(AssertionError(f"twistd ended before {pattern.pattern!r}:\n{self.text()}"))
+        self._watchers = []
+        self.ended.callback(reason.value)
+
+    def _check(self) -> None:
+        for watcher in list(self._watchers):
+            pattern, count, waiting = watcher
+            matches = list(pattern.finditer(self.output))
+            if len(matches) >= count:
+                self._watchers.remove(watcher)
+                waiting.callback(matches[count - 1])
+
+    def wait_for(self, pattern: bytes, count: int = 1, timeout: float = 15) -> Deferred:
+        """Fires with the C{count}th match of C{pattern} in the output."""
+        waiting: Deferred = Deferred(lambda d: self._watchers.remove(entry))
+        entry = (re.compile(pattern), count, waiting)
+        self._watchers.append(entry)
+        self._check()
+        return waiting.addTimeout(timeout, reactor)
+
+    def wait_ended(self, timeout: float = 15) -> Deferred[Exception]:
+        """Fires with how the process ended (ProcessDone or ProcessTerminated)."""
+        waiting: Deferred[Exception] = Deferred()
+
+        def ended(reason: Exception) -> Exception:
+            if not waiting.called:
+                waiting.callback(reason)
+            return reason
+
+        self.ended.addCallback(ended)
+        return waiting.addTimeout(timeout, reactor)
+
+    def text(self) -> str:
+        return self.output.decode(errors="replace")
+
+    def log_lines(self, pattern: bytes) -> list[bytes]:
+        return [line for line in self.output.splitlines() if re.search(pattern, line)]
+
+
+class TwistdTests(TestCase):
+    """C{twistd -n jesync} as a real subprocess, with the checkout on its path."""
+
+    timeout = 60
+
+    def spawn(self, *args: str) -> TwistdProcess:
+        process = TwistdProcess()
+        directory = short_temp_dir(self)
+        env = dict(os.environ, PYTHONPATH=REPOSITORY, PYTHONUNBUFFERED="1")
+        transport = reactor.spawnProcess(process, TWISTD, [TWISTD, *args], env=env, path=directory)
+
+        @inlineCallbacks
+        def stop():
+            if not process.ended.called:
+                transport.signalProcess("KILL")
+                yield process.wait_ended()
+
+        self.addCleanup(stop)
+        process.transport = transport
+        process.directory = directory
+        return process
+
+    def run_server(self, *args: str) -> TwistdProcess:
+        return self.spawn("-n", "--pidfile=", "jesync", *args)
+
+    @inlineCallbacks
+    def connect(self, endpoint, retry: bool = False):
+        """
+        Connect a L{LineClient}.  With C{retry}, a refused connection is
+        tried again for up to L{TIMEOUT} seconds: twistd logs "starting on"
+        for a UNIX socket before it binds it.
+        """
+        deadline = reactor.seconds() + TIMEOUT
+        while True:
+            try:
+                client = yield connectProtocol(endpoint, LineClient()).addTimeout(TIMEOUT, reactor)
+            except ConnectError:
+                if not retry or reactor.seconds() > deadline:
+                    raise
+                yield deferLater(reactor, 0.02, lambda: None)
+            else:
+                break
+        self.addCleanup(lambda: client.abort() if client.lost_reason is None else None)
+        return client
+
+    @inlineCallbacks
+    def terminate(self, process: TwistdProcess):
+        process.transport.signalProcess("TERM")
+        reason = yield process.wait_ended()
+        output = process.text()
+        # twistd shuts down in order, then ends itself with the signal it got
+        # (twisted.application.app._exitWithSignal), as a process should.
+        self.assertIsInstance(reason, ProcessTerminated, output)
+        self.assertEqual((reason.signal, reason.exitCode), (signal.SIGTERM, None), output)
+        for line in ["Received SIGTERM, shutting down.", "Main loop terminated.", "Server Shut Down."]:
+            self.assertIn(line, output)
+        self.assertNotIn("Traceback", output)
+        self.assertNotIn("Unhandled", output)
+
+    @inlineCallbacks
+    def test_tcp(self):
+        process = self.run_server("--port", "tcp:0:interface=127.0.0.1")
+        match = yield process.wait_for(rb"JESyncFactory starting on (\d+)\n")
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", int(match.group(1)))
+        holder = yield self.connect(endpoint)
+        waiter = yield self.connect(endpoint)
+        peers = [b"127.0.0.1:%d" % client.transport.getHost().port for client in (holder, waiter)]
+        self.assertEqual((yield holder.ask(b"lock k\n")), b"GRANTED 1 0 k 120\n")
+        self.assertEqual((yield waiter.ask(b"lock k\nstatus k\nbogus\n", 2)), b"STATUS 1 1 k\nINVALID_COMMAND\n")
+        holder.send(b"quit\n")
+        self.assertIsInstance((yield holder.wait_closed()), ConnectionDone)
+        self.assertEqual((yield waiter.read_line()), b"GRANTED 1 0 k 120\n")
+        self.assertEqual((yield waiter.ask(b"status-by-key\n", 2)), b"STATUS 1 0 k\nEND\n")
+        yield waiter.disconnect()
+        yield process.wait_for(rb"disconnected\n", count=2)
+        yield self.terminate(process)
+
+        for peer in peers:
+            self.assertEqual(len(process.log_lines(re.escape(peer) + rb" connected$")), 1, process.text())
+            self.assertEqual(len(process.log_lines(re.escape(peer) + rb" disconnected$")), 1, process.text())
+        self.assertEqual(len(process.log_lines(rb"#info\] .* connected$")), 2, process.text())
+        self.assertEqual(len(process.log_lines(rb"#info\] .* disconnected$")), 2, process.text())
+        # nothing per command without --verbose
+        self.assertEqual(process.log_lines(rb"JESyncProtocol#(?!info)|sent b'|answered b'"), [], process.text())
+
+    @inlineCallbacks
+    def test_unix_verbose(self):
+        process = self.run_server("--verbose", "--port", "unix:jesync.sock")
+        yield process.wait_for(rb"JESyncFactory starting on '.*jesync\.sock'\n")
+        path = os.path.join(process.directory, "jesync.sock")
+        client = yield self.connect(UNIXClientEndpoint(reactor, path), retry=True)
+        self.assertEqual(
+            (yield client.ask(b"lock k\nnope\nstatus-by-key\n", 4)),
+            b"GRANTED 1 0 k 120\nINVALID_COMMAND\nSTATUS 1 0 k\nEND\n",
+        )
+        client.send(b"quit\n")
+        yield client.wait_closed()
+        yield process.wait_for(rb"disconnected\n")
+        yield self.terminate(process)
+
+        debug = [line.split(b"] ", 1)[1] for line in process.log_lines(rb"JESyncProtocol#debug\]")]
+        self.assertEqual(
+            debug,
+            [
+                b"unix: sent b'lock k'",
+                b"unix: answered b'GRANTED 1 0 k 120'",
+                b"unix: sent b'nope'",
+                b"unix: answered b'INVALID_COMMAND'",
+                b"unix: sent b'status-by-key'",
+                b"unix: answered b'STATUS 1 0 k'",
+                b"unix: answered b'END'",
+                b"unix: sent b'quit'",
+            ],
+        )
+        self.assertEqual(len(process.log_lines(rb"JESyncProtocol#info\] unix: connected$")), 1, process.text())
+        self.assertEqual(len(process.log_lines(rb"JESyncProtocol#info\] unix: disconnected$")), 1, process.text())
+
+    @inlineCallbacks
+    def test_tcp_and_unix_share_locks(self):
+        process = self.run_server("--port", "tcp:0:interface=127.0.0.1", "--port", "unix:j.sock")
+        match = yield process.wait_for(rb"JESyncFactory starting on (\d+)\n")
+        yield process.wait_for(rb"JESyncFactory starting on '.*j\.sock'\n")
+        over_tcp = yield self.connect(TCP4ClientEndpoint(reactor, "127.0.0.1", int(match.group(1))))
+        over_unix = yield self.connect(UNIXClientEndpoint(reactor, os.path.join(process.directory, "j.sock")), retry=True)
+        self.assertEqual((yield over_tcp.ask(b"lock k 1 -1 0\n")), b"GRANTED 1 0 k 0\n")
+        self.assertEqual((yield over_unix.ask(b"lock k 1 0\n")), b"TIMEOUT 1 0 k\n")
+        # A client still connected at shutdown does not stop a clean exit.
+        yield self.terminate(process)
+        yield over_tcp.wait_closed()
+        yield over_unix.wait_closed()
+
+    @inlineCallbacks
+    def test_bad_port_is_a_usage_error(self):
+        process = self.run_server("--port", "bogus:1")
+        reason = yield process.wait_ended()
+        self.assertIsInstance(reason, ProcessTerminated)
+        self.assertEqual(reason.exitCode, 1)
+        self.assertIn(b"--port bogus:1: Unknown endpoint type: 'bogus'", process.output)
+
+    @inlineCallbacks
+    def test_listed_by_twistd(self):
+        process = self.spawn("--help")
+        reason = yield process.wait_ended()
+        self.assertIsInstance(reason, ProcessDone)
+        self.assertRegex(process.output, rb"\n    jesync +A JESync-compatible lock server")

@@ -83,14 +83,12 @@ class LockLineReceiver(LineReceiver):
                 break
             line = buffer[start:end]
             start = end + 1
-            if len(line) > self.MAX_LENGTH + 1 or (
-                len(line) > self.MAX_LENGTH and not line.endswith(b"\r")
-            ):
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if len(line) > self.MAX_LENGTH:
                 self._buffer = b""
                 self.lineTooLong()
                 return
-            if line.endswith(b"\r"):
-                line = line[:-1]
             self.lineReceived(line)
         rest = buffer[start:]
         # While paused, the rest may hold whole lines not yet read: it is only
@@ -100,9 +98,6 @@ class LockLineReceiver(LineReceiver):
             self.lineTooLong()
             return
         self._buffer = rest
-
-    def lineLengthExceeded(self, line: bytes) -> None:
-        self.lineTooLong()
 
     def lineTooLong(self) -> None:
         """A line longer than C{MAX_LENGTH} arrived: answer and close."""

@@ -10,11 +10,14 @@ The embedding API::
 
 from jesync.errors import AlreadyWaiting, LockTimeout
 from jesync.interfaces import IGrant, ILockService, KeyStatus
+from jesync.protocols.elock import ELockFactory, ELockProtocol
 from jesync.protocols.jesync import JESyncFactory, JESyncProtocol
 from jesync.service import Grant, LockService
 
 __all__ = [
     "AlreadyWaiting",
+    "ELockFactory",
+    "ELockProtocol",
     "Grant",
     "IGrant",
     "ILockService",

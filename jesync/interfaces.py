@@ -15,6 +15,14 @@ class KeyStatus(NamedTuple):
     waiting: int
 
 
+class Totals(NamedTuple):
+    """The whole table at a glance: keys in use, grants held, requests waiting."""
+
+    keys: int
+    granted: int
+    waiting: int
+
+
 ListingOrder = Literal["key", "requests", "grants"]
 
 
@@ -48,6 +56,8 @@ class ILockService(Interface):
     held by at most as many owners as every holder's C{max_concurrent} allows;
     other requests wait in arrival order.
     """
+
+    clock = Attribute("The IReactorTime that wait timeouts and expiries run on.")
 
     def acquire(
         key: str,
@@ -90,6 +100,9 @@ class ILockService(Interface):
     def status(key: str) -> KeyStatus:
         """The holder and waiter counts of C{key} (0, 0 for an unused key)."""
 
+    def totals() -> Totals:
+        """How many keys are in use, grants held and requests waiting (in O(1))."""
+
     def listing(order: ListingOrder = "key") -> list[KeyStatus]:
         """
         Every key in use, sorted by key, by waiting count ("requests",
@@ -97,4 +110,4 @@ class ILockService(Interface):
         """
 
 
-__all__ = ["IGrant", "ILockService", "KeyStatus", "ListingOrder"]
+__all__ = ["IGrant", "ILockService", "KeyStatus", "ListingOrder", "Totals"]

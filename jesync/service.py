@@ -24,7 +24,7 @@ from zope.interface import implementer
 
 from jesync.deadlines import Deadlines
 from jesync.errors import AlreadyWaiting, LockTimeout
-from jesync.interfaces import IGrant, ILockService, KeyStatus, ListingOrder
+from jesync.interfaces import IGrant, ILockService, KeyStatus, ListingOrder, Totals
 from jesync.keys import encode_key
 
 DEFAULT_EXPIRES = 120
@@ -141,6 +141,8 @@ class LockService:
         self._locks: dict[str, _Lock] = {}
         # owner -> key -> its grant of, or wait for, that key
         self._owners: dict[Hashable, dict[str, _Held]] = {}
+        self._granted = 0
+        self._waiting = 0
         self._expiries: Deadlines[Grant] = Deadlines(clock, self._expire)
         self._wait_timeouts: Deadlines[_Waiter] = Deadlines(clock, self._time_out)
 
@@ -179,6 +181,7 @@ class LockService:
             lock.waiters = deque()
         lock.waiters.append(waiter)
         lock.waiting += 1
+        self._waiting += 1
         self._owner_entries(owner)[key] = waiter
         if timeout_at is not None:
             self._wait_timeouts.add(waiter, timeout_at)
@@ -221,6 +224,9 @@ class LockService:
             return KeyStatus(key, 0, 0)
         return KeyStatus(key, len(lock.holders), lock.waiting)
 
+    def totals(self) -> Totals:
+        return Totals(len(self._locks), self._granted, self._waiting)
+
     def listing(self, order: ListingOrder = "key") -> list[KeyStatus]:
         if order == "key":
             sort_key = _by_key
@@ -240,6 +246,7 @@ class LockService:
         expires_at = self.clock.seconds() + expires if expires else None
         grant = Grant(self, key, owner, max_concurrent, expires_at)
         lock.holders.append(grant)
+        self._granted += 1
         self._owner_entries(owner)[key] = grant
         if expires_at is not None:
             self._expiries.add(grant, expires_at)
@@ -292,6 +299,7 @@ class LockService:
         assert deferred is not None
         waiter.deferred = None
         lock.waiting -= 1
+        self._waiting -= 1
         if waiter.timeout_at is not None:
             self._wait_timeouts.discard(waiter, waiter.timeout_at)
         waiters = lock.waiters
@@ -304,6 +312,7 @@ class LockService:
 
     def _remove_holder(self, lock: _Lock, grant: Grant) -> None:
         lock.holders.remove(grant)
+        self._granted -= 1
         if grant.expires_at is not None:
             self._expiries.discard(grant, grant.expires_at)
 

@@ -92,6 +92,7 @@ class ServiceTestCase(SynchronousTestCase):
         self.assertEqual(len(self.service._expiries), 0)
         self.assertEqual(len(self.service._wait_timeouts), 0)
         self.assertEqual(self.service.listing(), [])
+        self.assertEqual(self.service.totals(), (0, 0, 0))
 
 
 class InterfaceTests(ServiceTestCase):
@@ -1070,6 +1071,11 @@ class NoTraceTests(ServiceTestCase):
 
     def assertConsistent(self) -> None:
         """Counts, owner index and deadline queues agree with the holders and live waiters."""
+        rows = self.service.listing()
+        self.assertEqual(
+            self.service.totals(),
+            (len(rows), sum(row.granted for row in rows), sum(row.waiting for row in rows)),
+        )
         expiries = timeouts = 0
         for key, lock in self.service._locks.items():
             live = [w for w in lock.waiters or () if w.deferred is not None]

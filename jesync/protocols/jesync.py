@@ -9,9 +9,6 @@ when it is granted or times out.
 
 from __future__ import annotations
 
-import re
-from typing import Callable
-
 from twisted.internet.defer import CancelledError
 from twisted.internet.protocol import Factory
 from twisted.python.failure import Failure
@@ -19,54 +16,24 @@ from twisted.python.failure import Failure
 from jesync.errors import AlreadyWaiting, LockTimeout
 from jesync.interfaces import ILockService, KeyStatus
 from jesync.keys import decode_key, encode_key
-from jesync.protocols.lines import LockLineReceiver
+from jesync.protocols.lines import BadRequest, LockLineReceiver, parse_integer
 from jesync.service import DEFAULT_EXPIRES, WAIT_FOREVER, Grant
-
-# JESync's clients are written with 32-bit integers in mind.
-LARGEST_NUMBER = 2**31 - 1
-_INTEGER = re.compile(rb"-?[0-9]{1,10}")
-
-
-class BadRequest(Exception):
-    """A command's arguments are wrong; the message says how."""
-
-
-def parse_integer(field: bytes, name: str) -> int:
-    if _INTEGER.fullmatch(field) is None:
-        raise BadRequest(f"{name} is not an integer")
-    value = int(field)
-    if abs(value) > LARGEST_NUMBER:
-        raise BadRequest(f"{name} is out of range")
-    return value
-
 
 class JESyncProtocol(LockLineReceiver):
     """One JESync client connection; it is the owner of the locks it takes."""
 
-    def lineReceived(self, line: bytes) -> None:
-        if self.verbose:
-            self.log.debug("{peer} sent {line!r}", peer=self.peer, line=line)
-        fields = line.split()
-        command = _COMMANDS.get(fields[0]) if fields else None
-        if command is None:
-            self._reply(b"INVALID_COMMAND")
-            return
-        try:
-            command(self, fields[1:])
-        except BadRequest as error:
-            self._reply(b"INVALID_PARAMETER: " + str(error).encode())
+    def unknown_command(self, word: bytes) -> None:
+        self.reply(b"INVALID_COMMAND")
+
+    def bad_request(self, message: str) -> None:
+        self.reply(b"INVALID_PARAMETER: " + message.encode())
 
     def lineTooLong(self) -> None:
-        self._reply(b"INVALID_PARAMETER: line too long")
+        self.bad_request("line too long")
         self.close()
 
-    def _reply(self, line: bytes) -> None:
-        if self.verbose:
-            self.log.debug("{peer} answered {line!r}", peer=self.peer, line=line)
-        self.transport.write(line + b"\n")
-
     def _reply_status(self, word: bytes, status: KeyStatus, raw_key: bytes) -> None:
-        self._reply(b"%s %d %d %s" % (word, status.granted, status.waiting, raw_key))
+        self.reply(b"%s %d %d %s" % (word, status.granted, status.waiting, raw_key))
 
     # -- commands ---------------------------------------------------------
 
@@ -88,7 +55,7 @@ class JESyncProtocol(LockLineReceiver):
     def _granted(self, grant: Grant, raw_key: bytes) -> None:
         status = self.service.status(grant.key)
         seconds_left = grant.seconds_left
-        self._reply(
+        self.reply(
             b"GRANTED %d %d %s %d"
             % (status.granted, status.waiting, raw_key, 0 if seconds_left is None else round(seconds_left))
         )
@@ -102,34 +69,23 @@ class JESyncProtocol(LockLineReceiver):
             self.log.failure("lock request failed", failure)
 
     def do_release(self, args: list[bytes]) -> None:
-        raw_key = self._only_key(args)
+        raw_key = self.only_argument(args, "key")
         key = decode_key(raw_key)
         word = b"RELEASED" if self.service.release(key, self) else b"NOT_RELEASED"
         self._reply_status(word, self.service.status(key), raw_key)
 
     def do_status(self, args: list[bytes]) -> None:
-        raw_key = self._only_key(args)
+        raw_key = self.only_argument(args, "key")
         self._reply_status(b"STATUS", self.service.status(decode_key(raw_key)), raw_key)
 
-    def _only_key(self, args: list[bytes]) -> bytes:
-        if not args:
-            raise BadRequest("missing key")
-        if len(args) > 1:
-            raise BadRequest("too many arguments")
-        return args[0]
-
     def _listing(self, order: str, args: list[bytes]) -> None:
-        if args:
-            raise BadRequest("too many arguments")
+        self.no_arguments(args)
         lines = [
-            b"STATUS %d %d %s\n" % (row.granted, row.waiting, encode_key(row.key))
+            b"STATUS %d %d %s" % (row.granted, row.waiting, encode_key(row.key))
             for row in self.service.listing(order)
         ]
-        lines.append(b"END\n")
-        if self.verbose:
-            for line in lines:
-                self.log.debug("{peer} answered {line!r}", peer=self.peer, line=line[:-1])
-        self.transport.write(b"".join(lines))
+        lines.append(b"END")
+        self.reply_lines(lines)
 
     def do_status_by_key(self, args: list[bytes]) -> None:
         self._listing("key", args)
@@ -141,12 +97,11 @@ class JESyncProtocol(LockLineReceiver):
         self._listing("grants", args)
 
     def do_quit(self, args: list[bytes]) -> None:
-        if args:
-            raise BadRequest("too many arguments")
+        self.no_arguments(args)
         self.close()
 
 
-_COMMANDS: dict[bytes, Callable[[JESyncProtocol, list[bytes]], None]] = {
+JESyncProtocol.commands = {
     b"lock": JESyncProtocol.do_lock,
     b"release": JESyncProtocol.do_release,
     b"status": JESyncProtocol.do_status,

@@ -6,6 +6,9 @@ connections, and giving everything back when a connection goes.
 
 from __future__ import annotations
 
+import re
+from typing import Callable, ClassVar
+
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.interfaces import IHalfCloseableProtocol
 from twisted.logger import Logger
@@ -13,6 +16,24 @@ from twisted.protocols.basic import LineReceiver
 from zope.interface import implementer
 
 from jesync.interfaces import ILockService
+
+# JESync's clients are written with 32-bit integers in mind.
+LARGEST_NUMBER = 2**31 - 1
+_INTEGER = re.compile(rb"-?[0-9]{1,10}")
+
+
+class BadRequest(Exception):
+    """A command's arguments are wrong; the message says how."""
+
+
+def parse_integer(field: bytes, name: str) -> int:
+    """A decimal integer within +-LARGEST_NUMBER, or BadRequest naming the field."""
+    if _INTEGER.fullmatch(field) is None:
+        raise BadRequest(f"{name} is not an integer")
+    value = int(field)
+    if abs(value) > LARGEST_NUMBER:
+        raise BadRequest(f"{name} is out of range")
+    return value
 
 
 def describe_peer(address: object) -> str:
@@ -31,9 +52,11 @@ class LockLineReceiver(LineReceiver):
     """
     A line protocol whose connection is an owner in a L{ILockService}.
 
-    Subclasses implement C{lineReceived} (the line arrives without its
-    terminator or a trailing carriage return) and C{lineTooLong}.  The
-    factory must have C{service} and C{verbose} attributes.
+    A line is split into whitespace-separated fields; the first names a
+    command in C{commands}, which is called with the rest and raises
+    L{BadRequest} for bad arguments.  Subclasses say how to answer an unknown
+    command, a bad request and an over-long line.  The factory must have
+    C{service} and C{verbose} attributes.
 
     Lines are split in one pass over each chunk received (Twisted's
     C{LineReceiver} re-splits its whole buffer per line, which is quadratic
@@ -47,6 +70,14 @@ class LockLineReceiver(LineReceiver):
 
     delimiter = b"\n"
     MAX_LENGTH = 8192
+    # What ends a reply line.
+    terminator = b"\n"
+    commands: ClassVar[dict[bytes, Callable[..., None]]] = {}
+    # Bytes read ahead of a held line before reading from the socket pauses.
+    HOLD_BUFFER = 65536
+
+    holding = False
+    gone = False
 
     log = Logger()
     service: ILockService
@@ -60,6 +91,7 @@ class LockLineReceiver(LineReceiver):
         self.log.info("{peer} connected", peer=self.peer)
 
     def connectionLost(self, reason: object = None) -> None:
+        self.gone = True
         self.service.release_all(self)
         self.log.info("{peer} disconnected", peer=self.peer)
 
@@ -77,7 +109,7 @@ class LockLineReceiver(LineReceiver):
         buffer = self._buffer + data if self._buffer else data
         start = 0
         transport = self.transport
-        while not self.paused and not transport.disconnecting:
+        while not self.paused and not self.holding and not transport.disconnecting:
             end = buffer.find(b"\n", start)
             if end < 0:
                 break
@@ -91,13 +123,81 @@ class LockLineReceiver(LineReceiver):
                 return
             self.lineReceived(line)
         rest = buffer[start:]
-        # While paused, the rest may hold whole lines not yet read: it is only
-        # one line's beginning once reading goes on (resumeProducing).
-        if len(rest) > self.MAX_LENGTH + 1 and not self.paused and not transport.disconnecting:
+        self._buffer = rest
+        if self.paused or self.holding:
+            # The rest may hold whole lines not read yet: it is only one
+            # line's beginning once reading goes on.
+            if self.holding and len(rest) > self.HOLD_BUFFER:
+                transport.pauseProducing()
+        elif len(rest) > self.MAX_LENGTH + 1 and not transport.disconnecting:
             self._buffer = b""
             self.lineTooLong()
+
+    def lineReceived(self, line: bytes) -> None:
+        if self.verbose:
+            self.log.debug("{peer} sent {line!r}", peer=self.peer, line=line)
+        fields = line.split()
+        command = self.commands.get(fields[0]) if fields else None
+        if command is None:
+            self.unknown_command(fields[0] if fields else b"")
             return
-        self._buffer = rest
+        try:
+            command(self, fields[1:])
+        except BadRequest as error:
+            self.bad_request(str(error))
+
+    def reply(self, line: bytes) -> None:
+        """Send one line (without its terminator)."""
+        if self.verbose:
+            self.log.debug("{peer} answered {line!r}", peer=self.peer, line=line)
+        self.transport.write(line + self.terminator)
+
+    def reply_lines(self, lines: list[bytes]) -> None:
+        """Send several lines in one write."""
+        if self.verbose:
+            for line in lines:
+                self.log.debug("{peer} answered {line!r}", peer=self.peer, line=line)
+        terminator = self.terminator
+        self.transport.write(b"".join(line + terminator for line in lines))
+
+    @staticmethod
+    def only_argument(args: list[bytes], name: str) -> bytes:
+        """The one argument of a command that takes exactly one."""
+        if not args:
+            raise BadRequest(f"missing {name}")
+        if len(args) > 1:
+            raise BadRequest("too many arguments")
+        return args[0]
+
+    @staticmethod
+    def no_arguments(args: list[bytes]) -> None:
+        if args:
+            raise BadRequest("too many arguments")
+
+    def unknown_command(self, word: bytes) -> None:
+        raise NotImplementedError
+
+    def bad_request(self, message: str) -> None:
+        raise NotImplementedError
+
+    def hold(self) -> None:
+        """
+        Read no further lines until L{unhold}: for protocols whose clients
+        expect one reply at a time, in order, while a request waits.
+        """
+        self.holding = True
+
+    def unhold(self) -> None:
+        """Go on with the lines that arrived while holding (on the next reactor turn)."""
+        self.holding = False
+        if not self.paused and not self.gone and not self.transport.disconnecting:
+            self.transport.resumeProducing()
+            # Not at once: this may run inside another connection's command.
+            self.service.clock.callLater(0, self._read_held_lines)
+
+    def _read_held_lines(self) -> None:
+        if not self.gone:
+            self.dataReceived(b"")
 
     def lineTooLong(self) -> None:
         """A line longer than C{MAX_LENGTH} arrived: answer and close."""

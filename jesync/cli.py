@@ -1,0 +1,539 @@
+"""
+C{jesync}, the command line: run a command while holding a lock, and look
+at a server's locks.  Standard library only (plus the blocking client).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+from typing import Any, Callable, Optional, Sequence
+
+from jesync.client import (
+    DEFAULT_SERVER,
+    Client,
+    ConnectionLost,
+    KeyStatus,
+    Lock,
+    LockLost,
+    LockTimeout,
+    ServerError,
+)
+from jesync.client.address import parse_servers
+from jesync.client.placement import PLACEMENTS
+from jesync.client.wire import encode_key, listing_sort_key
+
+# Exit statuses (sysexits.h where one fits).
+EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: a server cannot be reached, or the connection dropped
+EXIT_LOCK_LOST = 70  # EX_SOFTWARE: the lock was lost while COMMAND ran
+EXIT_TIMEOUT = 75  # EX_TEMPFAIL: the wait for the lock timed out (--conflict-exit-code)
+EXIT_REFUSED = 76  # EX_PROTOCOL: the server refused the request
+EXIT_CANNOT_RUN = 126  # COMMAND is not executable (as in a shell)
+EXIT_NOT_FOUND = 127  # COMMAND was not found (as in a shell)
+SIGNAL_BASE = 128  # 128+N: killed by (or, before COMMAND ran, interrupted by) signal N
+
+FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+EXIT_STATUSES = f"""\
+exit status:
+  jesync lock exits with COMMAND's status (128+N if signal N killed it), or:
+    {EXIT_TIMEOUT}     the wait for the lock timed out (see --conflict-exit-code)
+    {EXIT_LOCK_LOST}     the lock was lost while COMMAND ran (its status is printed on stderr)
+    {EXIT_NOT_FOUND}    COMMAND was not found ({EXIT_CANNOT_RUN}: not executable); the lock is released
+    128+N  jesync was interrupted by signal N while waiting; COMMAND never ran
+  every command:
+    0      success
+    2      bad arguments
+    {EXIT_UNAVAILABLE}     a server could not be reached, or the connection dropped
+    {EXIT_REFUSED}     the server refused the request
+"""
+
+MAIN_EXAMPLES = f"""\
+examples:
+  jesync lock nightly-report -- ./make-report.sh --daily
+  jesync lock --wait 0 deploy -- ./deploy.sh      # give up at once if busy
+  jesync --server db1:11400 --server db2:11400 list --by requests
+  JESYNC_SERVERS=db1,db2 jesync status nightly-report
+  jesync ping
+
+servers: --server (repeatable, or comma-separated), else $JESYNC_SERVERS
+(separated by commas or spaces), else {DEFAULT_SERVER}.  Addresses:
+host:port, host (port 11400), [IPv6]:port, unix:/path.
+
+{EXIT_STATUSES}"""
+
+LOCK_DESCRIPTION = """\
+Acquire the lock KEY, run COMMAND while holding it, release it when COMMAND
+exits, and exit with COMMAND's exit status.
+
+While COMMAND runs the lock is renewed every third of --expires, so a long
+command never loses it to the failsafe; if jesync itself dies, the server
+releases the lock when the connection closes (or, if the connection hangs,
+--expires seconds after the last renewal).  COMMAND runs in the foreground
+with jesync's stdin, stdout and stderr.  SIGINT, SIGTERM and SIGHUP sent to
+jesync are passed on to COMMAND (a Ctrl-C typed at a terminal already reaches
+COMMAND, so it is not sent twice); jesync waits for COMMAND to end and then
+releases the lock, however COMMAND ended.
+
+If the lock is lost while COMMAND runs (the server went away or stopped
+answering), jesync says so on stderr at once and, after COMMAND ends, exits
+with status 70.  COMMAND is left running unless --terminate-on-loss is given,
+which sends it SIGTERM.
+"""
+
+LOCK_EXAMPLES = f"""\
+examples:
+  jesync lock nightly-report -- ./make-report.sh --daily
+  jesync lock --wait 10 --conflict-exit-code 0 backup -- rsync -a /data /backup
+  jesync lock --max-concurrent 3 encoder-slots -- ffmpeg -i in.mkv out.mp4
+
+{EXIT_STATUSES}"""
+
+
+class _Interrupted(Exception):
+    """A signal arrived while jesync itself was waiting (before COMMAND ran)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def say(message: str) -> None:
+    print(f"jesync: {message}", file=sys.stderr, flush=True)
+
+
+def printable(key: str) -> str:
+    """A key as text that can always be printed (raw bytes shown as \\xNN)."""
+    return key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
+# -- jesync lock --------------------------------------------------------------
+
+
+def terminal_signals_child() -> bool:
+    """
+    Whether a key typed at the terminal (Ctrl-C) signals COMMAND directly:
+    the terminal signals its whole foreground process group, and COMMAND is
+    in jesync's.
+    """
+    for fd in (0, 1, 2):
+        try:
+            if os.isatty(fd):
+                return os.tcgetpgrp(fd) == os.getpgrp()
+        except OSError:
+            continue
+    return False
+
+
+class SignalRelay:
+    """
+    jesync's handler for INT, TERM and HUP: before COMMAND starts, they
+    interrupt jesync; once it has started, they are passed on to it.
+    """
+
+    def __init__(self) -> None:
+        self.child: Optional[subprocess.Popen[bytes]] = None
+        self.acquiring = True
+        self._pending: list[int] = []
+        for signum in FORWARDED_SIGNALS:
+            signal.signal(signum, self._handle)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.acquiring:
+            raise _Interrupted(signum)
+        if self.child is None:
+            self._pending.append(signum)  # COMMAND is being started
+        else:
+            self._forward(signum)
+
+    def started(self, child: subprocess.Popen[bytes]) -> None:
+        self.child = child
+        pending, self._pending = self._pending, []
+        for signum in pending:
+            self._forward(signum)
+
+    def _forward(self, signum: int) -> None:
+        assert self.child is not None
+        if signum == signal.SIGINT and terminal_signals_child():
+            return
+        self.child.send_signal(signum)
+
+
+def exit_status(returncode: int) -> int:
+    """A child's status as a shell reports it: 128+N if signal N killed it."""
+    return SIGNAL_BASE - returncode if returncode < 0 else returncode
+
+
+def run_lock(args: argparse.Namespace, client: Client) -> int:
+    relay = SignalRelay()
+    lock: Optional[Lock] = None
+    try:
+        lock = client.lock(args.key, args.max_concurrent, args.wait, args.expires, auto_renew=True)
+        relay.acquiring = False
+    except _Interrupted as interrupted:
+        relay.acquiring = False  # from now on signals are only noted
+        if lock is not None:
+            lock.release()
+        return SIGNAL_BASE + interrupted.signum
+    except LockTimeout:
+        say(f"timed out after waiting {args.wait:g} s for the lock on {printable(args.key)!r}")
+        return args.conflict_exit_code
+    return run_holding(args, lock, relay)
+
+
+def run_holding(args: argparse.Namespace, lock: Lock, relay: SignalRelay) -> int:
+    """Run COMMAND while holding C{lock}; release it however COMMAND ends."""
+    program = args.command[0]
+    key = printable(lock.key)
+
+    def lost(error: LockLost) -> None:
+        if args.terminate_on_loss:
+            say(f"lost the lock on {key!r}: {error.reason}; terminating {program}")
+            if relay.child is not None:
+                relay.child.terminate()
+        else:
+            say(f"lost the lock on {key!r}: {error.reason}; {program} keeps running")
+
+    try:
+        if not lock.held:
+            say(f"lost the lock on {key!r} before {program} started: {lock.lost_reason}")
+            return EXIT_LOCK_LOST
+        lock.add_lost_callback(lost)
+        try:
+            child = subprocess.Popen(args.command)
+        except FileNotFoundError:
+            say(f"{program}: command not found")
+            return EXIT_NOT_FOUND
+        except OSError as error:
+            say(f"{program}: {error.strerror or error}")
+            return EXIT_CANNOT_RUN
+        relay.started(child)
+        if lock.lost and args.terminate_on_loss:
+            child.terminate()
+        status = exit_status(child.wait())
+    finally:
+        released = lock.release()
+    if not released:
+        say(f"{program} exited with status {status}, but the lock was lost while it ran")
+        return EXIT_LOCK_LOST
+    return status
+
+
+# -- jesync status / list / ping --------------------------------------------
+
+
+def row_dict(row: KeyStatus, server: str) -> dict[str, Any]:
+    return {"key": row.key, "granted": row.granted, "waiting": row.waiting, "server": server}
+
+
+def print_table(rows: list[dict[str, Any]], with_server: bool) -> None:
+    columns = ["key", "granted", "waiting"] + (["server"] if with_server else [])
+    cells = [[printable(str(row[column])) for column in columns] for row in rows]
+    widths = [max([len(column)] + [len(line[i]) for line in cells]) for i, column in enumerate(columns)]
+    numeric = {"granted", "waiting"}
+    for line in [[column.upper() for column in columns]] + cells:
+        print(
+            "  ".join(
+                cell.rjust(width) if column in numeric else cell.ljust(width)
+                for column, cell, width in zip(columns, line, widths)
+            ).rstrip()
+        )
+
+
+def run_status(args: argparse.Namespace, client: Client) -> int:
+    status = client.status(args.key)
+    row = row_dict(status, str(client.server_for(args.key)))
+    if args.json:
+        print(json.dumps(row))
+    else:
+        print(f"{printable(status.key)}: {status.granted} holding, {status.waiting} waiting ({row['server']})")
+    return 0
+
+
+def per_server_clients(args: argparse.Namespace) -> list[Client]:
+    return [
+        Client([address], connect_timeout=args.connect_timeout, read_timeout=args.read_timeout)
+        for address in args.servers
+    ]
+
+
+def run_list(args: argparse.Namespace, client: Client) -> int:
+    status = 0
+    listings: list[tuple[KeyStatus, str]] = []
+    for server_client in per_server_clients(args):
+        server = str(server_client.servers[0])
+        try:
+            listings.extend((row, server) for row in server_client.listing(args.by))
+        except ConnectionLost as error:
+            say(str(error))
+            status = EXIT_UNAVAILABLE
+        finally:
+            server_client.close()
+    order = listing_sort_key(args.by)
+    listings.sort(key=lambda pair: order(pair[0]))
+    rows = [row_dict(row, server) for row, server in listings]
+    if args.json:
+        print(json.dumps(rows))
+    else:
+        print_table(rows, with_server=len(args.servers) > 1)
+    return status
+
+
+def run_ping(args: argparse.Namespace, client: Client) -> int:
+    results = []
+    status = 0
+    for server_client in per_server_clients(args):
+        server = str(server_client.servers[0])
+        try:
+            [seconds] = server_client.ping().values()
+            results.append({"server": server, "reachable": True, "rtt_ms": round(seconds * 1000, 3)})
+        except ConnectionLost as error:
+            results.append({"server": server, "reachable": False, "error": error.reason})
+            status = EXIT_UNAVAILABLE
+        finally:
+            server_client.close()
+    if args.json:
+        print(json.dumps(results))
+    else:
+        for result in results:
+            if result["reachable"]:
+                print(f"{result['server']}: reachable, round trip {result['rtt_ms']:.3f} ms")
+            else:
+                print(f"{result['server']}: unreachable: {result['error']}")
+    return status
+
+
+# -- arguments -----------------------------------------------------------------
+
+
+def seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected a number of seconds, at least 0")
+    return value
+
+
+def positive_integer(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
+def exit_code(text: str) -> int:
+    if not text.isdigit() or int(text) > 255:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an exit status (0 to 255)")
+    return int(text)
+
+
+def add_connection_options(parser: argparse.ArgumentParser, default: Any) -> None:
+    """
+    The options every command shares.  They are accepted before and after
+    the command name; C{default} is C{argparse.SUPPRESS} on the commands, so
+    an option given before the command name is not reset by them.
+    """
+    group = parser.add_argument_group("server options")
+    group.add_argument(
+        "--server",
+        "-s",
+        action="append",
+        metavar="ADDRESS",
+        default=default,
+        help=f"a server: host:port, host, [IPv6]:port or unix:/path; repeat (or separate with commas) "
+        f"for several [default: $JESYNC_SERVERS, else {DEFAULT_SERVER}]",
+    )
+    group.add_argument(
+        "--placement",
+        choices=PLACEMENTS,
+        default=default if default is argparse.SUPPRESS else "consistent",
+        help="which server a key lives on, with several: consistent hashing, or the JESync PHP "
+        "driver's (md5 of the key, modulo the number of servers, in the order given) [default: consistent]",
+    )
+    group.add_argument(
+        "--connect-timeout",
+        type=seconds,
+        metavar="SECONDS",
+        default=default if default is argparse.SUPPRESS else 5.0,
+        help="give up connecting after this long [default: 5]",
+    )
+    group.add_argument(
+        "--read-timeout",
+        type=seconds,
+        metavar="SECONDS",
+        default=default if default is argparse.SUPPRESS else 10.0,
+        help="give a server up for dead if it does not answer for this long (a lock that waits "
+        "is not affected) [default: 10]",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    formatter = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="jesync",
+        description="Take locks on a JESync lock server from the shell, and look at them.",
+        epilog=MAIN_EXAMPLES,
+        formatter_class=formatter,
+    )
+    add_connection_options(parser, None)
+    commands = parser.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
+
+    lock = commands.add_parser(
+        "lock",
+        help="run a command while holding a lock",
+        usage="jesync lock KEY [options] -- COMMAND [ARGS...]",
+        description=LOCK_DESCRIPTION,
+        epilog=LOCK_EXAMPLES,
+        formatter_class=formatter,
+    )
+    lock.add_argument("key", metavar="KEY", help="the lock's name (no whitespace)")
+    lock.add_argument("command", metavar="COMMAND", nargs="*", help="the command to run, after --")
+    lock.add_argument(
+        "--max-concurrent",
+        "-n",
+        type=positive_integer,
+        default=1,
+        metavar="N",
+        help="a semaphore: up to N holders at once [default: 1, a mutex]",
+    )
+    lock.add_argument(
+        "--wait",
+        "-w",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help="give up if the lock is not granted within SECONDS (whole seconds: a fraction is "
+        "rounded up); 0 tries once [default: wait for ever]",
+    )
+    lock.add_argument(
+        "--expires",
+        "-e",
+        type=seconds,
+        default=120,
+        metavar="SECONDS",
+        help="the failsafe: the server releases the lock SECONDS after the last renewal if jesync "
+        "stops renewing it (0: never) [default: 120]",
+    )
+    lock.add_argument(
+        "--conflict-exit-code",
+        "-E",
+        type=exit_code,
+        default=EXIT_TIMEOUT,
+        metavar="STATUS",
+        help=f"exit with STATUS if the wait times out [default: {EXIT_TIMEOUT}]",
+    )
+    lock.add_argument(
+        "--terminate-on-loss",
+        action="store_true",
+        help="send COMMAND SIGTERM if the lock is lost while it runs [default: leave it running]",
+    )
+    add_connection_options(lock, argparse.SUPPRESS)
+
+    status = commands.add_parser(
+        "status",
+        help="how many hold a key and how many wait for it",
+        description="Show how many clients hold KEY and how many wait for it.",
+        epilog='examples:\n  jesync status nightly-report\n  jesync status --json nightly-report\n'
+        '  {"key": "nightly-report", "granted": 1, "waiting": 0, "server": "127.0.0.1:11400"}',
+        formatter_class=formatter,
+    )
+    status.add_argument("key", metavar="KEY")
+    status.add_argument("--json", action="store_true", help="print one JSON object")
+    add_connection_options(status, argparse.SUPPRESS)
+
+    listing = commands.add_parser(
+        "list",
+        help="every key in use",
+        description="List every key in use on every server, with its holders and waiters.",
+        epilog="examples:\n  jesync list\n  jesync list --by requests      # the most contended first\n"
+        "  jesync list --json | jq '.[] | select(.waiting > 0)'",
+        formatter_class=formatter,
+    )
+    listing.add_argument(
+        "--by",
+        choices=("key", "requests", "grants"),
+        default="key",
+        help="sort by key, or by waiting (requests) or holding (grants) count, largest first [default: key]",
+    )
+    listing.add_argument("--json", action="store_true", help="print a JSON list of objects")
+    add_connection_options(listing, argparse.SUPPRESS)
+
+    ping = commands.add_parser(
+        "ping",
+        help="is each server reachable, and how fast does it answer",
+        description="Connect to each server and time one request (the round trip, not counting the connection).",
+        epilog=f"examples:\n  jesync ping\n  jesync --server 10.0.0.5 ping --json\n\n"
+        f"exit status: 0 if every server answered, {EXIT_UNAVAILABLE} if one did not",
+        formatter_class=formatter,
+    )
+    ping.add_argument("--json", action="store_true", help="print a JSON list of objects")
+    add_connection_options(ping, argparse.SUPPRESS)
+    return parser
+
+
+def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse; COMMAND is everything after the first C{--} (so its own options stay its own)."""
+    parser = build_parser()
+    argv = list(argv)
+    command: list[str] = []
+    if "--" in argv:
+        split = argv.index("--")
+        argv, command = argv[:split], argv[split + 1 :]
+    args = parser.parse_args(argv)
+    if args.command_name == "lock":
+        args.command = args.command + command
+        if not args.command:
+            parser.error("jesync lock needs a COMMAND to run: jesync lock KEY -- COMMAND [ARGS...]")
+    elif command:
+        parser.error(f"jesync {args.command_name} takes no command after --")
+    try:
+        args.servers = parse_servers(",".join(args.server or []) or os.environ.get("JESYNC_SERVERS") or DEFAULT_SERVER)
+        if args.command_name in ("lock", "status"):
+            encode_key(args.key)
+    except ValueError as error:
+        parser.error(str(error))
+    return args
+
+
+COMMANDS: dict[str, Callable[[argparse.Namespace, Client], int]] = {
+    "lock": run_lock,
+    "status": run_status,
+    "list": run_list,
+    "ping": run_ping,
+}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The C{jesync} console script; returns the exit status."""
+    args = parse_arguments(sys.argv[1:] if argv is None else argv)
+    client = Client(
+        args.servers,
+        placement=args.placement,
+        connect_timeout=args.connect_timeout,
+        read_timeout=args.read_timeout,
+    )
+    try:
+        return COMMANDS[args.command_name](args, client)
+    except ConnectionLost as error:
+        say(str(error))
+        return EXIT_UNAVAILABLE
+    except ServerError as error:
+        say(f"the server refused the request: {error.message}")
+        return EXIT_REFUSED
+    except KeyboardInterrupt:
+        return SIGNAL_BASE + signal.SIGINT
+    except BrokenPipeError:
+        # Output piped to a command that stopped reading (jesync list | head).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    finally:
+        client.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

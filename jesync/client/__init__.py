@@ -1,0 +1,54 @@
+"""
+Clients of JESync lock servers (jesync, or any JESync-compatible one).
+
+ - L{Client}: blocking, for ordinary Python code.
+ - L{AsyncClient}: asyncio.
+ - L{TwistedClient}: Twisted, returning Deferreds.
+
+All three take the same arguments and offer the same operations: C{lock}
+(returning a lock handle with C{release}, C{renew}, automatic renewal and
+loss notification), C{status}, C{listing} and C{ping}, over one or several
+servers.  A timed-out wait raises L{LockTimeout}; every other failed request
+raises a L{ClientError} (bad arguments raise ValueError or TypeError before
+anything is sent).
+"""
+
+from jesync.client.address import DEFAULT_PORT, DEFAULT_SERVER, TCPAddress, UNIXAddress, parse_address
+from jesync.client.aio import AsyncClient, AsyncLock
+from jesync.client.blocking import Client, Lock
+from jesync.client.errors import (
+    ClientError,
+    ConnectFailed,
+    ConnectionLost,
+    KeyBusy,
+    LockLost,
+    LockTimeout,
+    ServerError,
+)
+from jesync.client.placement import HashRing, PHPPlacement
+from jesync.client.txclient import TwistedClient, TwistedLock
+from jesync.interfaces import KeyStatus
+
+__all__ = [
+    "DEFAULT_PORT",
+    "DEFAULT_SERVER",
+    "AsyncClient",
+    "AsyncLock",
+    "Client",
+    "ClientError",
+    "ConnectFailed",
+    "ConnectionLost",
+    "HashRing",
+    "KeyBusy",
+    "KeyStatus",
+    "Lock",
+    "LockLost",
+    "LockTimeout",
+    "PHPPlacement",
+    "ServerError",
+    "TCPAddress",
+    "TwistedClient",
+    "TwistedLock",
+    "UNIXAddress",
+    "parse_address",
+]

@@ -1,0 +1,331 @@
+"""
+The asyncio client: the blocking client's operations as coroutines, for
+asyncio services.  Any number of tasks may share one L{AsyncClient}; their
+requests are pipelined on one connection per server.  Use a client from one
+event loop only.  Nothing here needs the Twisted reactor.
+
+    async with AsyncClient("127.0.0.1:11400") as client:
+        async with client.lock("nightly-report", wait=10):
+            ...
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Awaitable, Callable, Generator, Optional, Sequence
+
+from jesync.client.address import DEFAULT_SERVER, Address, UNIXAddress
+from jesync.client.errors import ConnectFailed, LockLost, describe
+from jesync.client.fleet import Fleet
+from jesync.client.handle import LockState
+from jesync.client.pipeline import discard
+from jesync.client.session import Session
+from jesync.client.wire import PING_KEY, LineSplitter, Reply, UnexpectedReply, lock_arguments, sort_listing
+from jesync.interfaces import KeyStatus, ListingOrder
+
+
+class AsyncLock(LockState):
+    """
+    A lock held through an L{AsyncClient}: C{async with} it, or C{await
+    lock.release()}.  Lost-lock callbacks run in the event loop.
+    """
+
+    def __init__(self, connection: _Connection, reply: Reply, max_concurrent: int, expires: int) -> None:
+        assert reply.key is not None
+        loop = connection.loop
+        super().__init__(reply.key, str(connection.address), max_concurrent, expires, reply.seconds_left or 0, loop.time)
+        self._connection = connection
+        self._renewer: Optional[asyncio.Task[None]] = None
+
+    async def release(self) -> bool:
+        """True if the lock was held until now; False if it had been lost or was released already."""
+        return await self._connection.call(self._connection.session.release, self)
+
+    async def renew(self) -> None:
+        """Restart the failsafe expiry; raise L{LockLost} if the lock is not held any more."""
+        await self._connection.call(self._connection.session.renew, self)
+
+    def start_renewing(self) -> None:
+        """Renew in a background task every third of C{expires}, until released or lost."""
+        interval = self.renew_interval
+        if interval is not None and self.held and self._renewer is None:
+            self._renewer = self._connection.loop.create_task(self._renew_until_stopped(interval))
+
+    async def _renew_until_stopped(self, interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await self.renew()
+            except LockLost:
+                return
+
+    def _stop_renewing(self) -> None:
+        renewer, self._renewer = self._renewer, None
+        if renewer is not None and renewer is not asyncio.current_task(self._connection.loop):
+            renewer.cancel()
+
+    async def __aenter__(self) -> AsyncLock:
+        return self
+
+    async def __aexit__(self, kind: Any, error: Any, traceback: Any) -> None:
+        problem = self._error_leaving(await self.release(), body_raised=kind is not None)
+        if problem is not None:
+            raise problem
+
+
+class _Protocol(asyncio.Protocol):
+    def __init__(self, connection: _Connection) -> None:
+        self.connection = connection
+
+    def data_received(self, data: bytes) -> None:
+        self.connection.data_received(data)
+
+    def connection_lost(self, exc: Optional[Exception]) -> None:
+        self.connection.fail(describe(exc) if exc else "the server closed the connection")
+
+
+class _Connection:
+    """One connection to one server: a transport and its L{Session}."""
+
+    def __init__(self, address: Address, loop: asyncio.AbstractEventLoop, read_timeout: Optional[float]) -> None:
+        self.address = address
+        self.loop = loop
+        self.session = Session(str(address), self._send, self._make_lock)
+        self._read_timeout = read_timeout
+        self._transport: Optional[asyncio.Transport] = None
+        self._splitter = LineSplitter()
+        self._silence: Optional[asyncio.TimerHandle] = None
+
+    @classmethod
+    async def open(cls, address: Address, connect_timeout: Optional[float], read_timeout: Optional[float]) -> _Connection:
+        loop = asyncio.get_running_loop()
+        connection = cls(address, loop, read_timeout)
+        if isinstance(address, UNIXAddress):
+            connecting: Awaitable[Any] = loop.create_unix_connection(lambda: _Protocol(connection), address.path)
+        else:
+            connecting = loop.create_connection(lambda: _Protocol(connection), address.host, address.port)
+        try:
+            transport, _ = await asyncio.wait_for(connecting, connect_timeout)
+        except (OSError, asyncio.TimeoutError) as error:
+            raise ConnectFailed(str(address), f"cannot connect: {describe(error)}") from error
+        connection._transport = transport
+        return connection
+
+    def _make_lock(self, reply: Reply, max_concurrent: int, expires: int) -> AsyncLock:
+        return AsyncLock(self, reply, max_concurrent, expires)
+
+    @property
+    def closed(self) -> bool:
+        return self.session.closed
+
+    # -- requests --------------------------------------------------------
+
+    def start(self, operation: Callable[..., None], *args: Any) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = self.loop.create_future()
+
+        def succeed(result: object) -> None:
+            if not future.done():
+                future.set_result(result)
+
+        def fail(error: Exception) -> None:
+            if not future.done():
+                future.set_exception(error)
+
+        owed = self.session.pipeline.owes_reply
+        operation(*args, succeed, fail)
+        if not owed:
+            self._watch_silence()
+        return future
+
+    async def call(self, operation: Callable[..., None], *args: Any) -> Any:
+        return await self.start(operation, *args)
+
+    async def lock(self, key: str, max_concurrent: int, timeout: int, expires: int) -> AsyncLock:
+        future = self.start(self.session.lock, key, max_concurrent, timeout, expires)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            # The caller gave up: the server cannot be told, so release whatever it grants.
+            if future.cancelled() or not future.done():
+                self.session.give_up(key)
+            elif future.exception() is None:
+                self.session.release(future.result(), discard, discard)
+            raise
+
+    # -- the transport ---------------------------------------------------
+
+    def _send(self, data: bytes) -> None:
+        assert self._transport is not None
+        self._transport.write(data)
+
+    def data_received(self, data: bytes) -> None:
+        try:
+            for line in self._splitter.feed(data):
+                self.session.line_received(line)
+        except UnexpectedReply as error:
+            self.fail(str(error))
+            return
+        self._watch_silence()
+        self._tell_lost()
+
+    def _watch_silence(self) -> None:
+        """While the server owes a reply, give up on it after read_timeout seconds of silence."""
+        if self._silence is not None:
+            self._silence.cancel()
+            self._silence = None
+        if self._read_timeout is not None and self.session.pipeline.owes_reply and not self.closed:
+            self._silence = self.loop.call_later(self._read_timeout, self._silent)
+
+    def _silent(self) -> None:
+        self._silence = None
+        self.fail(f"no reply within {self._read_timeout:g} s")
+
+    def _tell_lost(self) -> None:
+        for lock in self.session.take_lost():
+            lock._notify_lost()
+
+    def fail(self, reason: str) -> None:
+        """Close the connection: outstanding requests fail, held locks are lost."""
+        if self._silence is not None:
+            self._silence.cancel()
+            self._silence = None
+        self.session.fail(reason)
+        if self._transport is not None:
+            self._transport.abort()
+        self._tell_lost()
+
+
+class _LockRequest:
+    """What L{AsyncClient.lock} returns: await it for the lock, or C{async with} it."""
+
+    def __init__(self, acquire: Callable[[], Awaitable[AsyncLock]]) -> None:
+        self._acquire = acquire
+        self._lock: Optional[AsyncLock] = None
+
+    def __await__(self) -> Generator[Any, None, AsyncLock]:
+        return self._acquire().__await__()
+
+    async def __aenter__(self) -> AsyncLock:
+        self._lock = await self._acquire()
+        return self._lock
+
+    async def __aexit__(self, kind: Any, error: Any, traceback: Any) -> None:
+        assert self._lock is not None
+        await self._lock.__aexit__(kind, error, traceback)
+
+
+class AsyncClient:
+    """
+    An asyncio client of one or more JESync servers; the arguments are
+    L{jesync.client.Client}'s.  Connections open on first use, in the running
+    loop.  C{async with AsyncClient(...)} closes it at the end.
+    """
+
+    def __init__(
+        self,
+        servers: str | Sequence[str] = DEFAULT_SERVER,
+        *,
+        placement: str = "consistent",
+        connect_timeout: Optional[float] = 5.0,
+        read_timeout: Optional[float] = 10.0,
+    ) -> None:
+        self._fleet = Fleet(servers, placement)
+        self.servers = self._fleet.servers
+        self.connect_timeout = connect_timeout
+        self.read_timeout = read_timeout
+        self._connections: list[Optional[_Connection]] = [None] * len(self.servers)
+        self._opening: list[Optional[asyncio.Future[_Connection]]] = [None] * len(self.servers)
+
+    def server_for(self, key: str) -> Address:
+        """The server C{key} lives on."""
+        return self._fleet.server_for(key)
+
+    async def _connection(self, index: int) -> _Connection:
+        connection = self._connections[index]
+        if connection is not None and not connection.closed:
+            return connection
+        opening = self._opening[index]
+        if opening is None:
+            opening = self._opening[index] = asyncio.ensure_future(
+                _Connection.open(self.servers[index], self.connect_timeout, self.read_timeout)
+            )
+            opening.add_done_callback(lambda _: self._opened(index))
+        # Shielded: one caller giving up must not cancel the others' connection.
+        return await asyncio.shield(opening)
+
+    def _opened(self, index: int) -> None:
+        opening, self._opening[index] = self._opening[index], None
+        assert opening is not None
+        if not opening.cancelled() and opening.exception() is None:
+            self._connections[index] = opening.result()
+
+    def lock(
+        self,
+        key: str,
+        max_concurrent: int = 1,
+        wait: Optional[float] = None,
+        expires: Optional[float] = 120,
+        *,
+        auto_renew: bool = False,
+    ) -> _LockRequest:
+        """
+        Acquire C{key}, as L{jesync.client.Client.lock} does: C{lock = await
+        client.lock(...)}, or C{async with client.lock(...) as lock:}.
+
+        Cancelling the wait (task cancellation, C{asyncio.timeout}) cannot
+        withdraw the request from the server: if it is granted later it is
+        released at once, and until the server answers, this client refuses
+        another C{lock} for the key with L{KeyBusy}.  Prefer C{wait=}.
+        """
+        arguments = lock_arguments(max_concurrent, wait, expires)
+        index = self._fleet.index_for(key)
+
+        async def acquire() -> AsyncLock:
+            connection = await self._connection(index)
+            lock = await connection.lock(key, *arguments)
+            if auto_renew:
+                lock.start_renewing()
+            return lock
+
+        return _LockRequest(acquire)
+
+    async def status(self, key: str) -> KeyStatus:
+        """How many hold C{key} and how many wait for it."""
+        connection = await self._connection(self._fleet.index_for(key))
+        return await connection.call(connection.session.status, key)
+
+    async def listing(self, order: ListingOrder = "key") -> list[KeyStatus]:
+        """Every key in use on every server, in C{order} (C{"key"}, C{"requests"}, C{"grants"})."""
+        rows: list[KeyStatus] = []
+        for index in range(len(self.servers)):
+            connection = await self._connection(index)
+            rows.extend(await connection.call(connection.session.listing, order))
+        return sort_listing(rows, order)
+
+    async def ping(self) -> dict[str, float]:
+        """The round-trip time of one request to each server, in seconds."""
+        times = {}
+        for index, address in enumerate(self.servers):
+            connection = await self._connection(index)
+            start = time.perf_counter()
+            await connection.call(connection.session.status, PING_KEY)
+            times[str(address)] = time.perf_counter() - start
+        return times
+
+    async def close(self) -> None:
+        """Close every connection: the server releases everything held through them."""
+        for opening in self._opening:
+            if opening is not None:
+                opening.cancel()
+        for index, connection in enumerate(self._connections):
+            if connection is not None:
+                connection.fail("the client was closed")
+            self._connections[index] = None
+        await asyncio.sleep(0)  # let the transports close
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()

@@ -1,0 +1,91 @@
+"""
+How the jesync clients fail.
+
+A wait that runs out of time raises L{jesync.errors.LockTimeout}, the same
+exception the server's own L{jesync.LockService} uses; everything else a
+client raises is a L{ClientError}.
+"""
+
+from __future__ import annotations
+
+import socket
+
+from jesync.errors import LockTimeout
+
+__all__ = [
+    "ClientError",
+    "ConnectFailed",
+    "ConnectionLost",
+    "KeyBusy",
+    "LockLost",
+    "LockTimeout",
+    "ServerError",
+]
+
+
+class ClientError(Exception):
+    """The base of every error a jesync client raises, except L{LockTimeout}."""
+
+
+class ServerError(ClientError):
+    """
+    The server refused a request (C{INVALID_PARAMETER: ...} or
+    C{INVALID_COMMAND}); C{message} is its reply, word for word.  The
+    connection stays usable.
+    """
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+class ConnectionLost(ClientError):
+    """
+    The connection to a server dropped, or the server stopped answering.
+
+    Every request outstanding on the connection fails with this, and every
+    lock held through it is lost: the server releases a connection's locks
+    when it closes, so by the time you see this another client may hold them.
+    The next request reconnects; it never brings the old locks back.
+    """
+
+    def __init__(self, address: str, reason: str) -> None:
+        super().__init__(f"{address}: {reason}")
+        self.address = address
+        self.reason = reason
+
+
+class ConnectFailed(ConnectionLost):
+    """Connecting to a server failed or timed out (so nothing was held through it)."""
+
+
+class KeyBusy(ClientError):
+    """
+    This client already holds the key, or already has a request for it
+    outstanding.  A connection is one owner on the server and holds a key at
+    most once, so a second request for the same key is refused locally.
+    """
+
+    def __init__(self, key: str, why: str) -> None:
+        super().__init__(f"{key!r}: {why}")
+        self.key = key
+
+
+class LockLost(ClientError):
+    """
+    A lock is no longer held although its handle was not released: its
+    connection dropped, its failsafe expiry released it, or a renewal was
+    refused.  Another client may hold it now.
+    """
+
+    def __init__(self, key: str, reason: str) -> None:
+        super().__init__(f"lost the lock on {key!r}: {reason}")
+        self.key = key
+        self.reason = reason
+
+
+def describe(error: BaseException) -> str:
+    """A short reason for a connection error: its C{strerror}, or its message."""
+    if isinstance(error, (socket.timeout, TimeoutError)) and not getattr(error, "strerror", None):
+        return "timed out"
+    return getattr(error, "strerror", None) or str(error) or type(error).__name__

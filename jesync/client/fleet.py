@@ -1,0 +1,31 @@
+"""
+The servers a client talks to, and which of them each key lives on.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from jesync.client.address import Address, parse_servers
+from jesync.client.placement import make_placement
+from jesync.client.wire import encode_key
+
+
+class Fleet:
+    """
+    @param servers: one address, several in one string (separated by commas
+        or whitespace), or a list (see L{jesync.client.address}).
+    @param placement: C{"consistent"} or C{"php"} (see L{jesync.client.placement}).
+    """
+
+    def __init__(self, servers: str | Sequence[str], placement: str) -> None:
+        self.servers: list[Address] = parse_servers(servers)
+        self._placement = make_placement(placement, self.servers)
+
+    def index_for(self, key: str) -> int:
+        """The index of C{key}'s server; raise ValueError for a key the protocol cannot carry."""
+        encode_key(key)
+        return self._placement.server_for(key)
+
+    def server_for(self, key: str) -> Address:
+        return self.servers[self.index_for(key)]

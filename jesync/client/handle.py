@@ -1,0 +1,154 @@
+"""
+What every client's lock handle knows: its key, whether it is still held,
+when its grant expires, and who to tell if it is lost.  Each client adds the
+operations (C{release}, C{renew}) in its own style: blocking, Twisted or
+asyncio.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Callable, Optional
+
+from jesync.client.errors import LockLost
+
+log = logging.getLogger("jesync.client")
+
+LostCallback = Callable[[LockLost], object]
+
+# A renewal is sent when a third of the grant's lifetime has passed, so two
+# more renewals can fail or be late before the failsafe would release it.
+RENEWALS_PER_EXPIRY = 3
+
+
+class LockState:
+    """
+    A lock granted through one connection.
+
+    It is C{held} until C{release()} (then C{released}) or until it is lost
+    (then C{lost}, with C{lost_reason} saying why): its connection dropped, a
+    renewal was refused, or it had expired when it was released.  A lost lock
+    stays lost; reconnecting does not bring it back.
+    """
+
+    def __init__(
+        self,
+        key: str,
+        server: str,
+        max_concurrent: int,
+        expires: int,
+        seconds_left: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self.key = key
+        #: the server it is held on, as C{host:port} or C{unix:/path}
+        self.server = server
+        self.max_concurrent = max_concurrent
+        #: the failsafe asked for, whole seconds; 0 if it never expires
+        self.expires = expires
+        self.lost_reason: Optional[LockLost] = None
+        self._clock = clock
+        self._state = "held"
+        self._lost_callbacks: list[LostCallback] = []
+        self._expires_at: Optional[float] = None
+        self._granted(seconds_left)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.key!r} on {self.server} {self._state}>"
+
+    @property
+    def held(self) -> bool:
+        return self._state == "held"
+
+    @property
+    def released(self) -> bool:
+        return self._state == "released"
+
+    @property
+    def lost(self) -> bool:
+        return self._state == "lost"
+
+    @property
+    def seconds_left(self) -> Optional[float]:
+        """
+        Seconds until the server's failsafe releases the grant, as last
+        reported by the server (counted from when its reply arrived); None if
+        it never expires.
+        """
+        if self._expires_at is None:
+            return None
+        return max(0.0, self._expires_at - self._clock())
+
+    @property
+    def renew_interval(self) -> Optional[float]:
+        """How often automatic renewal renews, in seconds (None: never needed)."""
+        return self.expires / RENEWALS_PER_EXPIRY if self.expires else None
+
+    def add_lost_callback(self, callback: LostCallback) -> None:
+        """
+        Call C{callback(LockLost)} when the lock is lost (at once if it already
+        is); never if it is released first.  The blocking client calls it from
+        a background thread.
+        """
+        if self._state == "lost":
+            self._call(callback)
+        elif self._state == "held":
+            self._lost_callbacks.append(callback)
+
+    # -- for the clients -------------------------------------------------
+
+    def _granted(self, seconds_left: Optional[int]) -> None:
+        """A GRANTED reply (the grant or a renewal) arrived."""
+        self._expires_at = self._clock() + seconds_left if seconds_left else None
+
+    def _mark_released(self) -> bool:
+        """Held -> released; False if it was not held."""
+        if self._state != "held":
+            return False
+        self._state = "released"
+        self._lost_callbacks.clear()
+        self._stop_renewing()
+        return True
+
+    def _release_failed(self, reason: str) -> None:
+        """
+        The release found the lock already gone (C{NOT_RELEASED}: it had
+        expired) or could not be confirmed (the connection dropped): it was
+        lost before it was released.  Its lost callbacks are not called.
+        """
+        self._state = "lost"
+        self.lost_reason = LockLost(self.key, reason)
+
+    def _lose(self, reason: str) -> bool:
+        """Held -> lost; False if it was not held.  Call L{_notify_lost} afterwards."""
+        if self._state != "held":
+            return False
+        self._state = "lost"
+        self.lost_reason = LockLost(self.key, reason)
+        self._stop_renewing()
+        return True
+
+    def _stop_renewing(self) -> None:
+        """Stop automatic renewal, if any (each client renews in its own way)."""
+
+    def _notify_lost(self) -> None:
+        callbacks, self._lost_callbacks = self._lost_callbacks, []
+        for callback in callbacks:
+            self._call(callback)
+
+    def _call(self, callback: LostCallback) -> None:
+        assert self.lost_reason is not None
+        try:
+            callback(self.lost_reason)
+        except Exception:
+            log.exception("a lost-lock callback of %r failed", self)
+
+    def _error_leaving(self, released: bool, body_raised: bool) -> Optional[LockLost]:
+        """
+        What a C{with} block's exit raises: a L{LockLost} if the lock turned
+        out to have been lost while the block ran, unless the block is already
+        raising an exception of its own.
+        """
+        if released or body_raised:
+            return None
+        return self.lost_reason or LockLost(self.key, "it was not held when released")

@@ -1,0 +1,174 @@
+"""
+Sessions that outlive a connection (elock's defining feature).
+
+A session owns locks in the L{ILockService}.  It is attached to one
+connection at a time; when that connection drops, the session is detached and
+its locks survive for a grace period, during which a new connection may
+resume it by id.  A session that is not resumed in time, or whose client
+quits, ends and its locks are released.
+
+    attached --connection_lost--> detached --grace period over--> ended
+        ^                             |
+        +-----------resume------------+
+    attached --end (quit)--> ended
+"""
+
+from __future__ import annotations
+
+import secrets
+from typing import Callable
+
+from automat import MethodicalMachine
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+
+from jesync.interfaces import ILockService
+
+DEFAULT_GRACE_MS = 30_000
+
+
+def new_session_id() -> str:
+    """An unguessable id: 128 random bits (elock counted 1, 2, 3..., so anyone could take over a session)."""
+    return secrets.token_urlsafe(16)
+
+
+class Session:
+    """One client's identity across its connections, and the owner of its locks."""
+
+    _machine = MethodicalMachine()
+
+    def __init__(
+        self,
+        session_id: str,
+        connection: object,
+        clock: IReactorTime,
+        service: ILockService,
+        forget: Callable[[Session], None],
+    ) -> None:
+        self.id = session_id
+        self.connection: object | None = connection
+        self.grace_ms = DEFAULT_GRACE_MS
+        self._clock = clock
+        self._service = service
+        self._forget = forget
+        self._grace_timer: IDelayedCall | None = None
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id}>"
+
+    # -- states ----------------------------------------------------------
+
+    @_machine.state(initial=True)
+    def attached(self) -> None:
+        "A connection speaks for the session."
+
+    @_machine.state()
+    def detached(self) -> None:
+        "No connection; the locks survive until the grace period is over."
+
+    @_machine.state()
+    def ended(self) -> None:
+        "The session is over and its locks are released."
+
+    # -- inputs ----------------------------------------------------------
+
+    @_machine.input()
+    def connection_lost(self) -> None:
+        "The session's connection went away without quitting."
+
+    @_machine.input()
+    def resume(self, connection: object) -> None:
+        "A connection asks to take the session over by its id."
+
+    @_machine.input()
+    def grace_over(self) -> None:
+        "The grace period ran out."
+
+    @_machine.input()
+    def end(self) -> None:
+        "The client quit: an explicit end, so nothing should survive."
+
+    # -- outputs ---------------------------------------------------------
+
+    @_machine.output()
+    def _detach(self) -> None:
+        self.connection = None
+
+    @_machine.output()
+    def _start_grace_timer(self) -> None:
+        self._grace_timer = self._clock.callLater(self.grace_ms / 1000, self.grace_over)
+
+    @_machine.output()
+    def _stop_grace_timer(self) -> None:
+        assert self._grace_timer is not None
+        self._grace_timer.cancel()
+        self._grace_timer = None
+
+    @_machine.output()
+    def _attach(self, connection: object) -> bool:
+        self.connection = connection
+        return True
+
+    @_machine.output()
+    def _refuse(self, connection: object) -> bool:
+        return False
+
+    @_machine.output()
+    def _release_locks(self) -> None:
+        self._grace_timer = None
+        self.connection = None
+        self._service.release_all(self)
+        self._forget(self)
+
+    _resumed = staticmethod(lambda outputs: list(outputs)[-1])
+
+    attached.upon(connection_lost, enter=detached, outputs=[_detach, _start_grace_timer])
+    attached.upon(resume, enter=attached, outputs=[_refuse], collector=_resumed)
+    attached.upon(end, enter=ended, outputs=[_release_locks])
+    detached.upon(resume, enter=attached, outputs=[_stop_grace_timer, _attach], collector=_resumed)
+    detached.upon(grace_over, enter=ended, outputs=[_release_locks])
+    ended.upon(resume, enter=ended, outputs=[_refuse], collector=_resumed)
+
+
+class SessionTable:
+    """
+    The live sessions of one listener family, by id.
+
+    @param clock: runs the grace timers.
+    @param service: the lock table the sessions own locks in.
+    """
+
+    def __init__(self, clock: IReactorTime, service: ILockService) -> None:
+        self._clock = clock
+        self._service = service
+        self._sessions: dict[str, Session] = {}
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def detached_count(self) -> int:
+        """Sessions in their grace period (elock's "monitoring")."""
+        return sum(1 for session in self._sessions.values() if session.connection is None)
+
+    def start(self, connection: object, session_id: str | None = None) -> Session:
+        """A new session for C{connection}, under a fresh id unless one is given."""
+        if session_id is None:
+            session_id = new_session_id()
+            while session_id in self._sessions:  # pragma: no cover - 2**-128
+                session_id = new_session_id()
+        session = Session(session_id, connection, self._clock, self._service, self._forget)
+        self._sessions[session_id] = session
+        return session
+
+    def take(self, connection: object, session_id: str) -> Session | None:
+        """
+        Resume the detached session C{session_id} for C{connection}, or start
+        one under that id if there is none; None if it is attached elsewhere.
+        """
+        session = self._sessions.get(session_id)
+        if session is None:
+            return self.start(connection, session_id)
+        return session if session.resume(connection) else None
+
+    def _forget(self, session: Session) -> None:
+        if self._sessions.get(session.id) is session:
+            del self._sessions[session.id]

@@ -25,7 +25,9 @@ from jesync.client import (
 )
 from jesync.client.address import parse_servers
 from jesync.client.placement import PLACEMENTS
-from jesync.client.wire import encode_key, listing_sort_key
+from jesync.client.wire import check_key
+from jesync.listing import listing_sort_key
+from jesync.keys import encode_key
 
 # Exit statuses (sysexits.h where one fits).
 EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: a server cannot be reached, or the connection dropped
@@ -108,7 +110,7 @@ def say(message: str) -> None:
 
 def printable(key: str) -> str:
     """A key as text that can always be printed (raw bytes shown as \\xNN)."""
-    return key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    return encode_key(key).decode("utf-8", "backslashreplace")
 
 
 # -- jesync lock --------------------------------------------------------------
@@ -494,7 +496,7 @@ def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
     try:
         args.servers = parse_servers(",".join(args.server or []) or os.environ.get("JESYNC_SERVERS") or DEFAULT_SERVER)
         if args.command_name in ("lock", "status"):
-            encode_key(args.key)
+            check_key(args.key)
     except ValueError as error:
         parser.error(str(error))
     return args

@@ -25,7 +25,7 @@ from zope.interface import implementer
 from jesync.deadlines import Deadlines
 from jesync.errors import AlreadyWaiting, LockTimeout
 from jesync.interfaces import IGrant, ILockService, KeyStatus, ListingOrder, Totals
-from jesync.keys import encode_key
+from jesync.listing import sort_listing
 
 DEFAULT_EXPIRES = 120
 WAIT_FOREVER = -1
@@ -108,11 +108,6 @@ class _Lock:
 
 
 _Held = Union[Grant, _Waiter]
-
-
-def _by_key(row: KeyStatus) -> bytes:
-    """Keys sort by their bytes on the wire (for UTF-8 keys, code point order)."""
-    return encode_key(row.key)
 
 
 def check_request(max_concurrent: int, timeout: float, expires: float) -> None:
@@ -228,17 +223,9 @@ class LockService:
         return Totals(len(self._locks), self._granted, self._waiting)
 
     def listing(self, order: ListingOrder = "key") -> list[KeyStatus]:
-        if order == "key":
-            sort_key = _by_key
-        elif order == "requests":
-            sort_key = lambda row: (-row.waiting, _by_key(row))  # noqa: E731
-        elif order == "grants":
-            sort_key = lambda row: (-row.granted, _by_key(row))  # noqa: E731
-        else:
-            raise ValueError(f"unknown listing order {order!r}")
-        rows = [KeyStatus(key, len(lock.holders), lock.waiting) for key, lock in self._locks.items()]
-        rows.sort(key=sort_key)
-        return rows
+        return sort_listing(
+            (KeyStatus(key, len(lock.holders), lock.waiting) for key, lock in self._locks.items()), order
+        )
 
     # -- the rules -------------------------------------------------------
 

@@ -16,8 +16,11 @@ from twisted.trial.unittest import SynchronousTestCase
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def readme_blocks(language: str) -> list[str]:
+def readme_blocks(language: str, section: str | None = None) -> list[str]:
+    """The README's code blocks in C{language}, in the section C{## section} if given."""
     text = (ROOT / "README.md").read_text(encoding="utf-8")
+    if section is not None:
+        text = re.search(rf"^## {re.escape(section)}\n(.*?)(?=^## |\Z)", text, re.S | re.M).group(1)
     return re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
 
 
@@ -31,7 +34,7 @@ class ReadmeTests(SynchronousTestCase):
         )
 
     def test_embedding_example_runs_as_documented(self) -> None:
-        [example] = readme_blocks("python")
+        [example] = readme_blocks("python", "Embedding it")
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         result = subprocess.run(
             [sys.executable, "-c", example],
@@ -41,7 +44,7 @@ class ReadmeTests(SynchronousTestCase):
             timeout=60,
         )
         self.assertEqual(result.returncode, 0, result.stderr)
-        [expected] = readme_blocks("text")
+        [expected] = readme_blocks("text", "Embedding it")
         lines = result.stdout.splitlines()
         expected_lines = expected.splitlines()
         self.assertEqual(len(lines), len(expected_lines), result.stdout)

@@ -8,7 +8,7 @@ from typing import Sequence
 
 from jesync.client.address import Address, parse_servers
 from jesync.client.placement import make_placement
-from jesync.client.wire import encode_key
+from jesync.client.wire import check_key
 
 
 class Fleet:
@@ -24,7 +24,7 @@ class Fleet:
 
     def index_for(self, key: str) -> int:
         """The index of C{key}'s server; raise ValueError for a key the protocol cannot carry."""
-        encode_key(key)
+        check_key(key)
         return self._placement.server_for(key)
 
     def server_for(self, key: str) -> Address:

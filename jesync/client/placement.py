@@ -21,7 +21,7 @@ import hashlib
 from typing import Protocol, Sequence
 
 from jesync.client.address import Address
-from jesync.client.wire import key_bytes
+from jesync.keys import encode_key
 
 PLACEMENTS = ("consistent", "php")
 
@@ -57,7 +57,7 @@ class HashRing:
         self._servers = [index for _, _, index in ring]
 
     def server_for(self, key: str) -> int:
-        point = int.from_bytes(hashlib.md5(key_bytes(key)).digest()[:4], "little")
+        point = int.from_bytes(hashlib.md5(encode_key(key)).digest()[:4], "little")
         position = bisect.bisect_left(self._points, point)
         return self._servers[position % len(self._servers)]
 
@@ -73,7 +73,7 @@ class PHPPlacement:
         self._count = len(servers)
 
     def server_for(self, key: str) -> int:
-        return int(hashlib.md5(key_bytes(key)).hexdigest()[:3], 16) % self._count
+        return int(hashlib.md5(encode_key(key)).hexdigest()[:3], 16) % self._count
 
 
 def make_placement(name: str, servers: Sequence[Address]) -> Placement:

@@ -29,7 +29,8 @@ from jesync.client.errors import ConnectFailed, LockLost, describe
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
 from jesync.client.session import Session
-from jesync.client.wire import PING_KEY, LineSplitter, Reply, UnexpectedReply, lock_arguments, sort_listing
+from jesync.client.wire import PING_KEY, LineSplitter, Reply, UnexpectedReply, lock_arguments
+from jesync.listing import sort_listing
 from jesync.interfaces import KeyStatus, ListingOrder
 
 

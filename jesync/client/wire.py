@@ -7,18 +7,19 @@ reply answers which request is L{jesync.client.pipeline}'s business.
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import NamedTuple
 
 from jesync.interfaces import KeyStatus, ListingOrder
+from jesync.keys import decode_key, encode_key
+from jesync.protocols.lines import LARGEST_NUMBER, LockLineReceiver
+from jesync.service import WAIT_FOREVER
 
-MAX_LINE = 8192
-LARGEST_NUMBER = 2**31 - 1
+MAX_LINE = LockLineReceiver.MAX_LENGTH
 # The longest request is "lock KEY N N N" with three 11-character numbers.
 MAX_KEY_BYTES = MAX_LINE - len("lock ") - 3 * len(" -2147483647")
 # Listing lines are at most a key plus a few numbers; anything far longer is not JESync.
 MAX_REPLY_LINE = 2 * MAX_LINE
 
-WAIT_FOREVER = -1
 NEVER_EXPIRES = 0
 
 LISTING_COMMANDS: dict[str, bytes] = {
@@ -37,19 +38,15 @@ class UnexpectedReply(Exception):
 # -- arguments -------------------------------------------------------------
 
 
-def key_bytes(key: str) -> bytes:
-    """A key's bytes: UTF-8, with surrogate escapes standing for raw bytes (as on the server)."""
-    return key.encode("utf-8", "surrogateescape")
-
-
-def encode_key(key: str) -> bytes:
+def check_key(key: str) -> bytes:
     """
-    A key's bytes on the wire, checked: raise ValueError for a key the
-    protocol cannot carry (empty, containing whitespace, or too long).
+    A key's bytes on the wire (L{jesync.keys.encode_key}), checked: raise
+    ValueError for a key the protocol cannot carry (empty, containing
+    whitespace, or too long).
     """
     if not isinstance(key, str):
         raise TypeError(f"a key is a str, not {type(key).__name__}")
-    raw = key_bytes(key)
+    raw = encode_key(key)
     if not raw:
         raise ValueError("a key cannot be empty")
     if _WHITESPACE.intersection(raw):
@@ -57,10 +54,6 @@ def encode_key(key: str) -> bytes:
     if len(raw) > MAX_KEY_BYTES:
         raise ValueError(f"a key is at most {MAX_KEY_BYTES} bytes")
     return raw
-
-
-def decode_key(raw: bytes) -> str:
-    return raw.decode("utf-8", "surrogateescape")
 
 
 def whole_seconds(seconds: float, name: str) -> int:
@@ -105,11 +98,11 @@ def check_max_concurrent(max_concurrent: int) -> int:
 
 
 def lock_request(key: str, max_concurrent: int, timeout: int, expires: int) -> bytes:
-    return b"lock %s %d %d %d\n" % (encode_key(key), max_concurrent, timeout, expires)
+    return b"lock %s %d %d %d\n" % (check_key(key), max_concurrent, timeout, expires)
 
 
 def release_request(key: str) -> bytes:
-    return b"release %s\n" % encode_key(key)
+    return b"release %s\n" % check_key(key)
 
 
 #: The key C{ping} asks the status of (asking changes nothing on the server).
@@ -117,7 +110,7 @@ PING_KEY = "jesync.ping"
 
 
 def status_request(key: str) -> bytes:
-    return b"status %s\n" % encode_key(key)
+    return b"status %s\n" % check_key(key)
 
 
 def listing_request(order: ListingOrder) -> bytes:
@@ -193,24 +186,3 @@ class LineSplitter:
             raise UnexpectedReply(f"a reply line longer than {MAX_REPLY_LINE} bytes")
         return lines
 
-
-# -- listings of several servers -------------------------------------------
-
-
-def listing_sort_key(order: ListingOrder) -> Callable[[KeyStatus], Any]:
-    """
-    The server's order for a listing (PROTOCOL.md), so that the listings of
-    several servers merge into one: by key bytes; or by waiting, or granted,
-    count, largest first, ties by key.
-    """
-    if order == "key":
-        return lambda row: key_bytes(row.key)
-    if order == "requests":
-        return lambda row: (-row.waiting, key_bytes(row.key))
-    if order == "grants":
-        return lambda row: (-row.granted, key_bytes(row.key))
-    raise ValueError(f"unknown listing order {order!r}: choose one of {', '.join(LISTING_COMMANDS)}")
-
-
-def sort_listing(rows: Iterable[KeyStatus], order: ListingOrder) -> list[KeyStatus]:
-    return sorted(rows, key=listing_sort_key(order))

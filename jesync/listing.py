@@ -1,0 +1,33 @@
+"""
+The three orders of a status listing (PROTOCOL.md), in one place for the
+server that sorts its listing and the clients that merge several servers'.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable
+
+from jesync.interfaces import KeyStatus, ListingOrder
+from jesync.keys import encode_key
+
+LISTING_ORDERS: tuple[ListingOrder, ...] = ("key", "requests", "grants")
+
+
+def _by_key(row: KeyStatus) -> bytes:
+    """Keys sort by their bytes on the wire (for UTF-8 keys, code point order)."""
+    return encode_key(row.key)
+
+
+def listing_sort_key(order: ListingOrder) -> Callable[[KeyStatus], Any]:
+    """By key; or by waiting, or granted, count, largest first, ties by key."""
+    if order == "key":
+        return _by_key
+    if order == "requests":
+        return lambda row: (-row.waiting, _by_key(row))
+    if order == "grants":
+        return lambda row: (-row.granted, _by_key(row))
+    raise ValueError(f"unknown listing order {order!r}: choose one of {', '.join(LISTING_ORDERS)}")
+
+
+def sort_listing(rows: Iterable[KeyStatus], order: ListingOrder) -> list[KeyStatus]:
+    return sorted(rows, key=listing_sort_key(order))

@@ -1,0 +1,278 @@
+"""
+Real jesync servers for the client and command-line tests: C{twistd jesync}
+subprocesses on a real port, and in-process Twisted listeners.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from twisted.internet import defer, endpoints
+from twisted.internet.interfaces import IListeningPort
+
+from jesync.protocols.jesync import JESyncFactory, JESyncProtocol
+from jesync.service import LockService
+
+ROOT = Path(__file__).resolve().parent.parent
+READY_WITHIN = 20.0
+
+
+def environment() -> dict[str, str]:
+    """The environment for a subprocess that must import this checkout's jesync."""
+    path = os.environ.get("PYTHONPATH")
+    return dict(os.environ, PYTHONPATH=str(ROOT) + (os.pathsep + path if path else ""))
+
+
+# On Linux the server is killed if the test process dies without cleaning up
+# (prctl PR_SET_PDEATHSIG survives the exec), so no server outlives a test run.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None).prctl(1, signal.SIGKILL)\n"
+    "os.execv(sys.argv[1], sys.argv[1:])\n"
+)
+
+
+def twistd_command() -> list[str]:
+    twistd = Path(sys.executable).with_name("twistd")
+    if not twistd.exists():
+        return [sys.executable, "-c", "from twisted.scripts.twistd import run; run()"]
+    if sys.platform == "linux":
+        return [sys.executable, "-c", _DIE_WITH_PARENT, str(twistd)]
+    return [str(twistd)]
+
+
+def free_port(ipv6: bool = False) -> int:
+    with socket.socket(socket.AF_INET6 if ipv6 else socket.AF_INET) as probe:
+        probe.bind(("::1" if ipv6 else "127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def have_ipv6() -> bool:
+    """Whether this host can listen on ::1."""
+    try:
+        free_port(ipv6=True)
+    except OSError:
+        return False
+    return True
+
+
+class ServerProcess:
+    """
+    C{twistd -n jesync} listening on 127.0.0.1 on a port of its own (or a
+    Unix socket), started with L{start} and waited for until it answers.
+    """
+
+    def __init__(self, unix_socket: Optional[str] = None, ipv6: bool = False) -> None:
+        self.ipv6 = ipv6
+        self.port = free_port(ipv6)
+        self.unix_socket = unix_socket
+        self.process: Optional[subprocess.Popen[bytes]] = None
+        self._log = tempfile.TemporaryFile()
+
+    @property
+    def address(self) -> str:
+        if self.unix_socket:
+            return f"unix:{self.unix_socket}"
+        return f"[::1]:{self.port}" if self.ipv6 else f"127.0.0.1:{self.port}"
+
+    def start(self) -> ServerProcess:
+        """Start (or restart, on the same port) and return once it answers a request."""
+        if self.unix_socket:
+            listen = f"unix:{self.unix_socket}"
+        elif self.ipv6:
+            listen = f"tcp6:{self.port}:interface=\\:\\:1"
+        else:
+            listen = f"tcp:{self.port}:interface=127.0.0.1"
+        self.process = subprocess.Popen(
+            [*twistd_command(), "-n", "--pidfile=", "jesync", "--port", listen],
+            env=environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=tempfile.gettempdir(),
+        )
+        self._wait_until_ready()
+        return self
+
+    def _wait_until_ready(self) -> None:
+        deadline = time.monotonic() + READY_WITHIN
+        while True:
+            assert self.process is not None
+            if self.process.poll() is not None:
+                raise RuntimeError(f"twistd exited with {self.process.returncode}:\n{self.log()}")
+            try:
+                with self._connect() as probe:
+                    probe.sendall(b"status ready-probe\n")
+                    if probe.recv(100) == b"STATUS 0 0 ready-probe\n":
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                self.kill()
+                raise RuntimeError(f"twistd did not answer within {READY_WITHIN} s:\n{self.log()}")
+            time.sleep(0.02)
+
+    def _connect(self) -> socket.socket:
+        if self.unix_socket:
+            probe = socket.socket(socket.AF_UNIX)
+            probe.settimeout(1)
+            probe.connect(self.unix_socket)
+            return probe
+        return socket.create_connection(("::1" if self.ipv6 else "127.0.0.1", self.port), timeout=1)
+
+    def kill(self) -> None:
+        """SIGKILL: the server vanishes, and the kernel closes its connections."""
+        self._signal(signal.SIGKILL)
+
+    def stop(self) -> None:
+        self._signal(signal.SIGTERM)
+
+    def _signal(self, signum: int) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signum)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.unix_socket and os.path.exists(self.unix_socket):
+            os.unlink(self.unix_socket)
+
+    def log(self) -> str:
+        self._log.seek(0)
+        return self._log.read().decode(errors="replace")
+
+    def close(self) -> None:
+        self.kill()
+        self._log.close()
+
+
+def start_server(testcase, unix_socket: Optional[str] = None, ipv6: bool = False) -> ServerProcess:
+    """A running twistd server, stopped when C{testcase} ends."""
+    server = ServerProcess(unix_socket, ipv6)
+    testcase.addCleanup(server.close)
+    return server.start()
+
+
+class FakeServer:
+    """
+    A misbehaving server for the blocking and asyncio clients: on 127.0.0.1,
+    it answers each request line with C{respond(line)} (nothing if None).
+    """
+
+    def __init__(self, respond: Callable[[bytes], Optional[bytes]]) -> None:
+        self._respond = respond
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self._listener.settimeout(0.05)
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self.received: list[bytes] = []
+        self._connections: list[socket.socket] = []
+        self._stopped = threading.Event()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self._stopped.is_set():
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                continue
+            connection.settimeout(None)
+            self._connections.append(connection)
+            threading.Thread(target=self._serve, args=(connection,), daemon=True).start()
+        self._listener.close()
+
+    def _serve(self, connection: socket.socket) -> None:
+        buffer = b""
+        try:
+            while True:
+                data = connection.recv(65536)
+                if not data:
+                    return
+                *lines, buffer = (buffer + data).split(b"\n")
+                for line in lines:
+                    self.received.append(line)
+                    reply = self._respond(line)
+                    if reply is not None:
+                        connection.sendall(reply)
+        except OSError:
+            return
+
+    def close(self) -> None:
+        self._stopped.set()
+        for connection in self._connections:
+            try:
+                connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            connection.close()
+
+
+def fake_server(testcase, respond: Callable[[bytes], Optional[bytes]]) -> FakeServer:
+    server = FakeServer(respond)
+    testcase.addCleanup(server.close)
+    return server
+
+
+class _TrackedProtocol(JESyncProtocol):
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self.factory.connections[self] = defer.Deferred()
+
+    def connectionLost(self, reason: object = None) -> None:
+        super().connectionLost(reason)
+        self.factory.connections.pop(self).callback(None)
+
+
+class _TrackedFactory(JESyncFactory):
+    """Keeps its open connections, each with a Deferred that fires when it closes (no attributes of our own on the protocol)."""
+
+    protocol = _TrackedProtocol
+
+    def __init__(self, service: LockService) -> None:
+        super().__init__(service)
+        self.connections: dict[_TrackedProtocol, defer.Deferred[None]] = {}
+
+
+class InProcessServer:
+    """A jesync server listening on 127.0.0.1 in the test's own reactor."""
+
+    def __init__(self, reactor, port: IListeningPort, factory: _TrackedFactory) -> None:
+        self.reactor = reactor
+        self.port = port
+        self.factory = factory
+        self.service = factory.service
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port.getHost().port}"
+
+    def drop_connections(self) -> defer.Deferred[object]:
+        """Abort every client connection (as a crashed server would); fire once they are gone."""
+        connections = dict(self.factory.connections)
+        for connection in connections:
+            connection.transport.abortConnection()
+        return defer.gatherResults(list(connections.values()))
+
+    @defer.inlineCallbacks
+    def stop(self):
+        yield self.port.stopListening()
+        yield self.drop_connections()
+
+
+@defer.inlineCallbacks
+def listen_in_process(testcase, reactor):
+    """An L{InProcessServer}, stopped (its connections dropped) when C{testcase} ends."""
+    factory = _TrackedFactory(LockService(reactor))
+    port = yield endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(factory)
+    server = InProcessServer(reactor, port, factory)
+    testcase.addCleanup(server.stop)
+    return server

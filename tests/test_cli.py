@@ -1,0 +1,346 @@
+"""
+The C{jesync} command line, run as a subprocess (C{python -m jesync.cli})
+against real C{twistd jesync} servers: exit statuses, renewal, signals, a
+server killed under a running command, and the read-only commands.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from jesync.cli import (
+    EXIT_CANNOT_RUN,
+    EXIT_LOCK_LOST,
+    EXIT_NOT_FOUND,
+    EXIT_REFUSED,
+    EXIT_TIMEOUT,
+    EXIT_UNAVAILABLE,
+    main,
+    parse_arguments,
+)
+from jesync.client import Client, KeyStatus
+from tests.servers import environment, fake_server, free_port, start_server
+
+WITHIN = 10.0
+
+
+def cli_environment(**extra: str) -> dict[str, str]:
+    env = environment()
+    env.pop("JESYNC_SERVERS", None)
+    env.update(extra)
+    return env
+
+
+def jesync(*args: str, env: dict[str, str] | None = None, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+    """Run the command line to completion (stdin is not a terminal)."""
+    return subprocess.run(
+        [sys.executable, "-m", "jesync.cli", *args],
+        env=env or cli_environment(),
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+class CLITestCase(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.directory = Path(tempfile.mkdtemp())
+        self.addCleanup(shutil.rmtree, self.directory, True)
+
+    def start_server(self) -> str:
+        self.server = start_server(self)
+        return self.server.address
+
+    def client(self, address: str) -> Client:
+        client = Client(address)
+        self.addCleanup(client.close)
+        return client
+
+    def spawn(self, *args: str) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "jesync.cli", *args],
+            env=cli_environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.addCleanup(self._reap, process)
+        return process
+
+    def _reap(self, process: subprocess.Popen[str]) -> None:
+        if process.poll() is None:
+            process.kill()
+        process.communicate()
+
+    def wait_for(self, condition: Any, within: float = WITHIN) -> None:
+        deadline = time.monotonic() + within
+        while not condition():
+            if time.monotonic() > deadline:
+                self.fail("timed out waiting for a condition")
+            time.sleep(0.02)
+
+    def marker(self, name: str = "started") -> Path:
+        return self.directory / name
+
+
+class LockCommandTests(CLITestCase):
+    def test_runs_the_command_holding_the_lock(self) -> None:
+        """COMMAND runs while the lock is held (and renewed past --expires); jesync exits with its status."""
+        address = self.start_server()
+        watcher = self.client(address)
+        started = self.marker()
+        process = self.spawn(
+            "--server", address, "lock", "--expires", "1", "report", "--",
+            "sh", "-c", f'touch {started}; sleep 2.5; echo "done $0"; exit 3', "argument",
+        )
+        self.wait_for(started.exists)
+        self.assertEqual(watcher.status("report"), KeyStatus("report", 1, 0))
+        time.sleep(1.8)  # past the 1 s failsafe: only renewal keeps it
+        self.assertEqual(watcher.status("report"), KeyStatus("report", 1, 0))
+        out, err = process.communicate(timeout=WITHIN)
+        self.assertEqual((process.returncode, out, err), (3, "done argument\n", ""))
+        self.assertEqual(watcher.status("report"), KeyStatus("report", 0, 0))
+
+    def test_wait_timeout(self) -> None:
+        address = self.start_server()
+        self.client(address).lock("report")
+        result = jesync("--server", address, "lock", "--wait", "0", "report", "--", "touch", str(self.marker()))
+        self.assertEqual(result.returncode, EXIT_TIMEOUT)
+        self.assertIn("timed out after waiting 0 s for the lock on 'report'", result.stderr)
+        self.assertFalse(self.marker().exists())
+        result = jesync("--server", address, "lock", "-w", "0", "-E", "9", "report", "--", "true")
+        self.assertEqual(result.returncode, 9)
+
+    def test_command_not_found_or_not_executable(self) -> None:
+        address = self.start_server()
+        result = jesync("--server", address, "lock", "report", "--", "no-such-command-jesync")
+        self.assertEqual(result.returncode, EXIT_NOT_FOUND)
+        self.assertIn("command not found", result.stderr)
+        not_executable = self.marker("script")
+        not_executable.write_text("#!/bin/sh\n")
+        result = jesync("--server", address, "lock", "report", "--", str(not_executable))
+        self.assertEqual(result.returncode, EXIT_CANNOT_RUN)
+        self.assertEqual(self.client(address).status("report"), KeyStatus("report", 0, 0))
+
+    def test_server_refuses(self) -> None:
+        server = fake_server(self, lambda line: b"INVALID_PARAMETER: no thanks\n")
+        result = jesync("--server", server.address, "lock", "report", "--", "touch", str(self.marker()))
+        self.assertEqual(result.returncode, EXIT_REFUSED)
+        self.assertIn("the server refused the request: INVALID_PARAMETER: no thanks", result.stderr)
+        self.assertFalse(self.marker().exists())
+
+    def test_server_unreachable(self) -> None:
+        result = jesync("--server", f"127.0.0.1:{free_port()}", "lock", "report", "--", "true")
+        self.assertEqual(result.returncode, EXIT_UNAVAILABLE)
+        self.assertIn("cannot connect", result.stderr)
+
+
+class SignalTests(CLITestCase):
+    def test_sigterm_reaches_the_command(self) -> None:
+        """SIGTERM to jesync is passed on; COMMAND dies of it (128+15), and the lock is released."""
+        address = self.start_server()
+        started = self.marker()
+        process = self.spawn("--server", address, "lock", "report", "--", "sh", "-c", f"touch {started}; exec sleep 30")
+        self.wait_for(started.exists)
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=WITHIN)
+        self.assertEqual(process.returncode, 128 + signal.SIGTERM)
+        self.assertEqual(self.client(address).status("report"), KeyStatus("report", 0, 0))
+
+    def test_sigint_reaches_the_command(self) -> None:
+        """
+        SIGINT to jesync (not from a terminal) is passed on; COMMAND may
+        handle it, and jesync exits with COMMAND's status.
+        """
+        address = self.start_server()
+        started, got = self.marker(), self.marker("got-signal")
+        child = (
+            "import pathlib, signal, sys, time\n"
+            "def interrupted(signum, frame):\n"
+            f"    pathlib.Path({str(got)!r}).write_text(signal.Signals(signum).name)\n"
+            "    sys.exit(7)\n"
+            "signal.signal(signal.SIGINT, interrupted)\n"
+            f"pathlib.Path({str(started)!r}).touch()\n"
+            "time.sleep(30)\n"
+        )
+        process = self.spawn("--server", address, "lock", "report", "--", sys.executable, "-c", child)
+        self.wait_for(started.exists)
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=WITHIN)
+        self.assertEqual(process.returncode, 7)
+        self.assertEqual(got.read_text(), "SIGINT")
+        self.assertEqual(self.client(address).status("report"), KeyStatus("report", 0, 0))
+
+    def test_interrupted_while_waiting(self) -> None:
+        """SIGINT while waiting for the lock: jesync exits 130, COMMAND never runs, the wait is withdrawn."""
+        address = self.start_server()
+        watcher = self.client(address)
+        watcher.lock("report")
+        process = self.spawn("--server", address, "lock", "report", "--", "touch", str(self.marker()))
+        self.wait_for(lambda: watcher.status("report").waiting == 1)
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=WITHIN)
+        self.assertEqual(process.returncode, 128 + signal.SIGINT)
+        self.assertFalse(self.marker().exists())
+        self.wait_for(lambda: watcher.status("report") == KeyStatus("report", 1, 0))
+
+
+class LockLostTests(CLITestCase):
+    def test_server_killed_while_the_command_runs(self) -> None:
+        """jesync says so at once, lets COMMAND finish, and exits 70."""
+        address = self.start_server()
+        started = self.marker()
+        process = self.spawn("--server", address, "lock", "report", "--", "sh", "-c", f"touch {started}; sleep 1.5")
+        self.wait_for(started.exists)
+        began = time.monotonic()
+        self.server.kill()
+        out, err = process.communicate(timeout=WITHIN)
+        self.assertGreater(time.monotonic() - began, 1.0)  # COMMAND was left to finish
+        self.assertEqual(process.returncode, EXIT_LOCK_LOST)
+        self.assertIn("lost the lock on 'report'", err)
+        self.assertIn("keeps running", err)
+        self.assertIn("exited with status 0, but the lock was lost while it ran", err)
+
+    def test_terminate_on_loss(self) -> None:
+        address = self.start_server()
+        started = self.marker()
+        process = self.spawn(
+            "--server", address, "lock", "--terminate-on-loss", "report", "--",
+            "sh", "-c", f"touch {started}; exec sleep 30",
+        )
+        self.wait_for(started.exists)
+        self.server.kill()
+        out, err = process.communicate(timeout=WITHIN)
+        self.assertEqual(process.returncode, EXIT_LOCK_LOST)
+        self.assertIn("terminating", err)
+        self.assertIn(f"exited with status {128 + signal.SIGTERM}", err)
+
+
+class ReadingCommandTests(CLITestCase):
+    def test_status_list_ping(self) -> None:
+        address = self.start_server()
+        holder = self.client(address)
+        holder.lock("report")
+        holder.lock("slots", max_concurrent=3)
+        result = jesync("--server", address, "status", "report")
+        self.assertEqual((result.returncode, result.stdout), (0, f"report: 1 holding, 0 waiting ({address})\n"))
+        result = jesync("status", "--json", "report", env=cli_environment(JESYNC_SERVERS=address))
+        self.assertEqual(json.loads(result.stdout), {"key": "report", "granted": 1, "waiting": 0, "server": address})
+        result = jesync("list", "--server", address)
+        self.assertEqual(result.stdout, "KEY     GRANTED  WAITING\nreport        1        0\nslots         1        0\n")
+        result = jesync("--server", address, "list", "--by", "grants", "--json")
+        self.assertEqual([row["key"] for row in json.loads(result.stdout)], ["report", "slots"])
+        result = jesync("--server", address, "ping")
+        self.assertEqual(result.returncode, 0)
+        self.assertRegex(result.stdout, rf"^{address}: reachable, round trip [0-9.]+ ms\n$")
+
+    def test_several_servers(self) -> None:
+        """Listing merges every server's keys; ping reports each, and exits 69 if one is down."""
+        first, second = start_server(self).address, start_server(self).address
+        Client(first).lock("on-first")
+        Client(second).lock("on-second")
+        down = f"127.0.0.1:{free_port()}"
+        env = cli_environment(JESYNC_SERVERS=f"{first},{second}")
+        result = jesync("list", env=env)
+        self.assertEqual(
+            result.stdout.splitlines(),
+            [
+                "KEY        GRANTED  WAITING  SERVER",
+                f"on-first         1        0  {first}",
+                f"on-second        1        0  {second}",
+            ],
+        )
+        result = jesync("ping", "--json", "--server", first, "--server", down)
+        self.assertEqual(result.returncode, EXIT_UNAVAILABLE)
+        [up, unreachable] = json.loads(result.stdout)
+        self.assertEqual((up["server"], up["reachable"]), (first, True))
+        self.assertEqual((unreachable["server"], unreachable["reachable"]), (down, False))
+
+    def test_unreachable(self) -> None:
+        down = f"127.0.0.1:{free_port()}"
+        for command in (["status", "report"], ["list"], ["ping"]):
+            result = jesync("--server", down, *command)
+            self.assertEqual(result.returncode, EXIT_UNAVAILABLE, command)
+
+
+def run_in_process(*argv: str) -> tuple[int, str, str]:
+    """Run C{main} here (fast, for what needs no server): its exit status, stdout and stderr."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = main(list(argv))
+        except SystemExit as exit:
+            status = exit.code if isinstance(exit.code, int) else 1
+    return status, out.getvalue(), err.getvalue()
+
+
+class ArgumentTests(SynchronousTestCase):
+    def test_help_everywhere(self) -> None:
+        """Every command has --help with examples; the main help documents the exit statuses."""
+        result = jesync("--help")
+        self.assertEqual(result.returncode, 0)
+        for text in ["examples:", "exit status:", str(EXIT_TIMEOUT), str(EXIT_LOCK_LOST), str(EXIT_UNAVAILABLE)]:
+            self.assertIn(text, result.stdout)
+        for command in ("lock", "status", "list", "ping"):
+            status, out, _ = run_in_process(command, "--help")
+            self.assertEqual(status, 0, command)
+            self.assertIn("examples:", out, command)
+        self.assertIn("--terminate-on-loss", run_in_process("lock", "--help")[1])
+
+    def test_command_after_double_dash(self) -> None:
+        """Everything after -- is COMMAND, its own options included."""
+        args = parse_arguments(["lock", "k", "--wait", "5", "--", "ls", "-l", "--", "x"])
+        self.assertEqual((args.key, args.wait, args.command), ("k", 5.0, ["ls", "-l", "--", "x"]))
+        self.assertEqual(parse_arguments(["lock", "k", "make"]).command, ["make"])
+
+    def test_servers(self) -> None:
+        """--server before or after the command, repeated or comma-separated; else JESYNC_SERVERS; else the default."""
+        previous = os.environ.pop("JESYNC_SERVERS", None)
+        self.addCleanup(lambda: previous is None or os.environ.__setitem__("JESYNC_SERVERS", previous))
+        self.assertEqual([str(s) for s in parse_arguments(["ping"]).servers], ["127.0.0.1:11400"])
+        os.environ["JESYNC_SERVERS"] = "a:1 b:2"
+        self.assertEqual([str(s) for s in parse_arguments(["ping"]).servers], ["a:1", "b:2"])
+        args = parse_arguments(["-s", "c", "ping", "--server", "d,[::1]:5"])
+        self.assertEqual([str(s) for s in args.servers], ["d:11400", "[::1]:5"])
+        args = parse_arguments(["--server", "c", "--placement", "php", "ping"])
+        self.assertEqual(([str(s) for s in args.servers], args.placement), (["c:11400"], "php"))
+        del os.environ["JESYNC_SERVERS"]
+
+    def test_bad_arguments(self) -> None:
+        result = jesync("lock", "k")
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("needs a COMMAND", result.stderr)
+        for argv in (
+            ["lock", "two words", "--", "true"],
+            ["lock", "k", "--wait", "-1", "--", "true"],
+            ["lock", "k", "--wait", "soon", "--", "true"],
+            ["lock", "k", "--max-concurrent", "0", "--", "true"],
+            ["lock", "k", "--conflict-exit-code", "256", "--", "true"],
+            ["status"],
+            ["status", "k", "--", "x"],
+            ["--server", "host:99999", "ping"],
+            ["list", "--by", "size"],
+            [],
+        ):
+            status, _, err = run_in_process(*argv)
+            self.assertEqual(status, 2, argv)
+            self.assertIn("usage:", err, argv)
+
+    def test_exit_statuses_distinct(self) -> None:
+        statuses = [EXIT_UNAVAILABLE, EXIT_LOCK_LOST, EXIT_TIMEOUT, EXIT_REFUSED, EXIT_CANNOT_RUN, EXIT_NOT_FOUND, 2]
+        self.assertEqual(len(set(statuses)), len(statuses))

@@ -1,0 +1,94 @@
+"""
+The README's "Using it from Python" and "Using it from the shell" examples
+work as written, against a real server (the only change: the address
+127.0.0.1:11400 becomes the test server's).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import sys
+import tempfile
+import shutil
+from pathlib import Path
+from unittest import SkipTest
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from tests.servers import ROOT, environment, start_server
+
+README = ROOT / "README.md"
+DEFAULT_ADDRESS = "127.0.0.1:11400"
+
+
+def section(text: str, title: str) -> str | None:
+    """The text of the README section C{## title}, or None if there is none."""
+    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
+    return match.group(1) if match else None
+
+
+def blocks(text: str, language: str) -> list[str]:
+    return re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
+
+
+def readme_section(title: str) -> str:
+    found = section(README.read_text(encoding="utf-8"), title)
+    if found is None:
+        raise SkipTest(f"README.md has no {title!r} section")
+    return found
+
+
+class PythonExamples:
+    """Checks on a "Using it from Python" section (a mixin, so any text can be checked)."""
+
+    def check_python_section(self, text: str) -> None:
+        server = start_server(self)
+        examples = blocks(text, "python")
+        self.assertGreaterEqual(len(examples), 4)
+        first_output = blocks(text, "console")[0]
+        for number, example in enumerate(examples):
+            result = subprocess.run(
+                [sys.executable, "-c", example.replace(DEFAULT_ADDRESS, server.address)],
+                env=environment(),
+                capture_output=True,
+                text=True,
+                timeout=60,
+            )
+            self.assertEqual(result.returncode, 0, f"example {number}:\n{example}\n{result.stderr}")
+            if number == 0:
+                self.assertEqual(result.stdout, first_output)
+            if "server_for" in example:
+                printed = re.search(r"It prints `([^`]+)`, then `([^`]+)`", text)
+                self.assertIsNotNone(printed)
+                self.assertEqual(result.stdout.splitlines(), list(printed.groups()))
+
+    def check_shell_section(self, text: str) -> None:
+        server = start_server(self)
+        [commands] = blocks(text, "sh")
+        bin_directory = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, bin_directory)
+        # The console script, as `pip install .` would install it.
+        shim = Path(bin_directory, "jesync")
+        shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m jesync.cli "$@"\n')
+        shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
+        env = dict(
+            environment(),
+            PATH=bin_directory + os.pathsep + os.environ.get("PATH", ""),
+            JESYNC_SERVERS=server.address,
+        )
+        for line in commands.splitlines():
+            result = subprocess.run(
+                ["sh", "-c", line], env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+            )
+            self.assertEqual(result.returncode, 0, f"{line}\n{result.stdout}{result.stderr}")
+
+
+class ReadmeExamplesTests(PythonExamples, SynchronousTestCase):
+    def test_python_examples(self) -> None:
+        self.check_python_section(readme_section("Using it from Python"))
+
+    def test_shell_examples(self) -> None:
+        self.check_shell_section(readme_section("Using it from the shell"))

@@ -11,6 +11,7 @@ quits, ends and its locks are released.
         ^                             |
         +-----------resume------------+
     attached --end (quit)--> ended
+    detached --end (server stopping)--> ended
 """
 
 from __future__ import annotations
@@ -126,6 +127,7 @@ class Session:
     attached.upon(end, enter=ended, outputs=[_release_locks])
     detached.upon(resume, enter=attached, outputs=[_stop_grace_timer, _attach], collector=_resumed)
     detached.upon(grace_over, enter=ended, outputs=[_release_locks])
+    detached.upon(end, enter=ended, outputs=[_stop_grace_timer, _release_locks])
     ended.upon(resume, enter=ended, outputs=[_refuse], collector=_resumed)
 
 
@@ -168,6 +170,11 @@ class SessionTable:
         if session is None:
             return self.start(connection, session_id)
         return session if session.resume(connection) else None
+
+    def end_detached(self) -> None:
+        """End every session in its grace period now (the server is stopping)."""
+        for session in [s for s in self._sessions.values() if s.connection is None]:
+            session.end()
 
     def _forget(self, session: Session) -> None:
         if self._sessions.get(session.id) is session:

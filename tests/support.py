@@ -31,7 +31,7 @@ from twisted.internet.testing import StringTransport
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from jesync import JESyncFactory, LockService
+from jesync import ELockFactory, JESyncFactory, LockService
 
 # How long any single awaited event may take before the test fails.
 TIMEOUT = 5.0
@@ -98,15 +98,25 @@ class UnitClient:
 
 
 class UnitServer:
-    """A lock service on a fake clock and the JESync factory serving it."""
+    """
+    A lock service on a fake clock, the JESync factory serving it, and an
+    elock factory over the same service (L{connect_elock}).
+    """
 
     def __init__(self, verbose: bool = False) -> None:
         self.clock = Clock()
         self.service = LockService(self.clock)
         self.factory = JESyncFactory(self.service, verbose=verbose)
+        self.elock_factory = ELockFactory(self.service, verbose=verbose)
         self._next_port = 40000
 
     def connect(self, transport: StringTransport | None = None, peer=None) -> UnitClient:
+        return self._connect(self.factory, transport, peer)
+
+    def connect_elock(self, transport: StringTransport | None = None, peer=None) -> UnitClient:
+        return self._connect(self.elock_factory, transport, peer)
+
+    def _connect(self, factory, transport: StringTransport | None, peer) -> UnitClient:
         self._next_port += 1
         if peer is None:
             peer = IPv4Address("TCP", "127.0.0.1", self._next_port)
@@ -114,7 +124,7 @@ class UnitServer:
             transport = StringTransport(peerAddress=peer)
         else:
             transport.peerAddr = peer
-        protocol = self.factory.buildProtocol(peer)
+        protocol = factory.buildProtocol(peer)
         protocol.makeConnection(transport)
         return UnitClient(protocol, transport)
 
@@ -384,6 +394,8 @@ INVALID_PARAMETER_CASES = [
     (b"lock k 1 -1 1e3", b"expires is not an integer"),
     (b"lock k 1 -1 --1", b"expires is not an integer"),
     (b"lock k 9999999999", b"max_concurrent is out of range"),
+    (b"lock k 1 -99999999999", b"timeout is out of range"),
+    (b"lock k 1 -1 " + b"9" * 5000, b"expires is out of range"),
     (b"lock k 0", b"Max concurrent should be greater or equal than 1"),
     (b"lock k -3", b"Max concurrent should be greater or equal than 1"),
     (b"lock k 1 -2", b"Timeout should be greater or equal than -1"),

@@ -354,6 +354,38 @@ class TwistdTests(TestCase):
         yield over_unix.wait_closed()
 
     @inlineCallbacks
+    def test_elock_and_jesync_share_locks(self):
+        process = self.run_server("--port", "tcp:0:interface=127.0.0.1", "--elock-port", "tcp:0:interface=127.0.0.1")
+        jesync_port = yield process.wait_for(rb"JESyncFactory starting on (\d+)\n")
+        elock_port = yield process.wait_for(rb"ELockFactory starting on (\d+)\n")
+        jesync_endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", int(jesync_port.group(1)))
+        elock_endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", int(elock_port.group(1)))
+        elock = yield self.connect(elock_endpoint)
+        jesync = yield self.connect(jesync_endpoint)
+        self.assertEqual((yield elock.ask(b"lock k\r\n")), b"200 Acquired\r\n")
+        self.assertEqual((yield jesync.ask(b"status k\nlock k 1 0\n", 2)), b"STATUS 1 0 k\nTIMEOUT 1 0 k\n")
+        self.assertEqual((yield jesync.ask(b"lock k\nstatus k\n")), b"STATUS 1 1 k\n")
+        self.assertEqual(
+            (yield elock.ask(b"stats\r\nbogus\r\n", 6)),
+            b"200 STATS\r\nSTAT clients 1\r\nSTAT locks 1\r\nSTAT monitoring 0\r\nEND\r\n"
+            b'400 Unknown command: "bogus"\r\n',
+        )
+        # quitting ends the session: the lock goes to the JESync waiter at once
+        elock.send(b"quit\r\n")
+        self.assertEqual((yield elock.read_line()), b"200 Hey, it was nice seeing you.\r\n")
+        self.assertIsInstance((yield elock.wait_closed()), ConnectionDone)
+        self.assertEqual((yield jesync.read_line()), b"GRANTED 1 0 k 120\n")
+        # and the reverse: a JESync holder keeps elock clients out
+        other = yield self.connect(elock_endpoint)
+        self.assertEqual((yield other.ask(b"lock k\r\n")), b"409 Unavailable\r\n")
+        self.assertEqual((yield jesync.ask(b"release k\n")), b"RELEASED 0 0 k\n")
+        self.assertEqual((yield other.ask(b"lock k\r\n")), b"200 Acquired\r\n")
+        yield self.terminate(process)
+
+        self.assertEqual(len(process.log_lines(rb"ELockProtocol#info\] .* connected$")), 2, process.text())
+        self.assertEqual(len(process.log_lines(rb"JESyncProtocol#info\] .* connected$")), 1, process.text())
+
+    @inlineCallbacks
     def test_bad_port_is_a_usage_error(self):
         process = self.run_server("--port", "bogus:1")
         reason = yield process.wait_ended()

@@ -113,7 +113,8 @@ class ELockProtocol(LockLineReceiver):
 
     def do_conn_id(self, args: list[bytes]) -> None:
         if not args:
-            self.reply(b"200 " + self._session().id.encode())
+            # An id a client chose may be any bytes: echo them as sent.
+            self.reply(b"200 " + self._session().id.encode("utf-8", "surrogateescape"))
             return
         wanted = self.only_argument(args, "conn id")
         if len(wanted) > MAX_SESSION_ID:
@@ -182,3 +183,7 @@ class ELockFactory(Factory):
         self.verbose = verbose
         self.sessions = SessionTable(service.clock, service)
         self.clients = 0
+
+    def stopFactory(self) -> None:
+        """No listener is left: nobody can resume a detached session any more."""
+        self.sessions.end_detached()

@@ -19,7 +19,7 @@ from jesync.interfaces import ILockService
 
 # JESync's clients are written with 32-bit integers in mind.
 LARGEST_NUMBER = 2**31 - 1
-_INTEGER = re.compile(rb"-?[0-9]{1,10}")
+_INTEGER = re.compile(rb"-?[0-9]+")
 
 
 class BadRequest(Exception):
@@ -30,8 +30,7 @@ def parse_integer(field: bytes, name: str) -> int:
     """A decimal integer within +-LARGEST_NUMBER, or BadRequest naming the field."""
     if _INTEGER.fullmatch(field) is None:
         raise BadRequest(f"{name} is not an integer")
-    value = int(field)
-    if abs(value) > LARGEST_NUMBER:
+    if len(field) > 11 or abs(value := int(field)) > LARGEST_NUMBER:
         raise BadRequest(f"{name} is out of range")
     return value
 
@@ -77,6 +76,7 @@ class LockLineReceiver(LineReceiver):
     HOLD_BUFFER = 65536
 
     holding = False
+    input_ended = False
     gone = False
 
     log = Logger()
@@ -98,9 +98,15 @@ class LockLineReceiver(LineReceiver):
     def readConnectionLost(self) -> None:
         """
         The client has sent all it will (it shut down its side, as C{nc -N}
-        does): let the replies already written reach it, then close.
+        does): answer what it sent (once any held request is answered), then
+        close.
         """
-        self.close()
+        self.input_ended = True
+        self._close_if_done()
+
+    def _close_if_done(self) -> None:
+        if self.input_ended and not self.holding and not self.gone:
+            self.close()
 
     def writeConnectionLost(self) -> None:
         """Never asked for: the server closes both directions at once."""
@@ -198,6 +204,7 @@ class LockLineReceiver(LineReceiver):
     def _read_held_lines(self) -> None:
         if not self.gone:
             self.dataReceived(b"")
+            self._close_if_done()
 
     def lineTooLong(self) -> None:
         """A line longer than C{MAX_LENGTH} arrived: answer and close."""

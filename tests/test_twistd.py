@@ -227,10 +227,10 @@ class TwistdTests(TestCase):
 
     timeout = 60
 
-    def spawn(self, *args: str) -> TwistdProcess:
+    def spawn(self, *args: str, **environment: str) -> TwistdProcess:
         process = TwistdProcess()
         directory = short_temp_dir(self)
-        env = dict(os.environ, PYTHONPATH=REPOSITORY, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONPATH=REPOSITORY, PYTHONUNBUFFERED="1", **environment)
         transport = reactor.spawnProcess(process, TWISTD, [TWISTD, *args], env=env, path=directory)
 
         @inlineCallbacks
@@ -280,6 +280,18 @@ class TwistdTests(TestCase):
             self.assertIn(line, output)
         self.assertNotIn("Traceback", output)
         self.assertNotIn("Unhandled", output)
+
+    @inlineCallbacks
+    def test_example_tac_file(self):
+        """etc/jesync.tac runs under twistd -y and serves JESync on JESYNC_PORT."""
+        tac = os.path.join(REPOSITORY, "etc", "jesync.tac")
+        process = self.spawn("-n", "--pidfile=", "-y", tac, JESYNC_PORT="tcp:0:interface=127.0.0.1")
+        match = yield process.wait_for(rb"JESyncFactory starting on (\d+)\n")
+        client = yield self.connect(TCP4ClientEndpoint(reactor, "127.0.0.1", int(match.group(1))))
+        self.assertEqual((yield client.ask(b"lock k 2\n")), b"GRANTED 1 0 k 120\n")
+        self.assertEqual((yield client.ask(b"status-by-key\n", 2)), b"STATUS 1 0 k\nEND\n")
+        yield client.disconnect()
+        yield self.terminate(process)
 
     @inlineCallbacks
     def test_tcp(self):

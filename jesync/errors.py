@@ -20,3 +20,17 @@ class AlreadyWaiting(Exception):
     def __init__(self, key: str) -> None:
         super().__init__(f"already waiting for {key!r}")
         self.key = key
+
+
+class LimitReached(Exception):
+    """
+    A request would exceed one of the server's limits; nothing changed.
+
+    @ivar limit: the limit's name, as its command-line option says it
+        (C{"max-keys"}, C{"max-waiters"}, C{"max-held"}).
+    """
+
+    def __init__(self, limit: str, value: int) -> None:
+        super().__init__(f"{limit} reached ({value})")
+        self.limit = limit
+        self.value = value

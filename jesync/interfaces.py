@@ -31,6 +31,7 @@ class IGrant(Interface):
 
     key = Attribute("The key held.")
     owner = Attribute("Who holds it.")
+    granted_at = Attribute("Clock time at which it was granted (renewals do not change it).")
     max_concurrent = Attribute("The concurrency this holder admitted the key under.")
     expires_at = Attribute(
         "Clock time at which the failsafe releases this grant, or None if it never expires."
@@ -75,6 +76,8 @@ class ILockService(Interface):
         @param expires: seconds after the grant at which it is released
             automatically (the failsafe); 0 means never.
         @raise ValueError: if a parameter is out of range (nothing changes).
+        @raise jesync.errors.LimitReached: if the request would pass one of
+            the service's limits (nothing changes).
         @return: a Deferred firing with an L{IGrant}.  If C{owner} already
             holds C{key}, the grant is renewed (its expiry restarts with
             C{expires}) and the same grant is returned.  It fails with
@@ -103,6 +106,9 @@ class ILockService(Interface):
     def totals() -> Totals:
         """How many keys are in use, grants held and requests waiting (in O(1))."""
 
+    def holders(key: str) -> list:
+        """The L{IGrant}s of C{key}, in the order they were granted."""
+
     def listing(order: ListingOrder = "key") -> list[KeyStatus]:
         """
         Every key in use, sorted by key, by waiting count ("requests",
@@ -110,4 +116,23 @@ class ILockService(Interface):
         """
 
 
-__all__ = ["IGrant", "ILockService", "KeyStatus", "ListingOrder", "Totals"]
+class ILockObserver(Interface):
+    """
+    Told what happens in a lock service, for metrics.  Called synchronously:
+    implementations must be quick and must not call back into the service.
+    """
+
+    def granted(grant: IGrant, waited: float) -> None:
+        """A grant was made, after its request waited C{waited} seconds (0: at once)."""
+
+    def timed_out(key: str) -> None:
+        """A wait for C{key} timed out."""
+
+    def released(grant: IGrant) -> None:
+        """A grant was given back: released, or its owner went away."""
+
+    def expired(grant: IGrant) -> None:
+        """A grant's failsafe expiry released it."""
+
+
+__all__ = ["IGrant", "ILockObserver", "ILockService", "KeyStatus", "ListingOrder", "Totals"]

@@ -23,8 +23,8 @@ from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
 from jesync.deadlines import Deadlines
-from jesync.errors import AlreadyWaiting, LockTimeout
-from jesync.interfaces import IGrant, ILockService, KeyStatus, ListingOrder, Totals
+from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout
+from jesync.interfaces import IGrant, ILockObserver, ILockService, KeyStatus, ListingOrder, Totals
 from jesync.listing import sort_listing
 
 DEFAULT_EXPIRES = 120
@@ -35,7 +35,7 @@ WAIT_FOREVER = -1
 class Grant:
     """One owner's hold on a key: the handle L{LockService.acquire} returns."""
 
-    __slots__ = ("_service", "key", "owner", "max_concurrent", "expires_at")
+    __slots__ = ("_service", "key", "owner", "max_concurrent", "granted_at", "expires_at")
 
     def __init__(
         self,
@@ -43,12 +43,14 @@ class Grant:
         key: str,
         owner: Hashable,
         max_concurrent: int,
+        granted_at: float,
         expires_at: float | None,
     ) -> None:
         self._service = service
         self.key = key
         self.owner = owner
         self.max_concurrent = max_concurrent
+        self.granted_at = granted_at
         self.expires_at = expires_at
 
     @property
@@ -67,7 +69,7 @@ class Grant:
 class _Waiter:
     """A queued request.  C{deferred} is None once it has left the queue."""
 
-    __slots__ = ("key", "owner", "max_concurrent", "expires", "timeout_at", "deferred")
+    __slots__ = ("key", "owner", "max_concurrent", "expires", "requested_at", "timeout_at", "deferred")
 
     def __init__(
         self,
@@ -75,6 +77,7 @@ class _Waiter:
         owner: Hashable,
         max_concurrent: int,
         expires: float,
+        requested_at: float,
         timeout_at: float | None,
         deferred: Deferred[Grant],
     ) -> None:
@@ -82,6 +85,7 @@ class _Waiter:
         self.owner = owner
         self.max_concurrent = max_concurrent
         self.expires = expires
+        self.requested_at = requested_at
         self.timeout_at = timeout_at
         self.deferred: Deferred[Grant] | None = deferred
 
@@ -129,10 +133,27 @@ class LockService:
 
     @param clock: the reactor (or a L{twisted.internet.task.Clock} in tests);
         wait timeouts and expiries are scheduled on it.
+    @param max_keys: the most keys in use at once (None: no limit).
+    @param max_waiters: the most requests waiting for one key.
+    @param max_held: the most grants plus waits one owner may have.
+    @param observer: an L{ILockObserver} told of grants, timeouts,
+        releases and expiries (for metrics).
     """
 
-    def __init__(self, clock: IReactorTime) -> None:
+    def __init__(
+        self,
+        clock: IReactorTime,
+        *,
+        max_keys: int | None = None,
+        max_waiters: int | None = None,
+        max_held: int | None = None,
+        observer: ILockObserver | None = None,
+    ) -> None:
         self.clock = clock
+        self.max_keys = max_keys
+        self.max_waiters = max_waiters
+        self.max_held = max_held
+        self.observer = observer
         self._locks: dict[str, _Lock] = {}
         # owner -> key -> its grant of, or wait for, that key
         self._owners: dict[Hashable, dict[str, _Held]] = {}
@@ -160,18 +181,28 @@ class LockService:
                 return succeed(current)
             return fail(AlreadyWaiting(key))
 
+        if self.max_held is not None and held is not None and len(held) >= self.max_held:
+            raise LimitReached("max-held", self.max_held)
         lock = self._locks.get(key)
         if lock is None:
+            if self.max_keys is not None and len(self._locks) >= self.max_keys:
+                raise LimitReached("max-keys", self.max_keys)
             lock = self._locks[key] = _Lock()
         granted = len(lock.holders)
         if granted < max_concurrent and granted < lock.limit():
-            return succeed(self._grant(lock, key, owner, max_concurrent, expires))
+            grant = self._grant(lock, key, owner, max_concurrent, expires)
+            if self.observer is not None:
+                self.observer.granted(grant, 0.0)
+            return succeed(grant)
         if timeout == 0:
             return fail(LockTimeout(key))
+        if self.max_waiters is not None and lock.waiting >= self.max_waiters:
+            raise LimitReached("max-waiters", self.max_waiters)
 
-        timeout_at = None if timeout == WAIT_FOREVER else self.clock.seconds() + timeout
+        now = self.clock.seconds()
+        timeout_at = None if timeout == WAIT_FOREVER else now + timeout
         deferred: Deferred[Grant] = Deferred(lambda d: self._withdraw(waiter))
-        waiter = _Waiter(key, owner, max_concurrent, expires, timeout_at, deferred)
+        waiter = _Waiter(key, owner, max_concurrent, expires, now, timeout_at, deferred)
         if lock.waiters is None:
             lock.waiters = deque()
         lock.waiters.append(waiter)
@@ -222,6 +253,10 @@ class LockService:
     def totals(self) -> Totals:
         return Totals(len(self._locks), self._granted, self._waiting)
 
+    def holders(self, key: str) -> list[Grant]:
+        lock = self._locks.get(key)
+        return list(lock.holders) if lock is not None else []
+
     def listing(self, order: ListingOrder = "key") -> list[KeyStatus]:
         return sort_listing(
             (KeyStatus(key, len(lock.holders), lock.waiting) for key, lock in self._locks.items()), order
@@ -230,8 +265,9 @@ class LockService:
     # -- the rules -------------------------------------------------------
 
     def _grant(self, lock: _Lock, key: str, owner: Hashable, max_concurrent: int, expires: float) -> Grant:
-        expires_at = self.clock.seconds() + expires if expires else None
-        grant = Grant(self, key, owner, max_concurrent, expires_at)
+        now = self.clock.seconds()
+        expires_at = now + expires if expires else None
+        grant = Grant(self, key, owner, max_concurrent, now, expires_at)
         lock.holders.append(grant)
         self._granted += 1
         self._owner_entries(owner)[key] = grant
@@ -274,9 +310,10 @@ class LockService:
                 break
             del waiters[index]
             deferred = self._leave_queue(lock, waiter)
-            granted.append(
-                (deferred, self._grant(lock, key, waiter.owner, waiter.max_concurrent, waiter.expires))
-            )
+            grant = self._grant(lock, key, waiter.owner, waiter.max_concurrent, waiter.expires)
+            if self.observer is not None:
+                self.observer.granted(grant, grant.granted_at - waiter.requested_at)
+            granted.append((deferred, grant))
             limit = min(limit, waiter.max_concurrent)
         return granted
 
@@ -297,20 +334,25 @@ class LockService:
             lock.waiters = deque(w for w in waiters if w.deferred is not None)
         return deferred
 
-    def _remove_holder(self, lock: _Lock, grant: Grant) -> None:
+    def _remove_holder(self, lock: _Lock, grant: Grant, expired: bool = False) -> None:
         lock.holders.remove(grant)
         self._granted -= 1
         if grant.expires_at is not None:
             self._expiries.discard(grant, grant.expires_at)
+        if self.observer is not None:
+            if expired:
+                self.observer.expired(grant)
+            else:
+                self.observer.released(grant)
 
-    def _release_grant(self, grant: Grant) -> bool:
+    def _release_grant(self, grant: Grant, expired: bool = False) -> bool:
         """Release C{grant} if it is still its owner's hold on its key."""
         if not self._holds(grant):
             return False
         key, owner = grant.key, grant.owner
         self._forget_entry(owner, self._owners[owner], key)
         lock = self._locks[key]
-        self._remove_holder(lock, grant)
+        self._remove_holder(lock, grant, expired)
         granted = self._admit(key, lock)
         self._forget_if_idle(key)
         self._deliver(granted)
@@ -346,12 +388,14 @@ class LockService:
     # -- clock events ----------------------------------------------------
 
     def _expire(self, grant: Grant) -> None:
-        self._release_grant(grant)
+        self._release_grant(grant, expired=True)
 
     def _time_out(self, waiter: _Waiter) -> None:
         deferred = waiter.deferred
         assert deferred is not None
         self._withdraw(waiter)
+        if self.observer is not None:
+            self.observer.timed_out(waiter.key)
         deferred.errback(LockTimeout(waiter.key))
 
     # -- bookkeeping -----------------------------------------------------

@@ -16,7 +16,7 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface.verify import verifyObject
 
-from jesync.errors import AlreadyWaiting, LockTimeout
+from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout
 from jesync.interfaces import IGrant, ILockService, KeyStatus
 from jesync.service import Grant, LockService
 
@@ -1093,3 +1093,109 @@ class NoTraceTests(ServiceTestCase):
         self.assertEqual(entries, sum(len(lock.holders) + lock.waiting for lock in self.service._locks.values()))
         self.assertEqual(len(self.service._expiries), expiries)
         self.assertEqual(len(self.service._wait_timeouts), timeouts)
+
+
+class LimitTests(SynchronousTestCase):
+    """Each limit refuses the request that would pass it, and nothing changes."""
+
+    def service_with(self, **limits: int) -> LockService:
+        self.clock = Clock()
+        return LockService(self.clock, **limits)
+
+    def test_max_keys(self) -> None:
+        service = self.service_with(max_keys=2)
+        service.acquire("a", "x")
+        service.acquire("b", "x")
+        error = self.assertRaises(LimitReached, service.acquire, "c", "y")
+        self.assertEqual((error.limit, error.value, str(error)), ("max-keys", 2, "max-keys reached (2)"))
+        self.assertEqual(service.totals(), (2, 2, 0))
+        # A key already in use may still be asked for, and renewed.
+        d = service.acquire("a", "y")
+        self.assertNoResult(d)
+        self.successResultOf(service.acquire("b", "x", expires=5))
+        service.release("b", "x")
+        self.successResultOf(service.acquire("c", "y"))
+
+    def test_max_waiters(self) -> None:
+        service = self.service_with(max_waiters=1)
+        service.acquire("k", "holder")
+        waiting = service.acquire("k", "first")
+        error = self.assertRaises(LimitReached, service.acquire, "k", "second")
+        self.assertEqual(error.limit, "max-waiters")
+        self.assertEqual(service.status("k"), KeyStatus("k", 1, 1))
+        # Not waiting is always allowed.
+        self.failureResultOf(service.acquire("k", "second", timeout=0), LockTimeout)
+        service.release("k", "holder")
+        self.assertEqual(self.successResultOf(waiting).owner, "first")
+
+    def test_max_held_counts_grants_and_waits(self) -> None:
+        service = self.service_with(max_held=2)
+        service.acquire("busy", "other")
+        service.acquire("a", "x")
+        service.acquire("busy", "x")
+        error = self.assertRaises(LimitReached, service.acquire, "b", "x")
+        self.assertEqual(error.limit, "max-held")
+        self.assertNotIn("b", service._locks)
+        # Renewing what it holds is not a new request.
+        self.successResultOf(service.acquire("a", "x", expires=9))
+        service.release("a", "x")
+        self.successResultOf(service.acquire("b", "x"))
+
+
+class ObserverTests(ServiceTestCase):
+    """The observer hears of every grant (and how long it waited), timeout, release and expiry."""
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.events: list[tuple] = []
+        service = self
+
+        class Recorder:
+            def granted(self, grant: Grant, waited: float) -> None:
+                service.events.append(("granted", grant.owner, waited))
+
+            def timed_out(self, key: str) -> None:
+                service.events.append(("timed_out", key))
+
+            def released(self, grant: Grant) -> None:
+                service.events.append(("released", grant.owner))
+
+            def expired(self, grant: Grant) -> None:
+                service.events.append(("expired", grant.owner))
+
+        self.service.observer = Recorder()
+
+    def test_events(self) -> None:
+        self.grant("k", "a", expires=10)
+        waiting = self.wait("k", "b", expires=3)
+        timing_out = self.wait("k", "c", timeout=1)
+        self.clock.advance(2)
+        self.failureResultOf(timing_out, LockTimeout)
+        self.service.release("k", "a")
+        self.successResultOf(waiting)
+        self.clock.advance(3 + SLACK)
+        self.grant("j", "d")
+        self.service.release_all("d")
+        self.assertEqual(
+            self.events,
+            [
+                ("granted", "a", 0.0),
+                ("timed_out", "k"),
+                ("released", "a"),
+                ("granted", "b", 2.0),
+                ("expired", "b"),
+                ("granted", "d", 0.0),
+                ("released", "d"),
+            ],
+        )
+
+
+class HoldersTests(ServiceTestCase):
+    def test_holders_in_grant_order_with_when_granted(self) -> None:
+        self.grant("k", "a", max_concurrent=3)
+        self.clock.advance(5)
+        self.grant("k", "b", max_concurrent=3)
+        self.grant("k", "a", max_concurrent=3, expires=60)  # a renewal keeps granted_at
+        self.assertEqual([(g.owner, g.granted_at) for g in self.service.holders("k")], [("a", 0), ("b", 5)])
+        self.assertEqual(self.service.holders("unused"), [])
+        self.assertNotIn("unused", self.service._locks)

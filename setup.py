@@ -14,7 +14,12 @@ setup(
     entry_points={"console_scripts": ["jesync = jesync.cli:main"]},
     install_requires=["twisted>=23.10", "zope.interface>=5", "automat>=22.10"],
     extras_require={
-        "test": ["pytest>=7", "pytest-twisted>=1.14", "hypothesis>=6"],
+        # --metrics: Prometheus text format, served by twisted.web
+        "metrics": ["prometheus_client>=0.17"],
+        # ssl: endpoints (TLS listeners)
+        "tls": ["twisted[tls]"],
+        # The suite covers metrics and TLS too, so it needs both extras.
+        "test": ["pytest>=7", "pytest-twisted>=1.14", "hypothesis>=6", "prometheus_client>=0.17", "twisted[tls]"],
     },
     classifiers=[
         "Framework :: Twisted",

@@ -27,10 +27,11 @@ class LimitReached(Exception):
     A request would exceed one of the server's limits; nothing changed.
 
     @ivar limit: the limit's name, as its command-line option says it
-        (C{"max-keys"}, C{"max-waiters"}, C{"max-held"}).
+        (C{"max-keys"}, C{"max-waiters"}, C{"max-held"}, C{"max-key-length"},
+        C{"max-connections"}).
     """
 
     def __init__(self, limit: str, value: int) -> None:
-        super().__init__(f"{limit} reached ({value})")
+        super().__init__(f"{limit} exceeded ({value})")
         self.limit = limit
         self.value = value

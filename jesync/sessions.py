@@ -56,6 +56,11 @@ class Session:
     def __repr__(self) -> str:
         return f"<Session {self.id}>"
 
+    @property
+    def peer(self) -> str:
+        """Where its client is, for listings (never its id: that would let anyone take it over)."""
+        return getattr(self.connection, "peer", None) or "detached-session"
+
     # -- states ----------------------------------------------------------
 
     @_machine.state(initial=True)

@@ -4,13 +4,16 @@ C{twistd jesync}: the command-line options and the service they build.
 
 from __future__ import annotations
 
+import importlib
+
 from twisted.application import service
-from twisted.application.internet import StreamServerEndpointService
 from twisted.internet import endpoints
 from twisted.python import usage
 
+from jesync.protocols.connections import ConnectionPolicy, Connections
 from jesync.protocols.elock import ELockFactory
 from jesync.protocols.jesync import JESyncFactory
+from jesync.server import LockServer
 from jesync.service import LockService
 
 DEFAULT_PORT = "tcp:11400"
@@ -23,6 +26,21 @@ def endpoint_description(value: str) -> str:
     return f"tcp:{value}" if value.isdigit() else value
 
 
+def limit(value: str) -> int | None:
+    """A limit's value: a whole number, 0 meaning no limit."""
+    number = int(value)
+    if number < 0:
+        raise ValueError("must be 0 (no limit) or more")
+    return number or None
+
+
+def seconds(value: str) -> float:
+    number = float(value)
+    if number < 0:
+        raise ValueError("must not be negative")
+    return number
+
+
 class _ParseOnly:
     """A stand-in reactor: parsing a description builds an endpoint but never touches its reactor."""
 
@@ -32,7 +50,8 @@ class Options(usage.Options):
     longdesc = (
         "Run a JESync-compatible lock server.  Clients ask it for named locks "
         "(mutexes and counting semaphores), wait for them in a fair queue, hold "
-        "them with a failsafe expiry, and lose them when they disconnect."
+        "them with a failsafe expiry, and lose them when they disconnect.  "
+        "Limits take 0 to mean no limit."
     )
     examples = (
         "Examples:\n"
@@ -40,15 +59,54 @@ class Options(usage.Options):
         "  twistd -n jesync --port 7777\n"
         "  twistd -n jesync --port tcp:11400:interface=127.0.0.1 --port unix:/run/jesync.sock\n"
         f"  twistd -n jesync --elock-port {SUGGESTED_ELOCK_PORT}      JESync on 11400 and elock on {SUGGESTED_ELOCK_PORT}, one lock table\n"
+        "  twistd -n jesync --port ssl:11443:privateKey=key.pem:certKey=cert.pem --auth-token-file /etc/jesync/token\n"
+        "  twistd -n jesync --metrics tcp:9400:interface=127.0.0.1\n"
     )
     optFlags = [
         ["verbose", "v", "Log every command and reply (at debug level)."],
+    ]
+    optParameters = [
+        ["max-connections", None, 10_000, "Most client connections open at once, all protocols together.", limit],
+        ["max-keys", None, 1_000_000, "Most distinct keys in use (held or waited for) at once.", limit],
+        ["max-waiters", None, 10_000, "Most requests waiting for one key.", limit],
+        ["max-held", None, 10_000, "Most grants plus waits one connection (elock: one session) may have.", limit],
+        ["max-key-length", None, 1024, "Longest key accepted, in bytes.", limit],
+        [
+            "max-unsent",
+            None,
+            4 * 1024 * 1024,
+            "Bytes of replies a client that stopped reading may fall behind by before it is disconnected.",
+            limit,
+        ],
+        [
+            "keepalive",
+            None,
+            60.0,
+            "Seconds of silence before TCP keepalive probes a client, and between probes; "
+            "4 unanswered probes drop it (0: the system's settings).",
+            seconds,
+        ],
+        [
+            "auth-token-file",
+            None,
+            None,
+            "A file holding a token (one line): every connection must send 'auth <token>' first.",
+        ],
+        [
+            "shutdown-grace",
+            None,
+            5.0,
+            "Seconds a stopping server waits for clients to take their last replies before dropping them.",
+            seconds,
+        ],
     ]
 
     def __init__(self) -> None:
         super().__init__()
         self["ports"] = []
         self["elock_ports"] = []
+        self["metrics_ports"] = []
+        self["auth_token"] = None
 
     def _add_endpoint(self, option: str, key: str, value: str) -> None:
         description = endpoint_description(value)
@@ -67,6 +125,8 @@ class Options(usage.Options):
         """
         self._add_endpoint("port", "ports", value)
 
+    opt_p = opt_port
+
     def opt_elock_port(self, value: str) -> None:
         """
         Where to listen for elock clients (a port number or an endpoint
@@ -75,7 +135,14 @@ class Options(usage.Options):
         """
         self._add_endpoint("elock-port", "elock_ports", value)
 
-    opt_p = opt_port
+    def opt_metrics(self, value: str) -> None:
+        """
+        Serve Prometheus metrics (/metrics) and a health check (/health) over
+        HTTP, unauthenticated: a port number or an endpoint description, as
+        for --port (e.g. tcp:9400:interface=127.0.0.1). Off unless given.
+        Needs pip install 'jesync[metrics]'.
+        """
+        self._add_endpoint("metrics", "metrics_ports", value)
 
     def getUsage(self, width: int | None = None) -> str:
         return super().getUsage(width) + "\n" + self.examples
@@ -83,20 +150,73 @@ class Options(usage.Options):
     def postOptions(self) -> None:
         if not self["ports"]:
             self["ports"] = [DEFAULT_PORT]
+        if self["metrics_ports"]:
+            try:
+                importlib.import_module("jesync.metrics")
+            except ImportError as error:
+                raise usage.UsageError(str(error)) from None
+        if self["auth-token-file"] is not None:
+            self["auth_token"] = read_token(self["auth-token-file"])
+
+
+# usage.Options shows these docstrings as they are: fold each into one paragraph.
+for _option in (Options.opt_port, Options.opt_elock_port, Options.opt_metrics):
+    _option.__doc__ = " ".join((_option.__doc__ or "").split())
+
+
+def read_token(path: str) -> bytes:
+    """The token in C{path}: its first line, without surrounding whitespace."""
+    try:
+        with open(path, "rb") as file:
+            token = file.readline().strip()
+    except OSError as error:
+        raise usage.UsageError(f"--auth-token-file: cannot read {path}: {error.strerror}") from None
+    if not token or len(token.split()) != 1:
+        # (The token itself is never shown.)
+        raise usage.UsageError(f"--auth-token-file: {path} must hold one token, without spaces")
+    return token
 
 
 def makeService(options: Options) -> service.IService:
     """One lock service, served over every protocol at every endpoint given."""
     from twisted.internet import reactor
 
-    locks = LockService(reactor)
+    locks = LockService(
+        reactor, max_keys=options["max-keys"], max_waiters=options["max-waiters"], max_held=options["max-held"]
+    )
+    policy = ConnectionPolicy(
+        max_key_length=options["max-key-length"] or 2**31,
+        max_unsent=options["max-unsent"] or 2**62,
+        keepalive=options["keepalive"] or None,
+        auth_token=options["auth_token"],
+        connections=Connections(options["max-connections"]),
+    )
     verbose = bool(options["verbose"])
-    server = service.MultiService()
+    server = LockServer(locks, policy, reactor, options["shutdown-grace"])
     for factory, descriptions in [
-        (JESyncFactory(locks, verbose), options["ports"]),
-        (ELockFactory(locks, verbose), options["elock_ports"]),
+        (JESyncFactory(locks, verbose, policy), options["ports"]),
+        (ELockFactory(locks, verbose, policy), options["elock_ports"]),
     ]:
         for description in descriptions:
-            endpoint = endpoints.serverFromString(reactor, description)
-            StreamServerEndpointService(endpoint, factory).setServiceParent(server)
+            server.listen(description, factory)
+    if options["metrics_ports"]:
+        from jesync.metrics import LockMetrics, metrics_site
+
+        metrics = LockMetrics(locks, policy.connections)
+        locks.observer = metrics
+        site = metrics_site(metrics, serving=lambda: bool(server.running), verbose=verbose)
+        for description in options["metrics_ports"]:
+            server.listen(description, site)
+    server.summary = (
+        f"JESync on {', '.join(options['ports'])}"
+        + (f"; elock on {', '.join(options['elock_ports'])}" if options["elock_ports"] else "")
+        + (f"; metrics on {', '.join(options['metrics_ports'])}" if options["metrics_ports"] else "")
+        + "; limits: "
+        + ", ".join(
+            f"{name}={options[name] or 'none'}"
+            for name in ["max-connections", "max-keys", "max-waiters", "max-held", "max-key-length", "max-unsent"]
+        )
+        + f"; keepalive {options['keepalive'] or 'system'}"
+        + f"; auth {'required' if options['auth_token'] is not None else 'off'}"
+    )
     return server

@@ -32,6 +32,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from jesync import ELockFactory, JESyncFactory, LockService
+from jesync.protocols.connections import ConnectionPolicy
 
 # How long any single awaited event may take before the test fails.
 TIMEOUT = 5.0
@@ -106,8 +107,9 @@ class UnitServer:
     def __init__(self, verbose: bool = False) -> None:
         self.clock = Clock()
         self.service = LockService(self.clock)
-        self.factory = JESyncFactory(self.service, verbose=verbose)
-        self.elock_factory = ELockFactory(self.service, verbose=verbose)
+        self.policy = ConnectionPolicy()
+        self.factory = JESyncFactory(self.service, verbose=verbose, policy=self.policy)
+        self.elock_factory = ELockFactory(self.service, verbose=verbose, policy=self.policy)
         self._next_port = 40000
 
     def connect(self, transport: StringTransport | None = None, peer=None) -> UnitClient:
@@ -330,6 +332,7 @@ class TCPServer:
         self.test = test
         self.service = LockService(reactor)
         self.factory = JESyncFactory(self.service, verbose=verbose)
+        self.policy = self.factory.policy
         self.tracker = ConnectionTracker(self.factory)
         self.protocols = self.tracker.protocols
         self.lost = self.tracker.lost

@@ -554,6 +554,7 @@ class BadRequestTests(ELockTestCase):
 
 class LineLengthTests(ELockTestCase):
     def test_longest_line(self) -> None:
+        self.server.policy.max_key_length = MAX_LINE
         client = self.elock()
         key = b"k" * (MAX_LINE - len(b"lock "))
         self.assertEqual(client.ask(b"lock " + key + b"\r\n"), b"200 Acquired\r\n")

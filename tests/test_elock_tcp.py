@@ -19,6 +19,7 @@ from twisted.internet.error import ConnectionDone
 from twisted.trial.unittest import TestCase
 
 from jesync import ELockFactory, JESyncFactory, LockService
+from jesync.protocols.connections import ConnectionPolicy
 from tests.support import TIMEOUT, ConnectionTracker, LineClient
 
 MAX_LINE = 8192
@@ -46,8 +47,9 @@ class SharedServer:
     def __init__(self, test) -> None:
         self.test = test
         self.service = LockService(reactor)
-        self.jesync_factory = JESyncFactory(self.service)
-        self.elock_factory = ELockFactory(self.service)
+        self.policy = ConnectionPolicy()
+        self.jesync_factory = JESyncFactory(self.service, policy=self.policy)
+        self.elock_factory = ELockFactory(self.service, policy=self.policy)
         self.sessions = self.elock_factory.sessions
         self.trackers = {
             "jesync": ConnectionTracker(self.jesync_factory),
@@ -396,6 +398,7 @@ class SessionTests(ELockTCPTestCase):
 
     @inlineCallbacks
     def test_longest_line(self):
+        self.server.policy.max_key_length = MAX_LINE
         client = yield self.server.elock()
         key = b"k" * (MAX_LINE - len(b"lock "))
         self.assertEqual((yield client.ask(b"lock %s\r\n" % key)), b"200 Acquired\r\n")

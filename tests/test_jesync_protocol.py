@@ -525,6 +525,7 @@ class LineLengthTests(ServerTestCase):
         return command + b" " + key, key
 
     def test_longest_line_accepted(self) -> None:
+        self.server.policy.max_key_length = MAX_LINE
         client = self.connect()
         line, key = self.key_line(b"lock", MAX_LINE)
         self.assertEqual(len(line), 8192)
@@ -534,6 +535,7 @@ class LineLengthTests(ServerTestCase):
         self.assertFalse(client.closing)
 
     def test_longest_line_in_pieces(self) -> None:
+        self.server.policy.max_key_length = MAX_LINE
         client = self.connect()
         line, key = self.key_line(b"status", MAX_LINE)
         client.send(line[:5000])

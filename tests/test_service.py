@@ -1107,7 +1107,7 @@ class LimitTests(SynchronousTestCase):
         service.acquire("a", "x")
         service.acquire("b", "x")
         error = self.assertRaises(LimitReached, service.acquire, "c", "y")
-        self.assertEqual((error.limit, error.value, str(error)), ("max-keys", 2, "max-keys reached (2)"))
+        self.assertEqual((error.limit, error.value, str(error)), ("max-keys", 2, "max-keys exceeded (2)"))
         self.assertEqual(service.totals(), (2, 2, 0))
         # A key already in use may still be asked for, and renewed.
         d = service.acquire("a", "y")

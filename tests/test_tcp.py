@@ -393,6 +393,7 @@ class DisconnectTests(TCPTestCase):
 class LineLengthTests(TCPTestCase):
     @inlineCallbacks
     def test_longest_line_accepted(self):
+        self.server.policy.max_key_length = MAX_LINE
         client = yield self.connect()
         key = b"k" * (MAX_LINE - len(b"lock "))
         self.assertEqual((yield client.ask(b"lock " + key + b"\n")), b"GRANTED 1 0 " + key + b" 120\n")

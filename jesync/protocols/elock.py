@@ -15,12 +15,11 @@ reverse.
 from __future__ import annotations
 
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.protocol import Factory
 from twisted.python.failure import Failure
 
 from jesync.errors import AlreadyWaiting, LockTimeout
 from jesync.interfaces import ILockService
-from jesync.keys import decode_key
+from jesync.protocols.connections import ConnectionPolicy, LockServerFactory
 from jesync.protocols.lines import BadRequest, LockLineReceiver, parse_integer
 from jesync.service import Grant
 from jesync.sessions import Session, SessionTable
@@ -46,13 +45,26 @@ class ELockProtocol(LockLineReceiver):
         if self._waiting is not None:
             self._waiting.cancel()
         if self.session is not None and self.session.connection is self:
-            self.session.connection_lost()
+            if self.factory.stopped:
+                # Nobody could resume it: the server no longer listens.
+                self.session.end()
+            else:
+                self.session.connection_lost()
 
     def unknown_command(self, word: bytes) -> None:
         self.reply(b'400 Unknown command: "%s"' % word)
 
     def bad_request(self, message: str) -> None:
         self.reply(b"400 " + message.encode())
+
+    def limit_reached(self, message: str) -> None:
+        self.reply(b"503 " + message.encode())
+
+    def auth_accepted(self) -> None:
+        self.reply(b"200 OK")
+
+    def auth_refused(self) -> None:
+        self.reply(b"403 auth failed")
 
     def lineTooLong(self) -> None:
         self.bad_request("line too long")
@@ -74,7 +86,7 @@ class ELockProtocol(LockLineReceiver):
         wait = parse_integer(args[1], "wait") if len(args) > 1 else 0
         if wait < 0:
             raise BadRequest("wait must not be negative")
-        result = self.service.acquire(decode_key(args[0]), self._session(), 1, wait, 0)
+        result = self.service.acquire(self.key(args[0]), self._session(), 1, wait, 0)
         if result.called:
             result.addCallbacks(self._acquired, self._unavailable)
             return
@@ -97,7 +109,7 @@ class ELockProtocol(LockLineReceiver):
         self.unhold()
 
     def do_unlock(self, args: list[bytes]) -> None:
-        key = decode_key(self.only_argument(args, "key"))
+        key = self.key(self.only_argument(args, "key"))
         if self.session is not None and self.service.release(key, self.session):
             self.reply(b"200 Unlocked")
         elif self.service.status(key).granted:
@@ -166,24 +178,27 @@ ELockProtocol.commands = {
 }
 
 
-class ELockFactory(Factory):
+class ELockFactory(LockServerFactory):
     """
-    Serves the elock protocol over a lock service (shared with any other
-    protocol); listen on it with any stream endpoint.
-
-    @param service: the lock table.
-    @param verbose: log every command and reply at debug level.
+    Serves the elock protocol over a lock service; listen on it with any
+    stream endpoint.  See L{LockServerFactory} for the parameters.
     """
 
     protocol = ELockProtocol
-    noisy = False
 
-    def __init__(self, service: ILockService, verbose: bool = False) -> None:
-        self.service = service
-        self.verbose = verbose
+    def __init__(
+        self, service: ILockService, verbose: bool = False, policy: ConnectionPolicy | None = None
+    ) -> None:
+        super().__init__(service, verbose, policy)
         self.sessions = SessionTable(service.clock, service)
         self.clients = 0
 
+    stopped = False
+
+    def startFactory(self) -> None:
+        self.stopped = False
+
     def stopFactory(self) -> None:
         """No listener is left: nobody can resume a detached session any more."""
+        self.stopped = True
         self.sessions.end_detached()

@@ -6,6 +6,7 @@ connections, and giving everything back when a connection goes.
 
 from __future__ import annotations
 
+import hmac
 import re
 from typing import Callable, ClassVar
 
@@ -15,7 +16,10 @@ from twisted.logger import Logger
 from twisted.protocols.basic import LineReceiver
 from zope.interface import implementer
 
+from jesync.errors import LimitReached
 from jesync.interfaces import ILockService
+from jesync.keys import decode_key
+from jesync.protocols.connections import ConnectionPolicy, enable_keepalive
 
 # JESync's clients are written with 32-bit integers in mind.
 LARGEST_NUMBER = 2**31 - 1
@@ -63,8 +67,13 @@ class LockLineReceiver(LineReceiver):
     itself as the producer of its own replies, so when more than the
     transport's buffer size (64 KiB) of replies is unsent, reading from that
     client stops until they drain: a client that never reads cannot make the
-    server buffer without bound.  A client that shuts down its sending side
-    is answered, then closed.
+    server buffer without bound, and one that falls more than the policy's
+    C{max_unsent} bytes behind after that is disconnected.  A client that
+    shuts down its sending side is answered, then closed.
+
+    The factory's L{ConnectionPolicy} also limits connections and key
+    lengths, turns TCP keepalive on, and may require C{auth <token>} before
+    anything else.
     """
 
     delimiter = b"\n"
@@ -78,20 +87,37 @@ class LockLineReceiver(LineReceiver):
     holding = False
     input_ended = False
     gone = False
+    refused = False
+    authenticated = True
+    # Reply bytes written since the client stopped reading (while paused).
+    behind = 0
 
     log = Logger()
     service: ILockService
+    policy: ConnectionPolicy
     peer = "?"
 
     def connectionMade(self) -> None:
         self.service = self.factory.service
         self.verbose = self.factory.verbose
+        self.policy = policy = self.factory.policy
         self.peer = describe_peer(self.transport.getPeer())
+        if not policy.connections.admit(self):
+            self.refused = True
+            self.log.info("{peer} refused: max-connections", peer=self.peer)
+            self.limit_reached(str(LimitReached("max-connections", policy.connections.limit)))
+            self.transport.loseConnection()
+            return
+        self.authenticated = policy.auth_token is None
+        enable_keepalive(self.transport, policy.keepalive)
         self.transport.registerProducer(self, True)
         self.log.info("{peer} connected", peer=self.peer)
 
     def connectionLost(self, reason: object = None) -> None:
         self.gone = True
+        if self.refused:
+            return
+        self.policy.connections.remove(self)
         self.service.release_all(self)
         self.log.info("{peer} disconnected", peer=self.peer)
 
@@ -140,23 +166,54 @@ class LockLineReceiver(LineReceiver):
             self.lineTooLong()
 
     def lineReceived(self, line: bytes) -> None:
-        if self.verbose:
-            self.log.debug("{peer} sent {line!r}", peer=self.peer, line=line)
         fields = line.split()
-        command = self.commands.get(fields[0]) if fields else None
+        word = fields[0] if fields else b""
+        if self.verbose:
+            # Never log a token.
+            said = b"auth ****" if word == b"auth" else line
+            self.log.debug("{peer} sent {line!r}", peer=self.peer, line=said)
+        if word == b"auth":
+            self._authenticate(fields[1:])
+            return
+        if not self.authenticated:
+            self._refuse_unauthenticated()
+            return
+        command = self.commands.get(word)
         if command is None:
-            self.unknown_command(fields[0] if fields else b"")
+            self.unknown_command(word)
             return
         try:
             command(self, fields[1:])
         except BadRequest as error:
             self.bad_request(str(error))
+        except LimitReached as error:
+            self.limit_reached(str(error))
+
+    def _authenticate(self, args: list[bytes]) -> None:
+        """C{auth <token>}: compared in constant time; a wrong one closes the connection."""
+        token = self.policy.auth_token
+        if token is None or (len(args) == 1 and hmac.compare_digest(args[0], token)):
+            self.authenticated = True
+            self.auth_accepted()
+        else:
+            self._refuse_unauthenticated()
+
+    def _refuse_unauthenticated(self) -> None:
+        self.log.info("{peer} failed to authenticate", peer=self.peer)
+        self.auth_refused()
+        self.close()
+
+    def key(self, field: bytes) -> str:
+        """A key argument, within the policy's max-key-length."""
+        if len(field) > self.policy.max_key_length:
+            raise LimitReached("max-key-length", self.policy.max_key_length)
+        return decode_key(field)
 
     def reply(self, line: bytes) -> None:
         """Send one line (without its terminator)."""
         if self.verbose:
             self.log.debug("{peer} answered {line!r}", peer=self.peer, line=line)
-        self.transport.write(line + self.terminator)
+        self._write(line + self.terminator)
 
     def reply_lines(self, lines: list[bytes]) -> None:
         """Send several lines in one write."""
@@ -164,7 +221,29 @@ class LockLineReceiver(LineReceiver):
             for line in lines:
                 self.log.debug("{peer} answered {line!r}", peer=self.peer, line=line)
         terminator = self.terminator
-        self.transport.write(b"".join(line + terminator for line in lines))
+        self._write(b"".join(line + terminator for line in lines))
+
+    def _write(self, data: bytes) -> None:
+        self.transport.write(data)
+        if self.paused:
+            self.behind += len(data)
+            if self.behind > self.policy.max_unsent and not self.gone:
+                self.log.info(
+                    "{peer} dropped: not reading its replies ({behind} bytes behind)",
+                    peer=self.peer,
+                    behind=self.behind,
+                )
+                self.service.release_all(self)
+                self.transport.abortConnection()
+
+    def pauseProducing(self) -> None:
+        """The client is not taking its replies: stop reading its requests."""
+        super().pauseProducing()
+        self.behind = 0
+
+    def resumeProducing(self) -> None:
+        self.behind = 0
+        super().resumeProducing()
 
     @staticmethod
     def only_argument(args: list[bytes], name: str) -> bytes:
@@ -180,10 +259,23 @@ class LockLineReceiver(LineReceiver):
         if args:
             raise BadRequest("too many arguments")
 
+    # -- how each protocol says it --------------------------------------
+
     def unknown_command(self, word: bytes) -> None:
         raise NotImplementedError
 
     def bad_request(self, message: str) -> None:
+        raise NotImplementedError
+
+    def limit_reached(self, message: str) -> None:
+        """A request (or the connection itself) would pass a limit."""
+        raise NotImplementedError
+
+    def auth_accepted(self) -> None:
+        raise NotImplementedError
+
+    def auth_refused(self) -> None:
+        """Before the connection is closed for a missing or wrong token."""
         raise NotImplementedError
 
     def hold(self) -> None:

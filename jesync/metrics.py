@@ -1,0 +1,210 @@
+"""
+Prometheus metrics for a lock server, served over HTTP by C{twisted.web}.
+
+A lock server runs unattended: operators need to see how many locks are held
+and waited for, how long waits take, and how often waits time out and grants
+expire (a client that does not renew in time, or hangs).  This module
+exposes that in Prometheus's text format, through C{prometheus_client}, which
+is an optional dependency (C{pip install 'jesync[metrics]'}).
+
+Two kinds of numbers, gathered two ways:
+
+ - B{Events} (grants, timeouts, releases, expiries, how long granted
+   requests waited) are counted by L{LockMetrics}, the lock service's
+   L{ILockObserver}.  The service calls it synchronously on every lock
+   operation, so each event costs one counter increment or one histogram
+   observation, nothing more.  No label carries the key: keys are
+   unbounded, and a series per key would grow without limit.
+ - B{Levels} (open connections, keys in use, grants held, requests waiting)
+   are not tracked per event: L{LockMetrics} reads them when Prometheus
+   scrapes, from C{service.totals()} (O(1)) and C{len(connections)}.
+
+Each L{LockMetrics} has a C{CollectorRegistry} of its own, never
+C{prometheus_client}'s global one, so several servers (or tests) in one
+process do not clash.  L{metrics_resource} serves C{/metrics} and
+C{/health}; it renders in the reactor thread (not in a thread pool, as
+C{prometheus_client.twisted.MetricsResource} does) because the lock table
+belongs to the reactor thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sized
+
+from twisted.web.pages import notFound
+from twisted.web.resource import IResource, Resource
+from twisted.web.server import Request, Site
+from zope.interface import implementer
+
+from jesync.interfaces import IGrant, ILockObserver, ILockService
+
+try:
+    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client.core import GaugeMetricFamily, Metric
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+except ImportError as error:  # pragma: no cover - exercised by a test that hides the package
+    raise ImportError(
+        "jesync.metrics needs prometheus_client: pip install 'jesync[metrics]'"
+    ) from error
+
+__all__ = ["WAIT_BUCKETS", "LockMetrics", "metrics_resource"]
+
+# Upper bounds (seconds) of the wait histogram's buckets: from an immediate
+# grant (0, in the first bucket) to the longest waits worth telling apart.
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 5, 10, 30, 60, 120, 300)
+
+# The levels read at scrape time: (name, help text).
+_GAUGES = (
+    ("jesync_connections", "Open client connections."),
+    ("jesync_keys", "Keys in use (held or waited for)."),
+    ("jesync_holders", "Grants held."),
+    ("jesync_waiters", "Requests waiting for a grant."),
+)
+
+
+@implementer(ILockObserver)
+class LockMetrics:
+    """
+    The metrics of one lock service: its observer, and a collector of its
+    levels, in a registry of their own.
+
+    Make the service first, then tell it about the metrics::
+
+        locks = LockService(reactor)
+        metrics = LockMetrics(locks, connections)
+        locks.observer = metrics
+
+    @param service: the lock table whose levels are reported.
+    @param connections: anything whose C{len()} is the number of open client
+        connections (read at scrape time).
+    @param registry: where the metrics are registered; a new
+        C{CollectorRegistry} if None.
+    """
+
+    def __init__(
+        self,
+        service: ILockService,
+        connections: Sized,
+        registry: CollectorRegistry | None = None,
+    ) -> None:
+        self.service = service
+        self.connections = connections
+        self.registry = registry if registry is not None else CollectorRegistry()
+        self._grants = Counter(
+            "jesync_grants_total", "Locks granted, at once or after a wait.", registry=self.registry
+        )
+        self._timeouts = Counter(
+            "jesync_timeouts_total", "Waits for a lock that timed out.", registry=self.registry
+        )
+        self._expiries = Counter(
+            "jesync_expiries_total",
+            "Grants released by their failsafe expiry (not renewed in time).",
+            registry=self.registry,
+        )
+        self._releases = Counter(
+            "jesync_releases_total",
+            "Grants given back: released, or their owner went away.",
+            registry=self.registry,
+        )
+        self._waits = Histogram(
+            "jesync_wait_seconds",
+            "How long granted requests waited (0 for a grant made at once).",
+            buckets=WAIT_BUCKETS,
+            registry=self.registry,
+        )
+        self.registry.register(self)
+
+    # -- ILockObserver: on the lock server's hot path, so one update each ----
+
+    def granted(self, grant: IGrant, waited: float) -> None:
+        self._grants.inc()
+        self._waits.observe(waited)
+
+    def timed_out(self, key: str) -> None:
+        self._timeouts.inc()
+
+    def released(self, grant: IGrant) -> None:
+        self._releases.inc()
+
+    def expired(self, grant: IGrant) -> None:
+        self._expiries.inc()
+
+    # -- a prometheus_client collector: the levels, read at scrape time ------
+
+    def describe(self) -> Iterable[Metric]:
+        return [GaugeMetricFamily(name, doc) for name, doc in _GAUGES]
+
+    def collect(self) -> Iterable[Metric]:
+        totals = self.service.totals()
+        values = (len(self.connections), totals.keys, totals.granted, totals.waiting)
+        return [
+            GaugeMetricFamily(name, doc, value=value) for (name, doc), value in zip(_GAUGES, values)
+        ]
+
+
+class _Page(Resource):
+    """A resource with no children but those put there: any other path is 404."""
+
+    def getChild(self, path: bytes, request: Request) -> IResource:
+        return notFound()
+
+
+class _MetricsPage(_Page):
+    """GET: every metric of a registry, in Prometheus's text format."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        super().__init__()
+        self.registry = registry
+
+    def render_GET(self, request: Request) -> bytes:
+        request.setHeader(b"Content-Type", CONTENT_TYPE_LATEST.encode("ascii"))
+        return generate_latest(self.registry)
+
+
+class _HealthPage(_Page):
+    """GET: 200 C{OK} while the server is serving, 503 C{stopping} once it is not."""
+
+    def __init__(self, serving: Callable[[], bool]) -> None:
+        super().__init__()
+        self.serving = serving
+
+    def render_GET(self, request: Request) -> bytes:
+        request.setHeader(b"Content-Type", b"text/plain; charset=utf-8")
+        if self.serving():
+            return b"OK\n"
+        request.setResponseCode(503)
+        return b"stopping\n"
+
+
+def metrics_resource(
+    metrics: LockMetrics, serving: Callable[[], bool] = lambda: True
+) -> Resource:
+    """
+    The root of a metrics web server: C{/metrics} and C{/health}; any other
+    path is 404.  Serve it with C{twisted.web.server.Site}.
+
+    @param serving: whether the server is serving (for example
+        C{lambda: service.running}); C{/health} answers 503 once it is false,
+        so a load balancer or orchestrator stops sending clients.
+    """
+    root = _Page()
+    root.putChild(b"metrics", _MetricsPage(metrics.registry))
+    root.putChild(b"health", _HealthPage(serving))
+    return root
+
+
+class _QuietSite(Site):
+    """A Site that logs no access line per request (a scrape every few seconds would flood the log)."""
+
+    noisy = False
+
+    def log(self, request: Request) -> None:
+        pass
+
+
+def metrics_site(metrics: LockMetrics, serving: Callable[[], bool] = lambda: True, verbose: bool = False) -> Site:
+    """L{metrics_resource} as a listenable site; C{verbose} logs every request."""
+    site_class = Site if verbose else _QuietSite
+    site = site_class(metrics_resource(metrics, serving))
+    site.noisy = False
+    return site

@@ -438,6 +438,19 @@ class StatsTests(ELockTestCase):
         self.assertEqual(client.ask(b"stats\r\n"), stats(1, 0, 0))
 
 
+class RefusedConnectionTests(ELockTestCase):
+    def test_refused_connection_is_not_a_client(self) -> None:
+        """A connection over max-connections never counts in STAT clients."""
+        self.server.policy.connections.limit = 1
+        client = self.elock()
+        refused = self.elock()
+        self.assertEqual(refused.take(), b"503 max-connections exceeded (1)\r\n")
+        self.assertTrue(refused.closing)
+        self.assertEqual(client.ask(b"stats\r\n"), stats(1, 0, 0))
+        refused.lose()
+        self.assertEqual(client.ask(b"stats\r\n"), stats(1, 0, 0))
+
+
 class QuitTests(ELockTestCase):
     def test_quit_releases_at_once_and_closes(self) -> None:
         client, waiter = self.elock(), self.jesync()

@@ -712,6 +712,20 @@ class LoggingTests(ServerTestCase):
         )
         self.assertEqual(events[1]["log_level"], LogLevel.debug)
 
+    def test_verbose_never_logs_a_token(self) -> None:
+        """Not in an auth line, nor in a mistyped one sent before authenticating."""
+        events = self.capture()
+        server = UnitServer(verbose=True)
+        server.policy.auth_token = b"s3cret"
+        mistyped = server.connect()
+        mistyped.ask(b"AUTH s3cret\n")
+        right = server.connect()
+        right.ask(b"auth s3cret\nstatus k\n")
+        text = "\n".join(line for _, line in self.lines(events))
+        self.assertNotIn("s3cret", text)
+        self.assertIn("sent b'(not logged before auth)'", text)
+        self.assertIn("sent b'status k'", text)
+
 
     def test_peer_names(self) -> None:
         events = self.capture()

@@ -34,6 +34,7 @@ class Connections:
         self.limit = limit
         self._open: set[Connection] = set()
         self._closed: Deferred[None] | None = None
+        self._clock: IReactorTime | None = None
 
     def __len__(self) -> int:
         return len(self._open)
@@ -52,18 +53,27 @@ class Connections:
         self._open.discard(connection)
         if not self._open and self._closed is not None:
             closed, self._closed = self._closed, None
-            closed.callback(None)
+            # Not at once: the last connection is still in its
+            # connectionLost, and has not given everything back yet (an elock
+            # session ends after its connection leaves the registry).
+            self._clock.callLater(0, closed.callback, None)
 
     def close_all(self, clock: IReactorTime, grace: float) -> Deferred[None]:
         """
         Close every connection (which gives back everything it holds);
         abort the ones still open after C{grace} seconds, whose clients
-        are not taking their last replies.  Fires when all are gone.
+        are not taking their last replies.  Fires when all are gone (on the
+        reactor turn after the last one's connectionLost).
         """
         if not self._open:
             return succeed(None)
+        self._clock = clock
         self._closed = closed = Deferred()
         for connection in self:
+            # A connection is the producer of its own replies, and a transport
+            # does not close while its producer is registered (TLS), nor once
+            # a producer it had paused is resumed when the replies drain.
+            connection.transport.unregisterProducer()
             connection.transport.loseConnection()
 
         def abort_stragglers() -> None:

@@ -37,10 +37,13 @@ class ELockProtocol(LockLineReceiver):
 
     def connectionMade(self) -> None:
         super().connectionMade()
-        self.factory.clients += 1
+        if not self.refused:
+            self.factory.clients += 1
 
     def connectionLost(self, reason: object = None) -> None:
         super().connectionLost(reason)
+        if self.refused:
+            return
         self.factory.clients -= 1
         if self._waiting is not None:
             self._waiting.cancel()

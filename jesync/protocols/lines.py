@@ -169,8 +169,9 @@ class LockLineReceiver(LineReceiver):
         fields = line.split()
         word = fields[0] if fields else b""
         if self.verbose:
-            # Never log a token.
-            said = b"auth ****" if word == b"auth" else line
+            # Never log a token: not in an auth line, nor in anything a client
+            # sends before it has authenticated (a mistyped auth command).
+            said = line if self.authenticated and word.lower() != b"auth" else b"(not logged before auth)"
             self.log.debug("{peer} sent {line!r}", peer=self.peer, line=said)
         if word == b"auth":
             self._authenticate(fields[1:])
@@ -224,8 +225,11 @@ class LockLineReceiver(LineReceiver):
         self._write(b"".join(line + terminator for line in lines))
 
     def _write(self, data: bytes) -> None:
+        # Only what is written once the client has stopped reading counts (not
+        # the write that finds it has, however big: a listing may be).
+        paused = self.paused
         self.transport.write(data)
-        if self.paused:
+        if paused:
             self.behind += len(data)
             if self.behind > self.policy.max_unsent and not self.gone:
                 self.log.info(
@@ -238,8 +242,11 @@ class LockLineReceiver(LineReceiver):
 
     def pauseProducing(self) -> None:
         """The client is not taking its replies: stop reading its requests."""
+        # A transport calls this on every write while its buffer is full:
+        # count from the first.
+        if not self.paused:
+            self.behind = 0
         super().pauseProducing()
-        self.behind = 0
 
     def resumeProducing(self) -> None:
         self.behind = 0
@@ -305,4 +312,9 @@ class LockLineReceiver(LineReceiver):
     def close(self) -> None:
         """Close the connection, giving back its locks now rather than when the close completes."""
         self.service.release_all(self)
-        self.transport.loseConnection()
+        if not self.transport.disconnecting:
+            # A transport does not close while a producer is registered (TLS
+            # never starts its shutdown, TCP waits again if it had paused this
+            # one).
+            self.transport.unregisterProducer()
+            self.transport.loseConnection()

@@ -1,0 +1,196 @@
+"""
+JESync over TLS: C{--port ssl:...} with a throwaway self-signed certificate,
+served in this process (the service L{jesync.tap.makeService} builds) and by
+C{twistd jesync}, to clients that trust that certificate.
+"""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+
+from twisted.internet import reactor
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.error import ConnectionDone
+
+from jesync.interfaces import Totals
+from tests.support import TIMEOUT, LineClient
+from tests.test_operations import LINUX_KEEPALIVE, Server, ServerTestCase, capture_log, keepalive_options, peer_of
+from tests.test_operations_twistd import TwistdTestCase
+from tests.test_twistd import short_temp_dir
+
+try:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+    from twisted.internet.endpoints import SSL4ClientEndpoint, connectProtocol
+    from twisted.internet.ssl import Certificate, optionsForClientTLS
+except ImportError as error:  # pragma: no cover - the test extra installs twisted[tls]
+    skip_without_tls = f"TLS needs twisted[tls] (pyOpenSSL, service_identity, cryptography): {error}"
+else:
+    skip_without_tls = None
+
+
+def make_certificate(test) -> tuple[str, str, bytes]:
+    """A self-signed certificate for localhost and 127.0.0.1: (key path, certificate path, certificate PEM)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(hours=1))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName(
+                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
+            ),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    directory = short_temp_dir(test)
+    key_path = os.path.join(directory, "key.pem")
+    certificate_path = os.path.join(directory, "cert.pem")
+    with open(key_path, "wb") as file:
+        file.write(
+            key.private_bytes(
+                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+            )
+        )
+    pem = certificate.public_bytes(serialization.Encoding.PEM)
+    with open(certificate_path, "wb") as file:
+        file.write(pem)
+    return key_path, certificate_path, pem
+
+
+def ssl_port(key_path: str, certificate_path: str) -> str:
+    return f"ssl:0:privateKey={key_path}:certKey={certificate_path}:interface=127.0.0.1"
+
+
+@inlineCallbacks
+def connect_tls(port: int, pem: bytes):
+    """A L{LineClient} over TLS to 127.0.0.1:C{port}, trusting only C{pem}, checking the name localhost."""
+    options = optionsForClientTLS("localhost", trustRoot=Certificate.loadPEM(pem))
+    endpoint = SSL4ClientEndpoint(reactor, "127.0.0.1", port, options, timeout=int(TIMEOUT))
+    client = yield connectProtocol(endpoint, LineClient()).addTimeout(TIMEOUT, reactor)
+    return client
+
+
+class TLSTests(ServerTestCase):
+    skip = skip_without_tls
+
+    @inlineCallbacks
+    def start(self, *argv: str):
+        key_path, certificate_path, self.pem = make_certificate(self)
+        server = yield Server.start(self, *argv, port=ssl_port(key_path, certificate_path), elock=False)
+        return server
+
+    @inlineCallbacks
+    def connect(self, server: Server):
+        client = yield connect_tls(server.ports["jesync"].getHost().port, self.pem)
+        server.clients.append(client)
+        client.kind = "jesync"
+        # the TCP port the server sees (under TLS)
+        client.served = yield server._server_side("jesync", client.transport.getHost().port).addTimeout(
+            TIMEOUT, reactor
+        )
+        return client
+
+    @inlineCallbacks
+    def test_lock_and_release(self):
+        server = yield self.start("--keepalive", "9")
+        holder = yield self.connect(server)
+        waiter = yield self.connect(server)
+        self.assertEqual((yield holder.ask(b"lock k\n")), b"GRANTED 1 0 k 120\n")
+        self.assertEqual((yield waiter.ask(b"lock k\nstatus k\n")), b"STATUS 1 1 k\n")
+        self.assertEqual((yield waiter.ask(b"holders k\n", 2)), b"HOLDER k %s 0 120\nEND\n" % peer_of(holder))
+        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 1 0 k\n")
+        self.assertEqual((yield waiter.read_line()), b"GRANTED 1 0 k 120\n")
+        # quit closes the connection (a TLS close, then TCP's), and gives back its locks
+        self.assertEqual((yield holder.ask(b"lock h\nquit\n")), b"GRANTED 1 0 h 120\n")
+        self.assertIsInstance((yield holder.wait_closed()), ConnectionDone)
+        yield server.wait_lost(holder)
+        self.assertEqual((yield waiter.ask(b"status-by-key\n", 2)), b"STATUS 1 0 k\nEND\n")
+
+    @inlineCallbacks
+    def test_keepalive_under_tls(self):
+        server = yield self.start("--keepalive", "9")
+        client = yield self.connect(server)
+        self.assertEqual((yield client.ask(b"lock k\n")), b"GRANTED 1 0 k 120\n")
+        tls = client.served.transport
+        self.assertFalse(hasattr(tls.getHandle(), "getsockopt"))  # the TLS connection
+        expected = (1, 9, 9, 4) if LINUX_KEEPALIVE else (1,)
+        self.assertEqual(keepalive_options(tls.transport.getHandle()), expected)
+
+    @inlineCallbacks
+    def test_auth_failure_closes(self):
+        server = yield self.start("--auth-token-file", self.token_file())
+        client = yield self.connect(server)
+        client.send(b"lock k\n")
+        self.assertIsInstance((yield client.wait_closed()), ConnectionDone)
+        self.assertEqual(client.unread(), b"INVALID_PARAMETER: auth failed\n")
+
+    def token_file(self) -> str:
+        path = os.path.join(short_temp_dir(self), "token")
+        with open(path, "wb") as file:
+            file.write(b"tls-token\n")
+        return path
+
+    @inlineCallbacks
+    def test_max_connections(self):
+        server = yield self.start("--max-connections", "1")
+        client = yield self.connect(server)
+        self.assertEqual((yield client.ask(b"lock k\n")), b"GRANTED 1 0 k 120\n")
+        refused = yield self.connect(server)
+        self.assertIsInstance((yield refused.wait_closed()), ConnectionDone)
+        self.assertEqual(refused.unread(), b"INVALID_PARAMETER: max-connections exceeded (1)\n")
+        self.assertEqual((yield client.ask(b"status k\n")), b"STATUS 1 0 k\n")
+
+    @inlineCallbacks
+    def test_stop_closes_tls_connections_at_once(self):
+        """A stop closes TLS connections cleanly, not by dropping them once the grace period is over."""
+        log = capture_log(self)
+        server = yield self.start("--shutdown-grace", "60")
+        holder = yield self.connect(server)
+        waiter = yield self.connect(server)
+        self.assertEqual((yield holder.ask(b"lock k\n")), b"GRANTED 1 0 k 120\n")
+        self.assertEqual((yield waiter.ask(b"lock k\nstatus k\n")), b"STATUS 1 1 k\n")
+        yield server.service.stopService().addTimeout(TIMEOUT, reactor)
+        for client in (holder, waiter):
+            self.assertIsInstance((yield client.wait_closed()), ConnectionDone)
+        self.assertEqual(server.locks.totals(), Totals(0, 0, 0))
+        self.assertIn(
+            "jesync stopped: closed 2 connections, released 1 grants and 1 waits on 1 keys "
+            "(0 grants left, held by embedders)",
+            log,
+        )
+
+
+class TwistdTLSTests(TwistdTestCase):
+    skip = skip_without_tls
+
+    @inlineCallbacks
+    def test_ssl_port(self):
+        key_path, certificate_path, pem = make_certificate(self)
+        process = self.run_server("--port", ssl_port(key_path, certificate_path))
+        match = yield process.wait_for(rb"JESyncFactory \(TLS\) starting on (\d+)\n")
+        summary = yield self.summary(process)
+        self.assertTrue(summary.startswith(b"JESync on %s;" % ssl_port(key_path, certificate_path).encode()), summary)
+        client = yield connect_tls(int(match.group(1)), pem)
+        self.addCleanup(lambda: client.abort() if client.lost_reason is None else None)
+        self.assertEqual((yield client.ask(b"lock k\nstatus k\n", 2)), b"GRANTED 1 0 k 120\nSTATUS 1 0 k\n")
+        self.assertEqual((yield client.ask(b"release k\nlock k2\n", 2)), b"RELEASED 0 0 k\nGRANTED 1 0 k2 120\n")
+        yield self.terminate(process)
+        self.assertIsInstance((yield client.wait_closed()), ConnectionDone)
+        self.assertIn(
+            "jesync stopped: closed 1 connections, released 1 grants and 0 waits on 1 keys "
+            "(0 grants left, held by embedders)",
+            process.text(),
+        )

@@ -1,0 +1,576 @@
+"""
+Closed-loop lock/release load generator: jesync against Redis, over loopback.
+
+Each connection repeatedly locks a key, waits for the grant, releases it and
+waits for the reply; one such round trip pair is a *cycle*.  Scenarios:
+1, 16 and 64 connections each on its own key (uncontended), and 64
+connections on one key (contended).  For every scenario the same loop runs
+against jesync and, when ``redis-server`` is installed, against a throwaway
+Redis (``SET key 1 NX PX 120000`` / ``DEL key``; under contention the Redis
+loop re-sends the SET until it succeeds: a spin, where jesync queues).
+
+By default the script starts both servers itself on free 127.0.0.1 ports and
+stops them at the end::
+
+    python benchmarks/loadgen.py                 # ~5 s per scenario and server
+    python benchmarks/loadgen.py --quick         # ~1 s each
+    python benchmarks/loadgen.py --repeat 5         # median of 5 interleaved rounds
+    python benchmarks/loadgen.py --connections 1 --pin one
+    python benchmarks/loadgen.py --server 127.0.0.1:11400 --no-redis
+
+Reported per scenario: cycles per second, p50/p99 cycle latency, the
+server's CPU use over the measured window (when its pid is known) and the
+load generator's own, and the jesync/Redis ratios.  Only the Python standard
+library is used; the clients are raw non-blocking sockets on one epoll per
+load-generator process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import multiprocessing
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SCENARIOS = [("uncontended", 1), ("uncontended", 16), ("uncontended", 64), ("contended", 64)]
+CLOCK_TICK = os.sysconf("SC_CLK_TCK")
+
+
+# -- the two wire protocols ------------------------------------------------------
+#
+# A protocol is a pair of functions: one making a key's (lock, release)
+# requests, and a reply handler that gets the connection and one reply line
+# (without its "\n") and returns (next request to send, whether a cycle has
+# just completed, whether the lock request has to be retried).
+
+
+class Conn:
+    """One client connection's state."""
+
+    __slots__ = ("buffer", "key", "lock", "locking", "release", "sock", "started")
+
+    def __init__(self, sock: socket.socket, key: bytes, lock: bytes, release: bytes) -> None:
+        self.sock = sock
+        self.key = key
+        self.lock = lock
+        self.release = release
+        self.locking = True
+        self.started = 0
+        self.buffer = b""
+
+
+class ProtocolError(Exception):
+    pass
+
+
+def jesync_requests(key: bytes) -> tuple[bytes, bytes]:
+    return b"lock %s\n" % key, b"release %s\n" % key
+
+
+def jesync_reply(conn: Conn, line: bytes) -> tuple[bytes, bool, bool]:
+    """GRANTED g w KEY secs -> release; RELEASED g w KEY -> cycle done."""
+    fields = line.split()
+    if len(fields) >= 4 and fields[3] == conn.key:
+        if conn.locking and fields[0] == b"GRANTED":
+            return conn.release, False, False
+        if not conn.locking and fields[0] == b"RELEASED":
+            return conn.lock, True, False
+    raise ProtocolError(f"unexpected reply {line!r} for {conn.key!r}")
+
+
+def _resp(*args: bytes) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+
+
+def redis_requests(key: bytes) -> tuple[bytes, bytes]:
+    return _resp(b"SET", key, b"1", b"NX", b"PX", b"120000"), _resp(b"DEL", key)
+
+
+def redis_reply(conn: Conn, line: bytes) -> tuple[bytes, bool, bool]:
+    """+OK -> release; $-1 (someone else holds it) -> SET again; :1 -> cycle done."""
+    if conn.locking:
+        if line == b"+OK\r":
+            return conn.release, False, False
+        if line == b"$-1\r":
+            return conn.lock, False, True
+    elif line == b":1\r":
+        return conn.lock, True, False
+    raise ProtocolError(f"unexpected reply {line!r} for {conn.key!r}")
+
+
+PROTOCOLS = {"jesync": (jesync_requests, jesync_reply), "redis": (redis_requests, redis_reply)}
+
+
+# -- one load-generator process --------------------------------------------------
+
+
+def run_worker(address, protocol: str, keys: list[bytes], warmup: float, seconds: float, cpus, pipe) -> None:
+    """
+    Connect one socket per key, wait for the start time the parent sends,
+    run the closed loop until the end, and send back (cycles, latencies in
+    ns, retries, CPU seconds) for the cycles that completed in the window.
+    """
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    make_requests, handle = PROTOCOLS[protocol]
+    poller = select.epoll()
+    conns: dict[int, Conn] = {}
+    for key in keys:
+        sock = socket.create_connection(address)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.setblocking(False)
+        conns[sock.fileno()] = Conn(sock, key, *make_requests(key))
+        poller.register(sock.fileno(), select.EPOLLIN)
+    pipe.send("ready")
+    start = pipe.recv()  # a time.monotonic() value, the same clock in every process
+    time.sleep(max(0.0, start - time.monotonic()))
+
+    clock = time.perf_counter_ns
+    offset = clock() - int(time.monotonic() * 1e9)  # perf_counter -> monotonic, in ns
+    window_start = int((start + warmup) * 1e9) + offset
+    end = int((start + warmup + seconds) * 1e9) + offset
+    latencies: list[int] = []
+    record = latencies.append
+    retries = 0
+    cpu_at_window = None
+
+    now = clock()
+    for conn in conns.values():
+        conn.started = now
+        conn.sock.send(conn.lock)
+    while now < end:
+        if cpu_at_window is None and now >= window_start:
+            cpu_at_window = time.process_time()
+        for fd, _ in poller.poll(0.1):
+            conn = conns[fd]
+            data = conn.sock.recv(65536)
+            if not data:
+                raise ProtocolError(f"server closed the connection of {conn.key!r}")
+            buffer = conn.buffer + data if conn.buffer else data
+            while (newline := buffer.find(b"\n")) >= 0:
+                request, done, retried = handle(conn, buffer[:newline])
+                buffer = buffer[newline + 1 :]
+                if done:
+                    now = clock()
+                    if now >= window_start:
+                        record(now - conn.started)
+                    conn.started = now
+                    conn.locking = True
+                elif retried:
+                    retries += 1
+                else:
+                    conn.locking = False
+                conn.sock.send(request)
+            conn.buffer = buffer
+        now = clock()
+    cpu = time.process_time() - (cpu_at_window or time.process_time())
+    for conn in conns.values():
+        conn.sock.close()
+    pipe.send((len(latencies), latencies, retries, cpu))
+
+
+# -- servers ---------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(address, process: subprocess.Popen | None, log: Path, timeout: float = 15.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if process is not None and process.poll() is not None:
+            break
+        try:
+            socket.create_connection(address, timeout=0.5).close()
+            return
+        except OSError:
+            time.sleep(0.05)
+    tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+    raise SystemExit(f"server at {address[0]}:{address[1]} did not start:\n{tail}")
+
+
+@dataclass
+class Server:
+    name: str
+    address: tuple[str, int]
+    process: subprocess.Popen | None = None
+    log: Path | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process else None
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(60)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def pinning(cpus: set[int] | None):
+    """A preexec_fn that pins the child (and every thread it starts) to C{cpus}."""
+    return None if not cpus else lambda: os.sched_setaffinity(0, cpus)
+
+
+def start_jesync(tmp: Path, profile: str | None, cpus: set[int] | None = None) -> Server:
+    """C{twistd -n jesync} from this checkout, on a free loopback port."""
+    port = free_port()
+    twistd = Path(sys.executable).with_name("twistd")
+    command = [str(twistd), "-n", "--pidfile="]
+    if profile:
+        command += [f"--profile={profile}", "--profiler=cprofile", "--savestats"]
+    command += ["jesync", "--port", f"tcp:{port}:interface=127.0.0.1"]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    log = tmp / "jesync.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp, preexec_fn=pinning(cpus)
+        )
+    server = Server("jesync", ("127.0.0.1", port), process, log)
+    wait_for_port(server.address, process, log)
+    return server
+
+
+def start_redis(tmp: Path, cpus: set[int] | None = None) -> Server:
+    """A throwaway redis-server: loopback only, no persistence."""
+    port = free_port()
+    command = [
+        "redis-server",
+        "--port",
+        str(port),
+        "--bind",
+        "127.0.0.1",
+        "--save",
+        "",
+        "--appendonly",
+        "no",
+        "--daemonize",
+        "no",
+        "--dir",
+        str(tmp),
+    ]
+    log = tmp / "redis.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pinning(cpus))
+    server = Server("redis", ("127.0.0.1", port), process, log)
+    wait_for_port(server.address, process, log)
+    return server
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time of a process (all its threads), from /proc."""
+    if pid is None:
+        return None
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / CLOCK_TICK
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds spent not idle by the whole machine (all CPUs), from /proc/stat."""
+    with open("/proc/stat") as stat:
+        fields = [int(f) for f in stat.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    return (sum(fields[:8]) - idle) / CLOCK_TICK
+
+
+def loopback_address(text: str) -> tuple[str, int]:
+    host, _, port = text.rpartition(":")
+    address = socket.gethostbyname(host or "127.0.0.1")
+    if not ipaddress.ip_address(address).is_loopback:
+        raise argparse.ArgumentTypeError(f"{text}: only loopback servers may be targeted")
+    return address, int(port)
+
+
+# -- running scenarios -----------------------------------------------------------
+
+
+@dataclass
+class Result:
+    cycles_per_second: float
+    p50_us: float
+    p99_us: float
+    server_cpu: float | None  # share of one core over the window
+    loadgen_cpu: float  # share of one core, summed over load-generator processes
+    retries_per_cycle: float
+    other_cpu: float  # everything else the machine ran meanwhile (noise), in cores
+
+    @property
+    def server_us_per_cycle(self) -> float | None:
+        """Server CPU time per cycle: less sensitive to other load on the machine than cycles/s."""
+        if self.server_cpu is None or not self.cycles_per_second:
+            return None
+        return 1e6 * self.server_cpu / self.cycles_per_second
+
+
+def receive(pipe):
+    try:
+        return pipe.recv()
+    except EOFError:
+        raise SystemExit("a load generator process failed (see its traceback above)") from None
+
+
+def run_scenario(server: Server, kind: str, connections: int, args, tag: str) -> Result:
+    """One scenario against one server, with C{args.procs} load-generator processes."""
+    keys = [b"bench-%s-%d" % (tag.encode(), i) for i in range(connections)]
+    if kind == "contended":
+        keys = [b"bench-%s-hot" % tag.encode()] * connections
+    procs = max(1, min(args.procs, connections))
+    context = multiprocessing.get_context("fork")
+    workers = []
+    for index in range(procs):
+        parent_end, child_end = context.Pipe()
+        share = keys[index::procs]
+        process = context.Process(
+            target=run_worker,
+            args=(server.address, server.name, share, args.warmup, args.seconds, args.client_cpus, child_end),
+        )
+        process.start()
+        child_end.close()  # so that recv() fails, rather than hangs, if the worker dies
+        workers.append((process, parent_end))
+    for _, pipe in workers:
+        if receive(pipe) != "ready":
+            raise SystemExit("a load generator failed to connect")
+    start = time.monotonic() + 0.1
+    for _, pipe in workers:
+        pipe.send(start)
+    time.sleep(max(0.0, start + args.warmup - time.monotonic()))
+    cpu_before, busy_before = cpu_seconds(server.pid), machine_busy_seconds()
+    time.sleep(max(0.0, start + args.warmup + args.seconds - time.monotonic()))
+    cpu_after, busy_after = cpu_seconds(server.pid), machine_busy_seconds()
+    cycles, latencies, retries, loadgen_cpu = 0, [], 0, 0.0
+    for process, pipe in workers:
+        n, lat, r, cpu = receive(pipe)
+        cycles += n
+        latencies += lat
+        retries += r
+        loadgen_cpu += cpu
+        process.join()
+        if process.exitcode:
+            raise SystemExit(f"a load generator failed (exit code {process.exitcode})")
+    latencies.sort()
+
+    def percentile(p: float) -> float:
+        return (
+            latencies[min(len(latencies) - 1, int(p * len(latencies)))] / 1000 if latencies else float("nan")
+        )
+
+    server_cpu = None if cpu_before is None else (cpu_after - cpu_before) / args.seconds
+    busy = (busy_after - busy_before) / args.seconds
+    return Result(
+        cycles / args.seconds,
+        percentile(0.50),
+        percentile(0.99),
+        server_cpu,
+        loadgen_cpu / args.seconds,
+        retries / cycles if cycles else 0.0,
+        max(0.0, busy - (server_cpu or 0.0) - loadgen_cpu / args.seconds),
+    )
+
+
+def median(values: list[float]) -> float:
+    values = sorted(values)
+    middle = len(values) // 2
+    return values[middle] if len(values) % 2 else (values[middle - 1] + values[middle]) / 2
+
+
+def median_result(results: list[Result]) -> Result:
+    """The run with the median cycles per second (its latencies come with it)."""
+    return sorted(results, key=lambda r: r.cycles_per_second)[(len(results) - 1) // 2]
+
+
+def fmt_cpu(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.0f}%"
+
+
+def fmt_us(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def ratios(rounds: list[dict[str, Result]], measure) -> float:
+    """The median over rounds of jesync/redis, each round's pair measured back to back."""
+    return median([measure(r["jesync"]) / measure(r["redis"]) for r in rounds])
+
+
+def report(results: dict[tuple[str, int], list[dict[str, Result]]], args) -> None:
+    print()
+    print(
+        f"{args.repeat} round(s) per scenario, {args.seconds:g} s each after {args.warmup:g} s warm-up, "
+        f"{args.procs} load-generator process(es).  Per server: the round with the median cycles/s.  "
+        f"CPU = share of one core (other: the rest of the machine, i.e. noise); server CPU/cycle in µs."
+    )
+    print()
+    print(
+        "| scenario | server | cycles/s | p50 µs | p99 µs | server CPU | server CPU/cycle "
+        "| loadgen CPU | other CPU | SET retries/cycle |"
+    )
+    print("|" + "---|" * 10)
+    for (kind, n), rounds in results.items():
+        for name in rounds[0]:
+            r = median_result([round_[name] for round_ in rounds])
+            print(
+                f"| {kind} x{n} | {name} | {r.cycles_per_second:,.0f} | {r.p50_us:,.0f} | {r.p99_us:,.0f} "
+                f"| {fmt_cpu(r.server_cpu)} | {fmt_us(r.server_us_per_cycle)} | {fmt_cpu(r.loadgen_cpu)} "
+                f"| {fmt_cpu(r.other_cpu)} | {r.retries_per_cycle:.1f} |"
+            )
+    if not all("redis" in rounds[0] for rounds in results.values()):
+        return
+    print()
+    print("jesync/redis, median over rounds of each round's ratio:")
+    print()
+    print("| scenario | cycles/s | p50 | p99 | server CPU/cycle |")
+    print("|---|---|---|---|---|")
+    summary = {}
+    for (kind, n), rounds in results.items():
+        summary[kind, n] = row = [
+            ratios(rounds, lambda r: r.cycles_per_second),
+            ratios(rounds, lambda r: r.p50_us),
+            ratios(rounds, lambda r: r.p99_us),
+            ratios(rounds, lambda r: r.server_us_per_cycle)
+            if rounds[0]["jesync"].server_cpu is not None
+            else None,
+        ]
+        print(f"| {kind} x{n} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in row) + " |")
+    print()
+    if ("uncontended", 64) in summary:
+        ratio = summary["uncontended", 64][0]
+        print(
+            f"target: 64 connections uncontended, jesync >= 0.5x Redis cycles/s: "
+            f"{'MET' if ratio >= 0.5 else 'MISSED'} ({ratio:.2f}x)"
+        )
+    if ("uncontended", 1) in summary:
+        ratio = summary["uncontended", 1][1]
+        print(
+            f"target: 1 connection, jesync p50 <= 1.3x Redis: {'MET' if ratio <= 1.3 else 'MISSED'} ({ratio:.2f}x)"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--seconds", type=float, default=5.0, help="measured seconds per scenario (default 5)"
+    )
+    parser.add_argument(
+        "--warmup", type=float, default=0.5, help="unmeasured seconds before each (default 0.5)"
+    )
+    parser.add_argument("--quick", action="store_true", help="1 s per scenario, 0.2 s warm-up")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs per scenario and server; the median is reported"
+    )
+    parser.add_argument("--procs", type=int, default=1, help="load-generator processes (default 1)")
+    parser.add_argument(
+        "--server",
+        type=loopback_address,
+        metavar="HOST:PORT",
+        help="use this running jesync (loopback only) instead of starting one",
+    )
+    parser.add_argument("--no-redis", action="store_true", help="skip the Redis comparison")
+    parser.add_argument("--only", choices=["uncontended", "contended"], help="run only these scenarios")
+    parser.add_argument(
+        "--connections",
+        type=int,
+        action="append",
+        metavar="N",
+        help="run only scenarios with N connections (repeatable)",
+    )
+    parser.add_argument(
+        "--profile-server",
+        metavar="FILE",
+        help="run the started jesync under cProfile and save its stats to FILE",
+    )
+    parser.add_argument(
+        "--pin",
+        choices=["split", "one"],
+        help="split: servers on the first CPU, load generator on the others; "
+        "one: everything on the first CPU (latency without cross-CPU wake-ups)",
+    )
+    args = parser.parse_args(argv)
+    args.server_cpus = args.client_cpus = None
+    if args.pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        if args.pin == "split" and len(cpus) < 2:
+            parser.error("--pin split needs at least 2 CPUs")
+        args.server_cpus = {cpus[0]}
+        args.client_cpus = set(cpus[1:]) if args.pin == "split" else {cpus[0]}
+    if args.quick:
+        args.seconds, args.warmup = 1.0, 0.2
+    scenarios = [
+        (k, n)
+        for k, n in SCENARIOS
+        if (args.only in (None, k)) and (not args.connections or n in args.connections)
+    ]
+
+    print(f"nproc {os.cpu_count()}, python {sys.version.split()[0]}", end="")
+    with tempfile.TemporaryDirectory(prefix="jesync-bench-") as tmp:
+        servers: list[Server] = []
+        try:
+            if args.server:
+                servers.append(Server("jesync", args.server))
+            else:
+                servers.append(
+                    start_jesync(
+                        Path(tmp),
+                        args.profile_server and os.path.abspath(args.profile_server),
+                        args.server_cpus,
+                    )
+                )
+            if args.no_redis:
+                pass
+            elif shutil.which("redis-server") is None:
+                print(
+                    "\nredis-server is not installed: skipping the Redis comparison "
+                    "(apt-get install redis-server to get it)",
+                    end="",
+                )
+            else:
+                version = subprocess.run(
+                    ["redis-server", "--version"], check=False, capture_output=True, text=True
+                ).stdout
+                print(f", redis {version.split()[2].removeprefix('v=')}", end="")
+                servers.append(start_redis(Path(tmp), args.server_cpus))
+            print()
+            results: dict[tuple[str, int], list[dict[str, Result]]] = {}
+            for kind, n in scenarios:
+                results[kind, n] = []
+                for round_ in range(args.repeat):
+                    # Back to back, in alternating order, so both see the same noise.
+                    results[kind, n].append(measured := {})
+                    for server in servers if round_ % 2 == 0 else servers[::-1]:
+                        result = run_scenario(server, kind, n, args, tag=f"{kind}{n}-{round_}")
+                        measured[server.name] = result
+                        print(
+                            f"  {kind} x{n} {server.name}: {result.cycles_per_second:,.0f} cycles/s, "
+                            f"p50 {result.p50_us:,.0f} µs, p99 {result.p99_us:,.0f} µs, "
+                            f"server CPU {fmt_cpu(result.server_cpu)} ({fmt_us(result.server_us_per_cycle)} µs/cycle), "
+                            f"loadgen CPU {fmt_cpu(result.loadgen_cpu)}, other CPU {fmt_cpu(result.other_cpu)}",
+                            flush=True,
+                        )
+        finally:
+            for server in servers:
+                server.stop()
+    report(results, args)
+    if args.profile_server and not args.server:
+        print(f"\nserver profile saved to {args.profile_server} (python -m pstats {args.profile_server})")
+
+
+if __name__ == "__main__":
+    main()

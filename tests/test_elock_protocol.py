@@ -611,6 +611,17 @@ class HoldTests(ELockTestCase):
         self.assertEqual(client.take(), b"200 Unlocked\r\n")
         self.assertTrue(client.closing)
 
+    def test_half_close_just_after_a_held_lock_is_granted(self) -> None:
+        """The lines buffered behind it are answered before the close (found by the fuzzer)."""
+        holder, client = self.jesync(), self.elock()
+        holder.ask(b"lock k\n")
+        client.send(b"lock k 1\r\nunlock_all\r\n")
+        holder.protocol.readConnectionLost()  # releases k: the elock lock is granted
+        client.protocol.readConnectionLost()
+        self.turn()
+        self.assertEqual(client.take(), b"200 Acquired\r\n200 OK\r\n")
+        self.assertTrue(client.closing)
+
     def test_stopping_the_factory_ends_detached_sessions(self) -> None:
         client = self.elock()
         client.ask(b"lock k\r\n")

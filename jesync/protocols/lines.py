@@ -132,7 +132,11 @@ class LockLineReceiver(LineReceiver):
 
     def _close_if_done(self) -> None:
         if self.input_ended and not self.holding and not self.gone:
-            self.close()
+            # Answer the lines still buffered (a hold may just have ended),
+            # unless one of them has to wait again.
+            self.dataReceived(b"")
+            if not self.holding and not self.transport.disconnecting:
+                self.close()
 
     def writeConnectionLost(self) -> None:
         """Never asked for: the server closes both directions at once."""

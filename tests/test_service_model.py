@@ -1,0 +1,844 @@
+"""
+A model-based test of L{LockService}: hypothesis drives a real service on a
+L{Clock} with random sequences of requests, releases, disconnects, cancels and
+clock advances, and after every step compares it with a plain-Python model of
+the lock table written from the documented semantics (the docstrings of
+L{jesync.service} and L{ILockService}):
+
+- the grant rule: with C{g} holders, a request R may join when
+  C{g + 1 <= R.max_concurrent} and C{g + 1 <= H.max_concurrent} for every
+  holder H; waiters are considered in arrival order and the first that may
+  join is granted, repeatedly, until none may;
+- a request is granted at once or queued (or, with timeout 0, times out);
+  a holder asking again renews (expiry restarts from now with the new
+  C{expires}, C{max_concurrent} kept, the same grant returned); a waiter
+  asking again gets L{AlreadyWaiting} and changes nothing;
+- expiry counts from the grant (0: never); a wait times out C{timeout}
+  seconds after the request (-1: never);
+- C{release_all} releases an owner's grants, fails its waits with
+  L{CancelledError} and hands the freed capacity on; cancelling a pending
+  request withdraws it;
+- the limits (drawn for each run): a new request that would pass
+  C{max_held} (the owner's grants and waits), C{max_keys} (keys in use) or
+  C{max_waiters} (waiters for its key, for a request that would wait) is
+  refused with L{LimitReached} and changes nothing; a renewal or a repeated
+  request passes none.
+
+Timers: the clock is advanced in steps that stop just before the model's next
+deadline and again one tick (10 ms) after it, so a deadline that fires early,
+or more than a tick late, is caught.  Every timer the service fires (an expiry
+or a wait timeout) is observed as it happens and checked against the model's
+deadline for that grant or waiter, then applied to the model in the same
+order.
+
+Callbacks: some requests' callbacks act on the service as soon as they are
+granted (release, disconnect, cancel another request, or give up another grant
+of the same change before the service has told it), so the service's
+"fire Deferreds once the table is final" delivery is tested re-entrantly: a
+grant given up before it is told is answered with CancelledError and given
+back.
+
+The test is white-box where it must be: it compares the service's private
+table (C{_locks}, C{_owners}, its two deadline sets) entry by entry, and
+observes its timers through L{ObservedLockService}.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.internet.task import Clock
+from twisted.logger import LogLevel, globalLogPublisher
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SynchronousTestCase
+
+from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout
+from jesync.interfaces import KeyStatus, Totals
+from jesync.service import Grant, LockService
+
+# Deadlines fire on 10 ms ticks: at most one tick after they are due.
+TICK = 0.01
+# Slack for float arithmetic in clock times (which stay below ~500 s here).
+EPS = 1e-9
+# How far before a deadline the clock stops, to see that nothing fired early.
+BEFORE = 1e-4
+
+KEYS = ["a", "b", "c"]
+OWNERS = ["p", "q", "r", "s"]
+UNUSED_KEY = "never-used"
+
+keys = st.sampled_from(KEYS)
+owners = st.sampled_from(OWNERS)
+max_concurrents = st.integers(min_value=1, max_value=3)
+# (hypothesis prefers the first choice: each list starts with an interesting one)
+timeouts = st.sampled_from([-1, 1, 0, 0.5, 3])
+expiries = st.sampled_from([1, 2, 5, 0])
+# What a callback does when its request is granted (see _react).
+reactions = st.sampled_from(
+    [
+        "cancel_untold",
+        "release_all_untold",
+        "release_untold",
+        "release",
+        "release_all_own",
+        "release_all_other",
+        "release_other",
+        "cancel_other",
+    ]
+)
+# Steps across deadlines, and small ones within and across ticks.
+advances = st.sampled_from([1.0, 0.5, 0.25, 0.999, 2.0, 5.0, 7.5, 0.001, 0.004, 0.0099, 0.01, 0.013])
+
+
+# -- the model -------------------------------------------------------------------
+
+
+@dataclass
+class Request:
+    """One call of C{acquire}: what the service returned, and what it should."""
+
+    rid: int
+    key: str
+    owner: str
+    max_concurrent: int
+    timeout: float
+    expires: float
+    deferred: Deferred
+    # What the Deferred fired with, in order: ("grant", grant) or ("error", exception)
+    outcomes: list = field(default_factory=list)
+    # What the model says it fired with: None while pending, else
+    # ("grant", rid of the holder whose grant it is), ("timeout",),
+    # ("already",) or ("cancelled",)
+    expected: Optional[tuple] = None
+
+
+@dataclass
+class Holder:
+    rid: int  # the request that was granted (a renewal keeps it)
+    owner: str
+    max_concurrent: int
+    granted_at: float
+    expires_at: Optional[float]
+
+
+@dataclass
+class Waiter:
+    rid: int
+    owner: str
+    max_concurrent: int
+    expires: float
+    timeout_at: Optional[float]
+
+
+class Model:
+    """The lock table as the documentation describes it, in plain Python."""
+
+    def __init__(self) -> None:
+        self.holders: dict[str, list[Holder]] = {key: [] for key in KEYS}
+        self.waiters: dict[str, list[Waiter]] = {key: [] for key in KEYS}
+        # rid -> the model's verdict, once there is one
+        self.verdicts: dict[int, tuple] = {}
+        # Requests granted from the queue whose Deferreds have not fired yet
+        # (the service fires them once the table is final).  A grant its
+        # owner gives up before it is told is answered with CancelledError.
+        self.untold: set[int] = set()
+        # Grants cancelled before they were told: the service gives each back
+        # (releases it) when its turn to be told comes.
+        self.giveback: set[int] = set()
+        # the service's limits (None: no limit)
+        self.max_keys: Optional[int] = None
+        self.max_waiters: Optional[int] = None
+        self.max_held: Optional[int] = None
+
+    def holder(self, key: str, owner: str) -> Optional[Holder]:
+        return next((h for h in self.holders[key] if h.owner == owner), None)
+
+    def waiter(self, key: str, owner: str) -> Optional[Waiter]:
+        return next((w for w in self.waiters[key] if w.owner == owner), None)
+
+    def may_join(self, key: str, max_concurrent: int) -> bool:
+        """The grant rule."""
+        joining = len(self.holders[key]) + 1
+        return joining <= max_concurrent and all(joining <= h.max_concurrent for h in self.holders[key])
+
+    def admit(self, key: str, now: float) -> None:
+        """Grant the first waiter (in arrival order) that may join, until none may."""
+        while True:
+            waiter = next((w for w in self.waiters[key] if self.may_join(key, w.max_concurrent)), None)
+            if waiter is None:
+                return
+            self.waiters[key].remove(waiter)
+            expires_at = now + waiter.expires if waiter.expires else None
+            self.holders[key].append(Holder(waiter.rid, waiter.owner, waiter.max_concurrent, now, expires_at))
+            self.verdicts[waiter.rid] = ("grant", waiter.rid)
+            self.untold.add(waiter.rid)
+
+    def told(self, rid: int) -> None:
+        self.untold.discard(rid)
+
+    def _remove_holder(self, key: str, held: Holder) -> None:
+        self.holders[key].remove(held)
+        self.giveback.discard(held.rid)
+        if held.rid in self.untold:
+            self.untold.discard(held.rid)
+            self.verdicts[held.rid] = ("cancelled",)
+
+    def admit_all(self, now: float) -> None:
+        for key in KEYS:
+            self.admit(key, now)
+
+    # -- operations
+
+    def limits_passed(self, key: str, owner: str, max_concurrent: int, timeout: float) -> set[str]:
+        """The limits a request would pass (a renewal or a repeated request passes none)."""
+        if self.holder(key, owner) is not None or self.waiter(key, owner) is not None:
+            return set()
+        passed = set()
+        entries = sum(self.holder(k, owner) is not None or self.waiter(k, owner) is not None for k in KEYS)
+        if self.max_held is not None and entries >= self.max_held:
+            passed.add("max-held")
+        in_use = self.active_keys()
+        if self.max_keys is not None and key not in in_use and len(in_use) >= self.max_keys:
+            passed.add("max-keys")
+        # (a request with timeout 0 never waits, so it is never refused for max-waiters)
+        would_wait = not self.may_join(key, max_concurrent) and timeout != 0
+        if self.max_waiters is not None and would_wait and len(self.waiters[key]) >= self.max_waiters:
+            passed.add("max-waiters")
+        return passed
+
+    def acquire(self, rid, key, owner, max_concurrent, timeout, expires, now) -> None:
+        held = self.holder(key, owner)
+        if held is not None:
+            held.expires_at = now + expires if expires else None
+            self.verdicts[rid] = ("grant", held.rid)
+            return
+        if self.waiter(key, owner) is not None:
+            self.verdicts[rid] = ("already",)
+            return
+        timeout_at = None if timeout == -1 else now + timeout
+        self.waiters[key].append(Waiter(rid, owner, max_concurrent, expires, timeout_at))
+        self.admit(key, now)
+        self.untold.discard(rid)  # granted at once: the Deferred has fired
+        if rid not in self.verdicts and timeout == 0:
+            self.waiters[key] = [w for w in self.waiters[key] if w.rid != rid]
+            self.verdicts[rid] = ("timeout",)
+
+    def release(self, key: str, owner: str, now: float, rid: Optional[int] = None) -> bool:
+        """Release C{owner}'s grant of C{key} (only if it is request C{rid}'s, when given)."""
+        held = self.holder(key, owner)
+        if held is None or (rid is not None and held.rid != rid):
+            return False
+        self._remove_holder(key, held)
+        self.admit(key, now)
+        return True
+
+    def release_all(self, owner: str, now: float) -> None:
+        for key in KEYS:
+            held = self.holder(key, owner)
+            if held is not None:
+                self._remove_holder(key, held)
+            for waiter in [w for w in self.waiters[key] if w.owner == owner]:
+                self.waiters[key].remove(waiter)
+                self.verdicts[waiter.rid] = ("cancelled",)
+        self.admit_all(now)
+
+    def cancel(self, key: str, rid: int) -> None:
+        for waiter in self.waiters[key]:
+            if waiter.rid == rid:
+                self.waiters[key].remove(waiter)
+                self.verdicts[rid] = ("cancelled",)
+                return
+        if rid in self.untold:
+            # granted, not yet told: it fails, and the grant is given back
+            self.untold.discard(rid)
+            self.verdicts[rid] = ("cancelled",)
+            self.giveback.add(rid)
+
+    def give_back(self, key: str, owner: str, now: float) -> None:
+        """The service is releasing C{owner}'s grant of C{key}: if it is one to give back, do."""
+        held = self.holder(key, owner)
+        if held is not None and held.rid in self.giveback:
+            self.release(key, owner, now)
+
+    def expire(self, key: str, owner: str, now: float) -> None:
+        held = self.holder(key, owner)
+        assert held is not None
+        self._remove_holder(key, held)
+        self.admit(key, now)
+
+    def time_out(self, key: str, owner: str) -> None:
+        waiter = self.waiter(key, owner)
+        assert waiter is not None
+        self.waiters[key].remove(waiter)
+        self.verdicts[waiter.rid] = ("timeout",)
+
+    # -- derived views
+
+    def deadlines(self) -> list[float]:
+        found = [h.expires_at for key in KEYS for h in self.holders[key] if h.expires_at is not None]
+        found += [w.timeout_at for key in KEYS for w in self.waiters[key] if w.timeout_at is not None]
+        return found
+
+    def active_keys(self) -> set[str]:
+        return {key for key in KEYS if self.holders[key] or self.waiters[key]}
+
+    def owner_keys(self) -> dict[str, set[str]]:
+        table: dict[str, set[str]] = {}
+        for key in KEYS:
+            for entry in [*self.holders[key], *self.waiters[key]]:
+                table.setdefault(entry.owner, set()).add(key)
+        return table
+
+    def status(self, key: str) -> KeyStatus:
+        if key not in self.holders:
+            return KeyStatus(key, 0, 0)
+        return KeyStatus(key, len(self.holders[key]), len(self.waiters[key]))
+
+    def listing(self, order: str) -> list[KeyStatus]:
+        rows = [self.status(key) for key in sorted(self.active_keys())]
+        if order == "requests":
+            rows.sort(key=lambda row: -row.waiting)  # stable: ties stay by key
+        elif order == "grants":
+            rows.sort(key=lambda row: -row.granted)
+        return rows
+
+    def totals(self) -> Totals:
+        return Totals(
+            len(self.active_keys()),
+            sum(len(self.holders[key]) for key in KEYS),
+            sum(len(self.waiters[key]) for key in KEYS),
+        )
+
+
+# -- the service, observed -------------------------------------------------------
+
+
+class ObservedLockService(LockService):
+    """
+    A L{LockService} that reports each expiry and wait timeout its timers fire,
+    as it fires (the clock runs several in one C{advance}, in an order the
+    model must follow).
+    """
+
+    machine: Any = None
+
+    def _expire(self, grant: Grant) -> None:
+        self.machine.timer_fired("expiry", grant, lambda: LockService._expire(self, grant))
+
+    def _time_out(self, waiter) -> None:
+        self.machine.timer_fired("timeout", waiter, lambda: LockService._time_out(self, waiter))
+
+    def _release_grant(self, grant: Grant, *args, **kwargs) -> bool:
+        # (how a grant cancelled before it was told is given back)
+        self.machine.model.give_back(grant.key, grant.owner, self.clock.seconds())
+        return LockService._release_grant(self, grant, *args, **kwargs)
+
+
+def step(method: Callable) -> Callable:
+    """Mark the machine broken if a rule or invariant fails (teardown then only cleans up)."""
+
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        try:
+            return method(self, *args, **kwargs)
+        except BaseException:
+            self.broken = True
+            raise
+
+    return run
+
+
+class LockServiceMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.clock = Clock()
+        self.service = ObservedLockService(self.clock)
+        self.service.machine = self
+        self.model = Model()
+        self.requests: list[Request] = []
+        # every grant handed out (current and stale), in order
+        self.handles: list[Grant] = []
+        self.handle_rids: dict[int, int] = {}  # id(grant) -> rid of the request it was granted to
+        # problems seen inside the clock's callbacks, raised once advance() returns
+        self.problems: list[str] = []
+        self.logged: list[dict] = []
+        self.broken = False
+        globalLogPublisher.addObserver(self._log_observer)
+
+    def _log_observer(self, event: dict) -> None:
+        if event.get("log_failure") is not None or event.get("log_level") in (LogLevel.error, LogLevel.critical):
+            self.logged.append(event)
+
+    def now(self) -> float:
+        return self.clock.seconds()
+
+    def waiting(self) -> list[tuple[str, Waiter]]:
+        return [(key, w) for key in KEYS for w in self.model.waiters[key]]
+
+    def holding(self) -> list[tuple[str, Holder]]:
+        return [(key, h) for key in KEYS for h in self.model.holders[key]]
+
+    # -- requests
+
+    def _track(self, request: Request) -> None:
+        def granted(grant):
+            request.outcomes.append(("grant", grant))
+            self.model.told(request.rid)
+            if isinstance(grant, Grant) and id(grant) not in self.handle_rids:
+                self.handles.append(grant)
+                self.handle_rids[id(grant)] = request.rid
+            return grant
+
+        def failed(failure: Failure) -> None:
+            request.outcomes.append(("error", failure.value))
+
+        request.deferred.addCallbacks(granted, failed)
+
+    @initialize(
+        max_keys=st.sampled_from([None, None, 1, 2]),
+        max_waiters=st.sampled_from([None, None, 1, 2]),
+        max_held=st.sampled_from([None, None, 1, 2]),
+    )
+    @step
+    def limits(self, max_keys, max_waiters, max_held) -> None:
+        """The service's limits, for the whole run."""
+        self.service = ObservedLockService(self.clock, max_keys=max_keys, max_waiters=max_waiters, max_held=max_held)
+        self.service.machine = self
+        self.model.max_keys, self.model.max_waiters, self.model.max_held = max_keys, max_waiters, max_held
+
+    def _acquire(self, key, owner, max_concurrent, timeout, expires) -> Optional[Request]:
+        """A request, unless a limit refuses it (then nothing changes: the checks see to that)."""
+        passed = self.model.limits_passed(key, owner, max_concurrent, timeout)
+        call = f"acquire{(key, owner, max_concurrent, timeout, expires)!r}"
+        try:
+            deferred = self.service.acquire(key, owner, max_concurrent, timeout, expires)
+        except LimitReached as error:
+            assert error.limit in passed, f"{call} refused for {error.limit}, the model says {passed or 'no limit'}"
+            return None
+        assert not passed, f"{call} was not refused, the model says it passes {passed}"
+        rid = len(self.requests)
+        request = Request(rid, key, owner, max_concurrent, timeout, expires, deferred)
+        self.requests.append(request)
+        self._track(request)
+        self.model.acquire(rid, key, owner, max_concurrent, timeout, expires, self.now())
+        return request
+
+    @rule(key=keys, owner=owners, max_concurrent=max_concurrents, timeout=timeouts, expires=expiries)
+    @step
+    def acquire(self, key, owner, max_concurrent, timeout, expires) -> None:
+        self._acquire(key, owner, max_concurrent, timeout, expires)
+
+    # (several rules that request: swarm testing disables a random subset of
+    # rules in each run, and runs without requests test little)
+
+    @rule(owner=owners, timeout=st.sampled_from([-1, -1, 0, 0.5, 1, 3]), expires=expiries)
+    @step
+    def acquire_mutex(self, owner, timeout, expires) -> None:
+        """Contention on one key: mutex requests that wait."""
+        self._acquire("a", owner, 1, timeout, expires)
+
+    @rule(owner=owners, max_concurrent=st.integers(min_value=2, max_value=3), timeout=timeouts, expires=expiries)
+    @step
+    def acquire_shared(self, owner, max_concurrent, timeout, expires) -> None:
+        """Counting-semaphore requests on the mutexes' key: queues of mixed max_concurrent."""
+        self._acquire("a", owner, max_concurrent, timeout, expires)
+
+    @precondition(lambda self: self.holding())
+    @rule(index=st.integers(min_value=0), max_concurrent=max_concurrents, timeout=timeouts, expires=expiries)
+    @step
+    def renew(self, index, max_concurrent, timeout, expires) -> None:
+        """A holder asks again (its max_concurrent and timeout are ignored): a renewal."""
+        key, holder = self.holding()[index % len(self.holding())]
+        self._acquire(key, holder.owner, max_concurrent, timeout, expires)
+
+    @precondition(lambda self: self.waiting())
+    @rule(index=st.integers(min_value=0), max_concurrent=max_concurrents, timeout=timeouts)
+    @step
+    def ask_again_while_waiting(self, index, max_concurrent, timeout) -> None:
+        key, waiter = self.waiting()[index % len(self.waiting())]
+        self._acquire(key, waiter.owner, max_concurrent, timeout, 1)
+
+    @rule(
+        key=keys,
+        owner=owners,
+        bad=st.sampled_from(
+            [(0, -1, 1), (-2, -1, 1), (1, -2, 1), (1, -0.5, 1), (1, -1.5, 1), (1, -1, -1), (1, 0, -0.5)]
+        ),
+    )
+    @step
+    def acquire_invalid(self, key, owner, bad) -> None:
+        """An out-of-range request raises ValueError and changes nothing."""
+        max_concurrent, timeout, expires = bad
+        try:
+            self.service.acquire(key, owner, max_concurrent, timeout, expires)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"acquire{(key, owner, *bad)!r} did not raise ValueError")
+
+    @rule(key=keys, owner=owners)
+    @step
+    def release(self, key, owner) -> None:
+        expected = self.model.release(key, owner, self.now())
+        actual = self.service.release(key, owner)
+        assert actual == expected, f"release({key!r}, {owner!r}) returned {actual}, the model says {expected}"
+
+    def _release_handle(self, grant: Grant) -> None:
+        rid = self.handle_rids[id(grant)]
+        expected = self.model.release(grant.key, grant.owner, self.now(), rid=rid)
+        actual = grant.release()
+        assert actual == expected, f"{grant!r} (of request {rid}).release() returned {actual}, the model says {expected}"
+
+    @precondition(lambda self: self.handles)
+    @rule(index=st.integers(min_value=0))
+    @step
+    def release_handle(self, index) -> None:
+        """Grant.release() on any handle ever handed out, most likely a stale one."""
+        self._release_handle(self.handles[index % len(self.handles)])
+
+    @precondition(lambda self: self.holding())
+    @rule(index=st.integers(min_value=0))
+    @step
+    def release_current_handle(self, index) -> None:
+        """Grant.release() on a current holder's handle."""
+        key, holder = self.holding()[index % len(self.holding())]
+        grant = self._handle(holder.rid)
+        assert grant is not None, f"the grant of request {holder.rid} was never delivered"
+        self._release_handle(grant)
+
+    @rule(owner=owners)
+    @step
+    def release_all(self, owner) -> None:
+        self.model.release_all(owner, self.now())
+        self.service.release_all(owner)
+
+    @precondition(lambda self: self.waiting())
+    @rule(index=st.integers(min_value=0))
+    @step
+    def cancel_waiting(self, index) -> None:
+        key, waiter = self.waiting()[index % len(self.waiting())]
+        self.cancel(waiter.rid)
+
+    @precondition(lambda self: self.requests)
+    @rule(index=st.integers(min_value=0))
+    @step
+    def cancel_any(self, index) -> None:
+        """Cancelling a request that was already answered changes nothing."""
+        self.cancel(index % len(self.requests))
+
+    def cancel(self, rid: int) -> None:
+        request = self.requests[rid]
+        self.model.cancel(request.key, rid)
+        request.deferred.cancel()
+
+    # -- callbacks that act on the service while it delivers grants
+
+    @precondition(lambda self: self.waiting())
+    @rule(index=st.integers(min_value=0), action=reactions, other_owner=owners, other_key=keys, other=st.integers(0))
+    @step
+    def react_when_granted(self, index, action, other_owner, other_key, other) -> None:
+        """A waiting request's callback will act on the service when it is granted."""
+        key, waiter = self.waiting()[index % len(self.waiting())]
+        self._react(self.requests[waiter.rid], action, other_owner, other_key, other)
+
+    @rule(key=keys, order=st.permutations(OWNERS), shared=st.integers(2, 3), action=reactions, other=st.integers(0))
+    @step
+    def queue_behind_mutex(self, key, order, shared, action, other) -> None:
+        """
+        One owner holds C{key} as a mutex, and others queue behind it
+        allowing C{shared} holders: when it goes, one change grants several
+        requests, and the first one's callback acts while the others are not
+        told yet.
+        """
+        first, *others = order
+        self._acquire(key, first, 1, -1, 1)
+        queued = [self._acquire(key, owner, shared, -1, 2) for owner in others[:shared]]
+        if queued[0] is not None:
+            self._react(queued[0], action, others[-1], key, other)
+
+    def _react(self, request: Request, action: str, other_owner: str, other_key: str, other: int) -> None:
+        """
+        When C{request} is granted, its callback acts at once: on its own
+        grant, or on other owners and requests (among them grants of the same
+        change that the service has not told yet).
+        """
+        target = self.requests[other % len(self.requests)]
+
+        def react(result):
+            if not isinstance(result, Grant):
+                return None
+            try:
+                now = self.now()
+                if action == "release":
+                    self._release_handle(result)
+                elif action == "release_all_own":
+                    self.model.release_all(request.owner, now)
+                    self.service.release_all(request.owner)
+                elif action == "release_all_other":
+                    self.model.release_all(other_owner, now)
+                    self.service.release_all(other_owner)
+                elif action == "release_other":
+                    expected = self.model.release(other_key, other_owner, now)
+                    actual = self.service.release(other_key, other_owner)
+                    assert actual == expected, f"release({other_key!r}, {other_owner!r}): {actual}, model {expected}"
+                elif action == "cancel_other":
+                    self.cancel(target.rid)
+                elif self.model.untold:
+                    untold = self.requests[sorted(self.model.untold)[other % len(self.model.untold)]]
+                    if action == "cancel_untold":
+                        self.cancel(untold.rid)
+                    elif action == "release_untold":
+                        assert self.model.release(untold.key, untold.owner, now)
+                        assert self.service.release(untold.key, untold.owner), f"{untold.rid} was not released"
+                    else:
+                        self.model.release_all(untold.owner, now)
+                        self.service.release_all(untold.owner)
+            except BaseException as error:
+                self.problems.append(f"reacting ({action}) to the grant of request {request.rid}: {error!r}")
+            return None
+
+        request.deferred.addCallback(react)
+
+    # -- time
+
+    @rule(amount=advances)
+    @step
+    def advance(self, amount) -> None:
+        target = self.now() + amount
+        for _ in range(10_000):
+            now = self.now()
+            if now >= target:
+                return
+            stop = target
+            deadlines = self.model.deadlines()
+            if deadlines:
+                due = min(deadlines)
+                # first just before the next deadline (nothing may fire early),
+                # then just over a tick after it (it must have fired)
+                stop = min(stop, due - BEFORE if due - BEFORE > now else due + TICK + EPS / 2)
+            self.clock.advance(stop - now)
+            self._raise_problems()
+            self._check_not_late()
+        raise AssertionError(f"the clock did not reach {target} from {self.now()}")
+
+    def timer_fired(self, kind: str, item, fire: Callable[[], None]) -> None:
+        """Called by the service for each expiry or wait timeout, in the order they run."""
+        now = self.now()
+        key, owner = item.key, item.owner
+        problem = None
+        if kind == "expiry":
+            held = self.model.holder(key, owner)
+            if held is None or self._handle(held.rid) is not item:
+                problem = f"at {now!r}: {item!r} expired but the model has no such grant"
+            deadline = None if held is None else held.expires_at
+        else:
+            waiting = self.model.waiter(key, owner)
+            if waiting is None:
+                problem = f"at {now!r}: a wait of {owner!r} for {key!r} timed out but it is not waiting"
+            deadline = None if waiting is None else waiting.timeout_at
+        if problem is None and deadline is None:
+            problem = f"at {now!r}: {kind} of {owner!r} on {key!r} fired but it has no deadline"
+        elif problem is None and not (deadline - EPS <= now <= deadline + TICK + EPS):
+            problem = f"{kind} of {owner!r} on {key!r} due at {deadline!r} fired at {now!r}"
+        if problem is not None:
+            self.problems.append(problem)
+        else:
+            # the model first: callbacks run by fire() act on the state after the event
+            if kind == "expiry":
+                self.model.expire(key, owner, now)
+            else:
+                self.model.time_out(key, owner)
+        try:
+            fire()
+        except BaseException as error:  # the service's Deadlines would only log it
+            self.problems.append(f"{kind} of {owner!r} on {key!r} raised {error!r}")
+            raise
+        if not self.problems:
+            try:
+                self.check()
+            except AssertionError as error:
+                self.problems.append(f"after the {kind} of {owner!r} on {key!r} at {now!r}: {error}")
+
+    def _raise_problems(self) -> None:
+        if self.problems:
+            raise AssertionError("\n".join(self.problems))
+
+    def _check_not_late(self) -> None:
+        now = self.now()
+        late = [d for d in self.model.deadlines() if d + TICK + EPS < now]
+        assert not late, f"at {now!r}, deadlines {late!r} have not fired"
+
+    # -- checks
+
+    def _handle(self, rid: int) -> Optional[Grant]:
+        """The grant request C{rid} was answered with (None if it has not been)."""
+        outcomes = self.requests[rid].outcomes
+        if outcomes and outcomes[0][0] == "grant":
+            return outcomes[0][1]
+        return None
+
+    @invariant()
+    @step
+    def check_all(self) -> None:
+        self._raise_problems()
+        assert not self.logged, f"errors were logged: {self.logged!r}"
+        self.check()
+
+    def check(self) -> None:
+        self._check_requests()
+        self._check_table()
+        self._check_grant_rule()
+        self._check_public_views()
+
+    def _check_requests(self) -> None:
+        """Every acquire Deferred fires at most once, and with the model's outcome."""
+        for request in self.requests:
+            outcomes = request.outcomes
+            assert len(outcomes) <= 1, f"request {request.rid} fired more than once: {outcomes!r}"
+            verdict = self.model.verdicts.get(request.rid)
+            label = f"request {request.rid} ({request.key!r} by {request.owner!r})"
+            if verdict is None:
+                assert not outcomes, f"{label} fired with {outcomes!r}, the model says it still waits"
+                continue
+            assert outcomes, f"{label} has not fired, the model says {verdict!r}"
+            assert request.rid not in self.model.untold, f"{label} was granted but never told"
+            assert request.rid not in self.model.giveback, f"{label} was cancelled but its grant not given back"
+            kind, value = outcomes[0]
+            if verdict[0] == "grant":
+                assert kind == "grant" and isinstance(value, Grant), f"{label}: {outcomes!r}, expected a grant"
+                owner_rid = verdict[1]
+                assert value is self._handle(owner_rid), f"{label}: not the grant of request {owner_rid}"
+                assert (value.key, value.owner) == (request.key, request.owner), f"{label}: {value!r}"
+            else:
+                expected_type = {"timeout": LockTimeout, "already": AlreadyWaiting, "cancelled": CancelledError}
+                assert kind == "error" and type(value) is expected_type[verdict[0]], (
+                    f"{label}: {outcomes!r}, expected {verdict[0]}"
+                )
+                if verdict[0] != "cancelled":
+                    assert value.key == request.key, f"{label}: error names {value.key!r}"
+
+    def _check_table(self) -> None:
+        """The service's table, entry by entry, is the model's."""
+        service, model = self.service, self.model
+        assert set(service._locks) == model.active_keys(), (
+            f"keys in use: service {sorted(service._locks)}, model {sorted(model.active_keys())}"
+        )
+        actual_owners = {owner: set(entries) for owner, entries in service._owners.items()}
+        assert actual_owners == model.owner_keys(), f"owners: service {actual_owners}, model {model.owner_keys()}"
+        expiring = waiting_with_timeout = 0
+        for key in KEYS:
+            lock = service._locks.get(key)
+            actual_holders = {}
+            actual_waiters = []
+            if lock is not None:
+                actual_holders = {g.owner: (g.max_concurrent, g.expires_at, g) for g in lock.holders}
+                assert len(actual_holders) == len(lock.holders), f"{key!r}: an owner holds twice"
+                actual_waiters = [
+                    (w.owner, w.max_concurrent, w.expires, w.timeout_at)
+                    for w in (lock.waiters or ())
+                    if w.deferred is not None
+                ]
+                assert lock.waiting == len(actual_waiters), f"{key!r}: waiting count {lock.waiting}"
+            expected_holders = {
+                h.owner: (h.max_concurrent, h.expires_at, self._handle(h.rid)) for h in model.holders[key]
+            }
+            # holders(), in the order they were granted, and since when
+            actual_order = [(g.owner, g.granted_at) for g in service.holders(key)]
+            expected_order = [(h.owner, h.granted_at) for h in model.holders[key]]
+            assert actual_order == expected_order, f"holders({key!r}): {actual_order}, model {expected_order}"
+            assert actual_holders == expected_holders, (
+                f"holders of {key!r}: service {actual_holders}, model {expected_holders}"
+            )
+            expected_waiters = [(w.owner, w.max_concurrent, w.expires, w.timeout_at) for w in model.waiters[key]]
+            assert actual_waiters == expected_waiters, (
+                f"waiters for {key!r}: service {actual_waiters}, model {expected_waiters}"
+            )
+            for holder in model.holders[key]:
+                grant = self._handle(holder.rid)
+                left = grant.seconds_left
+                if holder.expires_at is None:
+                    assert left is None, f"{grant!r} never expires but has {left} s left"
+                else:
+                    assert left == max(0.0, holder.expires_at - self.now()), f"{grant!r}: {left} s left"
+                expiring += holder.expires_at is not None
+            waiting_with_timeout += sum(w.timeout_at is not None for w in model.waiters[key])
+        # no timer is kept for a grant or a wait that is gone
+        assert len(service._expiries) == expiring, f"{len(service._expiries)} expiries, {expiring} grants expire"
+        assert len(service._wait_timeouts) == waiting_with_timeout, (
+            f"{len(service._wait_timeouts)} wait timeouts, {waiting_with_timeout} waits time out"
+        )
+
+    def _check_grant_rule(self) -> None:
+        """Straight from the service's state: no holder over its limit, no grantable waiter left."""
+        for key, lock in self.service._locks.items():
+            granted = len(lock.holders)
+            assert all(h.max_concurrent >= granted for h in lock.holders), (
+                f"{key!r}: {granted} holders {lock.holders!r} exceed a holder's max_concurrent"
+            )
+            limit = min((h.max_concurrent for h in lock.holders), default=granted + 1)
+            for waiter in lock.waiters or ():
+                if waiter.deferred is not None:
+                    assert not (granted + 1 <= waiter.max_concurrent and granted + 1 <= limit), (
+                        f"{key!r}: {waiter.owner!r} (max {waiter.max_concurrent}) could join "
+                        f"{granted} holders but waits"
+                    )
+
+    def _check_public_views(self) -> None:
+        service, model = self.service, self.model
+        for key in [*KEYS, UNUSED_KEY]:
+            assert service.status(key) == model.status(key), f"status({key!r}): {service.status(key)}"
+        assert service.totals() == model.totals(), f"totals: {service.totals()}, model {model.totals()}"
+        for order in ("key", "requests", "grants"):
+            listing = service.listing(order)
+            assert listing == model.listing(order), f"listing({order!r}): {listing}, model {model.listing(order)}"
+
+    def teardown(self) -> None:
+        try:
+            if self.broken:
+                return
+            # Everyone goes away: nothing is left, nothing is pending.
+            for owner in OWNERS:
+                self.release_all(owner)
+            self.check_all()
+            assert self.service.totals() == (0, 0, 0) and self.service.listing() == []
+            assert not self.service._locks and not self.service._owners
+            for request in self.requests:
+                assert len(request.outcomes) == 1, f"request {request.rid}: {request.outcomes!r}"
+            # An idle service's timers run out: no deadline outlives its item by more than this.
+            self.clock.advance(10)
+            assert self.clock.getDelayedCalls() == [], self.clock.getDelayedCalls()
+            self._raise_problems()
+            assert not self.logged, f"errors were logged: {self.logged!r}"
+        finally:
+            globalLogPublisher.removeObserver(self._log_observer)
+
+
+SETTINGS = settings(
+    max_examples=500,
+    stateful_step_count=50,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+)
+
+
+class LockServiceModelTests(SynchronousTestCase):
+    def test_service_agrees_with_model(self) -> None:
+        run_state_machine_as_test(LockServiceMachine, settings=SETTINGS)
+
+    def tearDown(self) -> None:
+        self.assertEqual(self.flushLoggedErrors(), [])

@@ -113,6 +113,10 @@ class Deadlines(Generic[Item]):
             except Exception:
                 # A failing callback must not stop every later deadline.
                 self._log.failure("deadline callback failed for {item!r}", item=item)
-        if self._ticks:
+        if not self._buckets:
+            # Nothing left: drop the ticks emptied earlier by discard(), and
+            # schedule nothing (an idle server sleeps).
+            self._ticks.clear()
+        else:
             # (replacing any timer an add() made while items were firing)
             self._schedule(self._ticks[0])

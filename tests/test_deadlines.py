@@ -148,6 +148,18 @@ class DeadlinesTests(SynchronousTestCase):
         self.advance_to(2.0)
         self.assertEqual(self.fired_items(), ["fired", "pending"])
 
+    def test_no_timer_once_the_last_item_fires(self) -> None:
+        """A tick emptied earlier by discard() does not keep an idle queue's timer alive."""
+        self.deadlines.add("fires", 1.0)
+        self.deadlines.add("discarded", 5.0)
+        self.deadlines.discard("discarded", 5.0)
+        self.advance_to(1.0)
+        self.assertEqual(self.fired_items(), ["fires"])
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+        self.deadlines.add("later", 7.0)
+        self.advance_to(7.0)
+        self.assertEqual(self.fired_items(), ["fires", "later"])
+
     def test_a_failing_callback_does_not_stop_later_deadlines(self) -> None:
         """The failure is logged, and the items after it still fire on time."""
 

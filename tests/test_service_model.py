@@ -330,7 +330,8 @@ class ObservedLockService(LockService):
     """
     A L{LockService} that reports each expiry and wait timeout its timers fire,
     as it fires (the clock runs several in one C{advance}, in an order the
-    model must follow).
+    model must follow), and each grant it releases (so the model gives back a
+    grant cancelled before it was told when the service does).
     """
 
     machine: Any = None

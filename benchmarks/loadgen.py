@@ -14,13 +14,15 @@ stops them at the end::
 
     python benchmarks/loadgen.py                 # ~5 s per scenario and server
     python benchmarks/loadgen.py --quick         # ~1 s each
-    python benchmarks/loadgen.py --repeat 5         # median of 5 interleaved rounds
-    python benchmarks/loadgen.py --connections 1 --pin one
+    python benchmarks/loadgen.py --repeat 5      # median of 5 interleaved rounds
+    python benchmarks/loadgen.py --connections 1 --pin one   # latency on one CPU
     python benchmarks/loadgen.py --server 127.0.0.1:11400 --no-redis
 
 Reported per scenario: cycles per second, p50/p99 cycle latency, the
-server's CPU use over the measured window (when its pid is known) and the
-load generator's own, and the jesync/Redis ratios.  Only the Python standard
+server's CPU use over the measured window (when its pid is known; also as
+CPU time per cycle, the figure least disturbed by other load), the load
+generator's own, the rest of the machine's (noise), and the jesync/Redis
+ratios.  Only the Python standard
 library is used; the clients are raw non-blocking sockets on one epoll per
 load-generator process.
 """

@@ -383,6 +383,18 @@ class TCPServer:
         self.test.assertEqual(leftover, [])
 
 
+# elock replies several tests expect.
+BYE = b"200 Hey, it was nice seeing you.\r\n"
+
+
+def stats(clients: int, locks: int, monitoring: int) -> bytes:
+    return b"200 STATS\r\nSTAT clients %d\r\nSTAT locks %d\r\nSTAT monitoring %d\r\nEND\r\n" % (
+        clients,
+        locks,
+        monitoring,
+    )
+
+
 # Bad arguments and the INVALID_PARAMETER message each gets.
 INVALID_PARAMETER_CASES = [
     (b"lock", b"missing key"),

@@ -14,20 +14,9 @@ from twisted.logger import LogLevel, Logger, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.protocols.elock import MAX_SESSION_ID, ELockProtocol
-from tests.support import UnitServer
+from tests.support import BYE, UnitServer, stats
 
 MAX_LINE = 8192
-BYE = b"200 Hey, it was nice seeing you.\r\n"
-
-
-def stats(clients: int, locks: int, monitoring: int) -> bytes:
-    return b"200 STATS\r\nSTAT clients %d\r\nSTAT locks %d\r\nSTAT monitoring %d\r\nEND\r\n" % (
-        clients,
-        locks,
-        monitoring,
-    )
-
-
 class ELockTestCase(SynchronousTestCase):
     def setUp(self) -> None:
         self.server = UnitServer()

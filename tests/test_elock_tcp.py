@@ -20,20 +20,9 @@ from twisted.trial.unittest import TestCase
 
 from jesync import ELockFactory, JESyncFactory, LockService
 from jesync.protocols.connections import ConnectionPolicy
-from tests.support import TIMEOUT, ConnectionTracker, LineClient
+from tests.support import BYE, TIMEOUT, ConnectionTracker, LineClient, stats
 
 MAX_LINE = 8192
-BYE = b"200 Hey, it was nice seeing you.\r\n"
-
-
-def stats(clients: int, locks: int, monitoring: int) -> bytes:
-    return b"200 STATS\r\nSTAT clients %d\r\nSTAT locks %d\r\nSTAT monitoring %d\r\nEND\r\n" % (
-        clients,
-        locks,
-        monitoring,
-    )
-
-
 class SharedServer:
     """
     A lock service served over JESync and elock, each on its own port.

@@ -2,17 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Hashable, Literal, NamedTuple
+from typing import Hashable, NamedTuple
 
 from zope.interface import Attribute, Interface
 
-
-class KeyStatus(NamedTuple):
-    """How many owners hold a key and how many wait for it."""
-
-    key: str
-    granted: int
-    waiting: int
+from jesync.wire import KeyStatus, ListingOrder
 
 
 class Totals(NamedTuple):
@@ -21,9 +15,6 @@ class Totals(NamedTuple):
     keys: int
     granted: int
     waiting: int
-
-
-ListingOrder = Literal["key", "requests", "grants"]
 
 
 class IGrant(Interface):

@@ -1,0 +1,147 @@
+"""
+What the server and its clients agree on about the line protocols' bytes:
+how a line splits into fields, what a key and a number may be, and the
+JESync reply lines.  No I/O and nothing from Twisted: the clients import this
+module, never the server's.
+
+The rules (PROTOCOL.md says them to users):
+
+ - A line is at most L{MAX_LINE} bytes, not counting its C{\\n} and one
+   C{\\r} before it.
+ - Fields are separated by runs of space, tab, vertical tab and form feed.
+   A C{\\r} anywhere else in a line is not a separator: it stays inside its
+   field, so a number with one is not a number and a key with one is refused
+   (L{check_key_field}): a key must be echoed back on one reply line.
+ - Keys are opaque bytes, kept in the lock table as text with any bytes that
+   are not UTF-8 as surrogate escapes (L{decode_key}), so every byte string
+   is a distinct key and is echoed back exactly as it was sent.
+ - A number is an optional C{-} and 1 to L{MAX_DIGITS} decimal digits, within
+   +-L{LARGEST_NUMBER} (JESync's clients use 32-bit integers).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal, NamedTuple
+
+MAX_LINE = 8192
+LARGEST_NUMBER = 2**31 - 1
+MAX_DIGITS = len(str(LARGEST_NUMBER))
+
+# JESync's lock defaults, and what its numbers mean.
+WAIT_FOREVER = -1
+DEFAULT_EXPIRES = 120
+NEVER_EXPIRES = 0
+
+FIELD_SEPARATORS = b" \t\x0b\x0c"
+_SEPARATOR_RUN = re.compile(rb"[ \t\x0b\x0c]+")
+_NUMBER = re.compile(rb"-?([0-9]+)")
+
+ListingOrder = Literal["key", "requests", "grants"]
+
+#: The JESync listing command for each order.
+LISTING_COMMANDS: dict[str, bytes] = {
+    "key": b"status-by-key",
+    "requests": b"status-by-requests",
+    "grants": b"status-by-grants",
+}
+
+
+class KeyStatus(NamedTuple):
+    """How many owners hold a key and how many wait for it."""
+
+    key: str
+    granted: int
+    waiting: int
+
+
+class BadRequest(Exception):
+    """A request's arguments are wrong; the message says how (it is sent to the client)."""
+
+
+def decode_key(field: bytes) -> str:
+    """A key's bytes on the wire as the key in the lock table."""
+    return field.decode("utf-8", "surrogateescape")
+
+
+def encode_key(key: str) -> bytes:
+    """A key in the lock table as its bytes on the wire."""
+    return key.encode("utf-8", "surrogateescape")
+
+
+def split_fields(line: bytes) -> list[bytes]:
+    """A line's fields: runs of L{FIELD_SEPARATORS} separate them, C{\\r} does not."""
+    if b"\r" not in line:
+        return line.split()  # the fast path: bytes.split() also splits on \r
+    stripped = line.strip(FIELD_SEPARATORS)
+    return _SEPARATOR_RUN.split(stripped) if stripped else []
+
+
+def check_key_field(field: bytes) -> bytes:
+    """A key argument as sent, or L{BadRequest} if it holds a C{\\r}."""
+    if b"\r" in field:
+        raise BadRequest("a key cannot contain a carriage return")
+    return field
+
+
+def parse_integer(field: bytes, name: str) -> int:
+    """A number field (see the module's rules), or L{BadRequest} naming the field."""
+    match = _NUMBER.fullmatch(field)
+    if match is None:
+        raise BadRequest(f"{name} is not an integer")
+    if len(match.group(1)) > MAX_DIGITS:
+        raise BadRequest(f"{name} is out of range")
+    value = int(field)
+    if abs(value) > LARGEST_NUMBER:
+        raise BadRequest(f"{name} is out of range")
+    return value
+
+
+def only_argument(args: list[bytes], name: str) -> bytes:
+    """The one argument of a command that takes exactly one."""
+    if not args:
+        raise BadRequest(f"missing {name}")
+    if len(args) > 1:
+        raise BadRequest("too many arguments")
+    return args[0]
+
+
+def no_arguments(args: list[bytes]) -> None:
+    if args:
+        raise BadRequest("too many arguments")
+
+
+# -- JESync replies --------------------------------------------------------
+
+#: The JESync reply words that name a key, and how many fields follow the
+#: word (the fewest and the most).
+KEYED_REPLIES: dict[str, tuple[int, int]] = {
+    "GRANTED": (4, 4),
+    "TIMEOUT": (3, 3),
+    "RELEASED": (3, 4),  # JESync 0.8.1 added the seconds that were left
+    "NOT_RELEASED": (3, 3),
+    "STATUS": (3, 3),
+    "EXPIRED": (3, 4),  # JESync 0.8.1 only, unsolicited
+}
+ERROR_WORDS = frozenset({"INVALID_COMMAND", "INVALID_PARAMETER:", "INVALID_PARAMETER"})
+
+
+def status_reply(word: bytes, granted: int, waiting: int, raw_key: bytes) -> bytes:
+    """C{<word> <granted> <waiting> <key>}: TIMEOUT, RELEASED, NOT_RELEASED, STATUS."""
+    return b"%s %d %d %s" % (word, granted, waiting, raw_key)
+
+
+def granted_reply(granted: int, waiting: int, raw_key: bytes, seconds_left: int) -> bytes:
+    return b"GRANTED %d %d %s %d" % (granted, waiting, raw_key, seconds_left)
+
+
+__all__ = [
+    "BadRequest",
+    "KeyStatus",
+    "ListingOrder",
+    "check_key_field",
+    "decode_key",
+    "encode_key",
+    "parse_integer",
+    "split_fields",
+]

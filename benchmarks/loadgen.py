@@ -18,6 +18,19 @@ stops them at the end::
     python benchmarks/loadgen.py --connections 1 --pin one   # latency on one CPU
     python benchmarks/loadgen.py --server 127.0.0.1:11400 --no-redis
 
+Several jesync servers can be measured in one run, each round running them
+all and Redis back to back (in alternating order), e.g. a baseline checkout
+with its own virtualenv against this working tree::
+
+    python benchmarks/loadgen.py --only uncontended --connections 64 --repeat 5 \
+        --jesync before=/tmp/jesync-before:/tmp/venv-before/bin/python --jesync after=.
+
+``--jesync NAME=CHECKOUT[:PYTHON]`` starts ``twistd jesync`` from CHECKOUT
+(PYTHONPATH), with the ``twistd`` next to PYTHON (default: this Python);
+``--server [NAME=]HOST:PORT`` uses a running one.  Both are repeatable.  The
+ratios are then given for each jesync target against Redis, and against the
+first jesync target.
+
 Reported per scenario: cycles per second, p50/p99 cycle latency, the
 server's CPU use over the measured window (when its pid is known; also as
 CPU time per cycle, the figure least disturbed by other load), the load
@@ -211,6 +224,7 @@ class Server:
     address: tuple[str, int]
     process: subprocess.Popen | None = None
     log: Path | None = None
+    protocol: str = "jesync"  # a key of PROTOCOLS
 
     @property
     def pid(self) -> int | None:
@@ -231,22 +245,37 @@ def pinning(cpus: set[int] | None):
     return None if not cpus else lambda: os.sched_setaffinity(0, cpus)
 
 
-def start_jesync(tmp: Path, profile: str | None, cpus: set[int] | None = None) -> Server:
-    """C{twistd -n jesync} from this checkout, on a free loopback port."""
+def start_jesync(
+    tmp: Path,
+    profile: str | None,
+    cpus: set[int] | None = None,
+    name: str = "jesync",
+    checkout: Path = REPO,
+    python: str = sys.executable,
+    options: tuple[str, ...] = (),
+) -> Server:
+    """
+    C{twistd -n jesync} from C{checkout} (default: this one), on a free
+    loopback port, with C{options} added to jesync's own.
+    """
     port = free_port()
-    twistd = Path(sys.executable).with_name("twistd")
+    twistd = Path(python).with_name("twistd")
     command = [str(twistd), "-n", "--pidfile="]
     if profile:
         command += [f"--profile={profile}", "--profiler=cprofile", "--savestats"]
-    command += ["jesync", "--port", f"tcp:{port}:interface=127.0.0.1"]
-    env = dict(os.environ, PYTHONPATH=str(REPO))
-    log = tmp / "jesync.log"
+    command += ["jesync", "--port", f"tcp:{port}:interface=127.0.0.1", *options]
+    env = dict(os.environ, PYTHONPATH=str(checkout))
+    log = tmp / f"{name}.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
             command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp, preexec_fn=pinning(cpus)
         )
-    server = Server("jesync", ("127.0.0.1", port), process, log)
-    wait_for_port(server.address, process, log)
+    server = Server(name, ("127.0.0.1", port), process, log)
+    try:
+        wait_for_port(server.address, process, log)
+    except BaseException:
+        server.stop()  # it may still be running, only not listening
+        raise
     return server
 
 
@@ -271,7 +300,7 @@ def start_redis(tmp: Path, cpus: set[int] | None = None) -> Server:
     log = tmp / "redis.log"
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pinning(cpus))
-    server = Server("redis", ("127.0.0.1", port), process, log)
+    server = Server("redis", ("127.0.0.1", port), process, log, protocol="redis")
     wait_for_port(server.address, process, log)
     return server
 
@@ -299,6 +328,44 @@ def loopback_address(text: str) -> tuple[str, int]:
     if not ipaddress.ip_address(address).is_loopback:
         raise argparse.ArgumentTypeError(f"{text}: only loopback servers may be targeted")
     return address, int(port)
+
+
+def named_server(text: str) -> tuple[str, tuple[str, int]]:
+    """C{[NAME=]HOST:PORT} for --server; the name defaults to "jesync"."""
+    name, _, address = text.rpartition("=")
+    return check_name(name or "jesync"), loopback_address(address)
+
+
+def jesync_target(text: str) -> tuple[str, Path, str]:
+    """C{NAME=CHECKOUT[:PYTHON]} for --jesync."""
+    name, sep, rest = text.partition("=")
+    if not sep or not rest:
+        raise argparse.ArgumentTypeError(f"{text}: expected NAME=CHECKOUT[:PYTHON]")
+    checkout, _, python = rest.partition(":")
+    checkout_path = Path(checkout).resolve()
+    if not (checkout_path / "jesync" / "__init__.py").is_file():
+        raise argparse.ArgumentTypeError(f"{text}: {checkout_path} has no jesync/__init__.py")
+    python = os.path.abspath(python) if python else sys.executable  # not resolved: keep the venv
+    if not Path(python).with_name("twistd").exists():
+        raise argparse.ArgumentTypeError(f"{text}: no twistd next to {python}")
+    return check_name(name), checkout_path, python
+
+
+def check_name(name: str) -> str:
+    if name == "redis" or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
+        raise argparse.ArgumentTypeError(f"{name!r}: a target name is letters, digits, -_. and not 'redis'")
+    return name
+
+
+def describe_checkout(checkout: Path) -> str:
+    """The checkout's commit, with '+changes' if its work tree differs from it."""
+    def git(*command: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(checkout), *command], check=False, capture_output=True, text=True
+        ).stdout.strip()
+
+    commit = git("rev-parse", "--short", "HEAD") or "?"
+    return commit + ("+changes" if git("status", "--porcelain", "--untracked-files=no") else "")
 
 
 # -- running scenarios -----------------------------------------------------------
@@ -342,7 +409,7 @@ def run_scenario(server: Server, kind: str, connections: int, args, tag: str) ->
         share = keys[index::procs]
         process = context.Process(
             target=run_worker,
-            args=(server.address, server.name, share, args.warmup, args.seconds, args.client_cpus, child_end),
+            args=(server.address, server.protocol, share, args.warmup, args.seconds, args.client_cpus, child_end),
         )
         process.start()
         child_end.close()  # so that recv() fails, rather than hangs, if the worker dies
@@ -406,9 +473,9 @@ def fmt_us(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
 
 
-def ratios(rounds: list[dict[str, Result]], measure) -> float:
-    """The median over rounds of jesync/redis, each round's pair measured back to back."""
-    return median([measure(r["jesync"]) / measure(r["redis"]) for r in rounds])
+def ratios(rounds: list[dict[str, Result]], measure, name: str = "jesync", reference: str = "redis") -> float:
+    """The median over rounds of name/reference, each round's pair measured back to back."""
+    return median([measure(r[name]) / measure(r[reference]) for r in rounds])
 
 
 def report(results: dict[tuple[str, int], list[dict[str, Result]]], args) -> None:
@@ -432,36 +499,48 @@ def report(results: dict[tuple[str, int], list[dict[str, Result]]], args) -> Non
                 f"| {fmt_cpu(r.server_cpu)} | {fmt_us(r.server_us_per_cycle)} | {fmt_cpu(r.loadgen_cpu)} "
                 f"| {fmt_cpu(r.other_cpu)} | {r.retries_per_cycle:.1f} |"
             )
+    names = [name for name in next(iter(results.values()))[0] if name != "redis"]
+    if len(names) > 1:
+        # Several jesync targets: each against the first, then each against Redis.
+        for name in names[1:]:
+            ratio_table(results, name, names[0])
     if not all("redis" in rounds[0] for rounds in results.values()):
         return
+    summaries = {name: ratio_table(results, name, "redis") for name in names}
     print()
-    print("jesync/redis, median over rounds of each round's ratio:")
+    for name, summary in summaries.items():
+        label = "jesync" if name == "jesync" else f"jesync {name}"
+        if ("uncontended", 64) in summary:
+            ratio = summary["uncontended", 64][0]
+            print(
+                f"target: 64 connections uncontended, {label} >= 0.5x Redis cycles/s: "
+                f"{'MET' if ratio >= 0.5 else 'MISSED'} ({ratio:.2f}x)"
+            )
+        if ("uncontended", 1) in summary:
+            ratio = summary["uncontended", 1][1]
+            print(
+                f"target: 1 connection, {label} p50 <= 1.3x Redis: {'MET' if ratio <= 1.3 else 'MISSED'} ({ratio:.2f}x)"
+            )
+
+
+def ratio_table(results: dict[tuple[str, int], list[dict[str, Result]]], name: str, reference: str):
+    """Print name/reference per scenario; return {scenario: [cycles/s, p50, p99, CPU/cycle ratios]}."""
+    print()
+    print(f"{name}/{reference}, median over rounds of each round's ratio:")
     print()
     print("| scenario | cycles/s | p50 | p99 | server CPU/cycle |")
     print("|---|---|---|---|---|")
     summary = {}
     for (kind, n), rounds in results.items():
+        cpu_known = rounds[0][name].server_cpu is not None and rounds[0][reference].server_cpu is not None
         summary[kind, n] = row = [
-            ratios(rounds, lambda r: r.cycles_per_second),
-            ratios(rounds, lambda r: r.p50_us),
-            ratios(rounds, lambda r: r.p99_us),
-            ratios(rounds, lambda r: r.server_us_per_cycle)
-            if rounds[0]["jesync"].server_cpu is not None
-            else None,
+            ratios(rounds, lambda r: r.cycles_per_second, name, reference),
+            ratios(rounds, lambda r: r.p50_us, name, reference),
+            ratios(rounds, lambda r: r.p99_us, name, reference),
+            ratios(rounds, lambda r: r.server_us_per_cycle, name, reference) if cpu_known else None,
         ]
         print(f"| {kind} x{n} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in row) + " |")
-    print()
-    if ("uncontended", 64) in summary:
-        ratio = summary["uncontended", 64][0]
-        print(
-            f"target: 64 connections uncontended, jesync >= 0.5x Redis cycles/s: "
-            f"{'MET' if ratio >= 0.5 else 'MISSED'} ({ratio:.2f}x)"
-        )
-    if ("uncontended", 1) in summary:
-        ratio = summary["uncontended", 1][1]
-        print(
-            f"target: 1 connection, jesync p50 <= 1.3x Redis: {'MET' if ratio <= 1.3 else 'MISSED'} ({ratio:.2f}x)"
-        )
+    return summary
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -481,9 +560,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--procs", type=int, default=1, help="load-generator processes (default 1)")
     parser.add_argument(
         "--server",
-        type=loopback_address,
-        metavar="HOST:PORT",
-        help="use this running jesync (loopback only) instead of starting one",
+        type=named_server,
+        action="append",
+        default=[],
+        metavar="[NAME=]HOST:PORT",
+        help="use this running jesync (loopback only) instead of starting one; repeatable, "
+        "with distinct names (default name: jesync)",
+    )
+    parser.add_argument(
+        "--jesync",
+        type=jesync_target,
+        action="append",
+        default=[],
+        metavar="NAME=CHECKOUT[:PYTHON]",
+        help="start a jesync from CHECKOUT (PYTHONPATH), with the twistd next to PYTHON "
+        "(default: this Python); repeatable.  Every round runs all targets back to back",
     )
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis comparison")
     parser.add_argument("--only", choices=["uncontended", "contended"], help="run only these scenarios")
@@ -515,6 +606,11 @@ def main(argv: list[str] | None = None) -> None:
         args.client_cpus = set(cpus[1:]) if args.pin == "split" else {cpus[0]}
     if args.quick:
         args.seconds, args.warmup = 1.0, 0.2
+    target_names = [name for name, _ in args.server] + [name for name, _, _ in args.jesync]
+    if len(set(target_names)) != len(target_names):
+        parser.error(f"target names must be distinct: {', '.join(target_names)}")
+    if args.profile_server and (args.server or args.jesync):
+        parser.error("--profile-server profiles the one jesync started by default; not with --server or --jesync")
     scenarios = [
         (k, n)
         for k, n in SCENARIOS
@@ -525,9 +621,11 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory(prefix="jesync-bench-") as tmp:
         servers: list[Server] = []
         try:
-            if args.server:
-                servers.append(Server("jesync", args.server))
-            else:
+            for name, address in args.server:
+                servers.append(Server(name, address))
+            for name, checkout, python in args.jesync:
+                servers.append(start_jesync(Path(tmp), None, args.server_cpus, name, checkout, python))
+            if not servers:
                 servers.append(
                     start_jesync(
                         Path(tmp),
@@ -550,6 +648,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(f", redis {version.split()[2].removeprefix('v=')}", end="")
                 servers.append(start_redis(Path(tmp), args.server_cpus))
             print()
+            for name, checkout, python in args.jesync:
+                print(f"  {name}: {checkout} at {describe_checkout(checkout)}, {python}")
             results: dict[tuple[str, int], list[dict[str, Result]]] = {}
             for kind, n in scenarios:
                 results[kind, n] = []
@@ -570,7 +670,7 @@ def main(argv: list[str] | None = None) -> None:
             for server in servers:
                 server.stop()
     report(results, args)
-    if args.profile_server and not args.server:
+    if args.profile_server:
         print(f"\nserver profile saved to {args.profile_server} (python -m pstats {args.profile_server})")
 
 

@@ -1,0 +1,474 @@
+"""
+A big status listing against a real server, over TCP: what it costs, and
+what it makes the other clients wait.
+
+The script starts ``twistd -n --pidfile= jesync --port tcp:PORT:interface=127.0.0.1
+--max-held 0 --max-keys 0 --max-connections 0`` from the checkout given by
+``--checkout`` (PYTHONPATH), with the ``twistd`` next to ``--python``, and:
+
+1. fills N keys (default 1,000,000): a handful of connections pipeline
+   ``lock key-%07d 1 0 0`` lines and read the ``GRANTED`` replies; the
+   server's RSS (``VmRSS`` from /proc) is read before and after;
+2. one client sends ``status-by-key`` and reads the whole listing as fast as
+   it can, while a second client (its own process) sends ``status probe``
+   in a loop, one request at a time, timing each round trip.
+
+Reported: time to the listing's first byte, total listing time, bytes and
+lines; the probe's round trips while idle and during the listing (p50, p99,
+max: the longest the listing made another client wait); the server's RSS
+peak during the listing.
+
+``--slow-reader``: instead, the listing client sends ``status-by-key`` and
+does not read at all for ``--stall`` seconds (the probe keeps going).
+Reported: the server's RSS growth during the stall, whether the server
+dropped the connection (TCP state CLOSE_WAIT, and whether ``END`` ever
+arrives when the client reads what is left), and the probe's round trips.
+
+    python benchmarks/listing.py --keys 100000
+    python benchmarks/listing.py --keys 100000 --slow-reader
+    python benchmarks/listing.py --checkout /tmp/jesync-before --python /tmp/venv-before/bin/python
+
+Only 127.0.0.1; every loop is bounded in count and time; the server is
+stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import multiprocessing
+import os
+import select
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import termios
+import threading
+import time
+from array import array
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from loadgen import REPO, Server, start_jesync  # noqa: E402  (benchmarks/ is on sys.path)
+
+PROBE = b"status probe\n"
+PROBE_REPLY = b"STATUS 0 0 probe\n"
+TCP_CLOSE_WAIT = 8  # tcpi_state: the peer has closed its side
+
+
+# -- helpers -------------------------------------------------------------------------
+
+
+def rss_kib(pid: int | None) -> int | None:
+    if pid is None:
+        return None
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def mib(kib: int | None) -> str:
+    return "?" if kib is None else f"{kib / 1024:,.1f} MiB"
+
+
+def connect(address: tuple[str, int], timeout: float) -> socket.socket:
+    sock = socket.create_connection(address, timeout=timeout)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def tcp_state(sock: socket.socket) -> int:
+    """The kernel's tcpi_state for the socket (1 = ESTABLISHED, 8 = CLOSE_WAIT)."""
+    return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
+
+
+def unread_bytes(sock: socket.socket) -> int:
+    """Bytes waiting in the socket's receive queue."""
+    return struct.unpack("i", fcntl.ioctl(sock.fileno(), termios.FIONREAD, b"\0\0\0\0"))[0]
+
+
+def percentile(sorted_values: list[float], p: float) -> float:
+    if not sorted_values:
+        return float("nan")
+    return sorted_values[min(len(sorted_values) - 1, int(p * len(sorted_values)))]
+
+
+def fmt_ms(seconds: float) -> str:
+    return f"{seconds * 1e3:,.2f} ms"
+
+
+class RSSSampler(threading.Thread):
+    """Samples the server's VmRSS every C{interval} s until stopped (at most C{limit} samples)."""
+
+    def __init__(self, pid: int | None, interval: float = 0.01, limit: int = 200_000) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.interval, self.limit = pid, interval, limit
+        self.samples: list[tuple[float, int]] = []
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        while not self.done.is_set() and len(self.samples) < self.limit:
+            value = rss_kib(self.pid)
+            if value is not None:
+                self.samples.append((time.monotonic(), value))
+            self.done.wait(self.interval)
+
+    def stop(self) -> None:
+        self.done.set()
+        self.join(5)
+
+    def peak(self, start: float = 0.0, end: float = float("inf")) -> int | None:
+        values = [v for t, v in self.samples if start <= t <= end]
+        return max(values) if values else None
+
+
+# -- filling ---------------------------------------------------------------------
+
+
+class Filler:
+    """One filling connection: its keys, how many it sent and got, its partial line."""
+
+    def __init__(self, sock: socket.socket, keys: range) -> None:
+        self.sock, self.keys = sock, iter(keys)
+        self.total, self.sent, self.granted = len(keys), 0, 0
+        self.partial = b""
+
+    def top_up(self, window: int) -> None:
+        batch = []
+        while self.sent - self.granted < window and self.sent < self.total:
+            batch.append(b"lock key-%07d 1 0 0\n" % next(self.keys))
+            self.sent += 1
+        if batch:
+            self.sock.sendall(b"".join(batch))  # bounded: at most `window` lines unanswered
+
+    def receive(self) -> int:
+        """Read the replies that have arrived; return how many locks they granted."""
+        data = self.sock.recv(1 << 20)
+        if not data:
+            raise SystemExit("fill: the server closed a connection")
+        lines = (self.partial + data).split(b"\n")
+        self.partial = lines.pop()
+        for line in lines:
+            if not line.startswith(b"GRANTED 1 0 key-"):
+                raise SystemExit(f"fill: unexpected reply {line[:200]!r}")
+        self.granted += len(lines)
+        return len(lines)
+
+
+def fill(address, keys: int, connections: int, window: int, timeout: float) -> tuple[float, list[socket.socket]]:
+    """
+    Take C{keys} locks (key-0000000 ...) over C{connections} connections, each
+    keeping at most C{window} requests unanswered.  Returns the seconds taken
+    and the connections, which must stay open (closing one releases its locks).
+    """
+    deadline = time.monotonic() + timeout
+    fillers = {}
+    for i in range(connections):
+        sock = connect(address, timeout)
+        fillers[sock.fileno()] = Filler(sock, range(i, keys, connections))
+    poller = select.epoll()
+    for fd in fillers:
+        poller.register(fd, select.EPOLLIN)
+    started = time.monotonic()
+    for filler in fillers.values():
+        filler.top_up(window)
+    remaining = keys
+    while remaining > 0:
+        if time.monotonic() > deadline:
+            raise SystemExit(f"fill: timed out with {remaining:,} locks not granted")
+        for fd, _ in poller.poll(1.0):
+            remaining -= fillers[fd].receive()
+            fillers[fd].top_up(window)
+    poller.close()
+    return time.monotonic() - started, [f.sock for f in fillers.values()]
+
+
+# -- the probe: a second client, in its own process ------------------------------------
+
+
+def probe_worker(address, pipe, limit: int, max_seconds: float) -> None:
+    """
+    After "go", send `status probe` one at a time until "stop" (or C{limit}
+    probes, or C{max_seconds}); send back (start times, round trips), as
+    arrays of seconds on the monotonic clock, which every process shares.
+    """
+    sock = connect(address, 30.0)
+    pipe.send("ready")
+    pipe.recv()
+    starts, rtts = array("d"), array("d")
+    clock = time.monotonic
+    deadline = clock() + max_seconds
+    error = None
+    while len(rtts) < limit:
+        if pipe.poll():
+            pipe.recv()
+            break
+        start = clock()
+        if start > deadline:
+            error = "probe: time limit reached"
+            break
+        try:
+            sock.sendall(PROBE)
+            reply = b""
+            while not reply.endswith(b"\n"):
+                data = sock.recv(4096)
+                if not data:
+                    raise OSError("connection closed")
+                reply += data
+        except OSError as e:
+            error = f"probe: {e}"
+            break
+        end = clock()
+        if reply != PROBE_REPLY:
+            error = f"probe: unexpected reply {reply[:200]!r}"
+            break
+        starts.append(start)
+        rtts.append(end - start)
+    sock.close()
+    pipe.send((starts.tobytes(), rtts.tobytes(), error))
+
+
+class Probe:
+    def __init__(self, address, limit: int, max_seconds: float) -> None:
+        context = multiprocessing.get_context("fork")
+        self.pipe, child = context.Pipe()
+        self.process = context.Process(target=probe_worker, args=(address, child, limit, max_seconds))
+        self.process.start()
+        child.close()
+        if self.pipe.recv() != "ready":
+            raise SystemExit("probe failed to connect")
+
+    def go(self) -> None:
+        self.pipe.send("go")
+
+    def stop(self) -> tuple[list[tuple[float, float]], str | None]:
+        self.pipe.send("stop")
+        if not self.pipe.poll(60):
+            self.process.kill()
+            raise SystemExit("probe did not answer")
+        starts, rtts, error = self.pipe.recv()
+        self.process.join(10)
+        s, r = array("d"), array("d")
+        s.frombytes(starts)
+        r.frombytes(rtts)
+        return list(zip(s, r)), error
+
+
+def probe_stats(
+    samples: list[tuple[float, float]], start: float = 0.0, end: float = float("inf"), within: bool = False
+) -> str:
+    """p50/p99/max of the probes that overlapped [start, end] (C{within}: that lay wholly inside it)."""
+    if within:
+        rtts = sorted(r for s, r in samples if s >= start and s + r <= end)
+    else:
+        rtts = sorted(r for s, r in samples if s <= end and s + r >= start)
+    if not rtts:
+        return "no probes"
+    return (
+        f"{len(rtts):,} probes, p50 {fmt_ms(percentile(rtts, 0.5))}, "
+        f"p99 {fmt_ms(percentile(rtts, 0.99))}, max {fmt_ms(rtts[-1])}"
+    )
+
+
+# -- the listing -----------------------------------------------------------------------
+
+
+def read_listing(sock: socket.socket, sent_at: float, deadline: float):
+    """
+    Read until the listing's END line, EOF, or C{deadline}.  Returns (time of
+    first byte or None, time of last byte, bytes, lines, ended with END,
+    error or None).
+    """
+    first = None
+    last = sent_at
+    total = lines = 0
+    tail = b""
+    error = None
+    buffer = bytearray(1 << 20)
+    view = memoryview(buffer)
+    sock.settimeout(1.0)
+    while True:
+        if time.monotonic() > deadline:
+            error = "timed out"
+            break
+        try:
+            n = sock.recv_into(view)
+        except socket.timeout:
+            continue
+        except OSError as e:
+            error = f"{type(e).__name__}: {e}"
+            break
+        now = time.monotonic()
+        if not n:
+            error = "the server closed the connection"
+            break
+        if first is None:
+            first = now
+        last = now
+        total += n
+        chunk = view[:n]
+        lines += buffer.count(b"\n", 0, n)
+        tail = (tail + bytes(chunk[-8:]))[-8:]
+        if tail.endswith(b"\nEND\n") or (total == 4 and tail == b"END\n"):
+            return first, last, total, lines, True, None
+    return first, last, total, lines, False, error
+
+
+def run_listing(server: Server, args, sampler: RSSSampler) -> None:
+    sock = connect(server.address, 30.0)
+    probe = Probe(server.address, args.probe_limit, args.max_seconds)
+    probe.go()
+    time.sleep(args.idle_probe)  # the probe alone first: its round trips on an idle server
+    idle_end = time.monotonic()
+    rss_before = rss_kib(server.pid)
+    sent_at = time.monotonic()
+    sock.sendall(b"status-by-key\n")
+    first, last, total, lines, ended, error = read_listing(sock, sent_at, sent_at + args.max_seconds)
+    samples, probe_error = probe.stop()
+    rss_after = rss_kib(server.pid)
+    sock.close()
+    print(f"listing: status-by-key, read as fast as possible")
+    if first is None:
+        print(f"  no listing byte arrived ({error})")
+        return
+    span = last - sent_at
+    print(f"  first byte after {fmt_ms(first - sent_at)}; whole listing {span:,.3f} s")
+    print(
+        f"  {total:,} bytes, {lines:,} lines ({lines - ended:,} STATUS lines"
+        f"{', then END' if ended else ''}); {total / span / 2**20:,.1f} MiB/s, {lines / span:,.0f} lines/s"
+    )
+    if not ended:
+        print(f"  INCOMPLETE: {error}")
+    elif lines - 1 != args.keys:
+        print(f"  WARNING: expected {args.keys:,} STATUS lines")
+    print(f"  probe, idle before the listing: {probe_stats(samples, 0.0, idle_end, within=True)}")
+    print(f"  probe, during the listing:      {probe_stats(samples, sent_at, last)}")
+    print(f"  probe, waiting for first byte:  {probe_stats(samples, sent_at, first)}")
+    if probe_error:
+        print(f"  {probe_error}")
+    peak = sampler.peak(sent_at, last)
+    print(
+        f"  server RSS: {mib(rss_before)} before, peak {mib(peak)} during "
+        f"(+{mib((peak or 0) - (rss_before or 0))}), {mib(rss_after)} after"
+    )
+
+
+def run_slow_reader(server: Server, args, sampler: RSSSampler) -> None:
+    sock = connect(server.address, 30.0)
+    probe = Probe(server.address, args.probe_limit, args.max_seconds)
+    probe.go()
+    time.sleep(args.idle_probe)
+    idle_end = time.monotonic()
+    rss_before = rss_kib(server.pid)
+    sent_at = time.monotonic()
+    sock.sendall(b"status-by-key\n")
+    closed_at = None
+    stall_end = sent_at + args.stall
+    steps = 0
+    while (now := time.monotonic()) < stall_end and steps < 100_000:
+        steps += 1
+        if closed_at is None and tcp_state(sock) == TCP_CLOSE_WAIT:
+            closed_at = now
+        time.sleep(0.02)
+    queued = unread_bytes(sock)
+    state = tcp_state(sock)
+    if closed_at is None and state == TCP_CLOSE_WAIT:
+        closed_at = time.monotonic()
+    rss_stalled = rss_kib(server.pid)
+    peak_stall = sampler.peak(sent_at, time.monotonic())
+    # Then read what is left, to see whether it is all there.
+    drain_from = time.monotonic()
+    first, last, total, lines, ended, error = read_listing(sock, drain_from, drain_from + args.max_seconds)
+    samples, probe_error = probe.stop()
+    rss_after = rss_kib(server.pid)
+    sock.close()
+    print(f"listing: status-by-key, not read for {args.stall:g} s (slow reader)")
+    print(
+        f"  server RSS: {mib(rss_before)} before; after the stall {mib(rss_stalled)}, peak during it "
+        f"{mib(peak_stall)} (+{mib((peak_stall or 0) - (rss_before or 0))}); "
+        f"{mib(rss_after)} after the drain"
+    )
+    print(f"  unread in the client's receive queue at the end of the stall: {queued:,} bytes")
+    if closed_at is not None:
+        print(f"  server DROPPED the connection {closed_at - sent_at:,.2f} s after the request (TCP CLOSE_WAIT)")
+    else:
+        print(f"  server did not drop the connection during the stall (TCP state {state})")
+    print(
+        f"  then read: {total:,} bytes, {lines:,} lines in {last - drain_from:,.3f} s; "
+        + ("ended with END" if ended else f"no END ({error})")
+    )
+    print(f"  probe, idle before:        {probe_stats(samples, 0.0, idle_end, within=True)}")
+    print(f"  probe, during the stall:   {probe_stats(samples, sent_at, stall_end)}")
+    print(f"  probe, during the drain:   {probe_stats(samples, drain_from, last)}")
+    if probe_error:
+        print(f"  {probe_error}")
+
+
+# -- main ------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keys", type=int, default=1_000_000, help="keys to fill (default 1,000,000)")
+    parser.add_argument("--checkout", type=Path, default=REPO, help="the jesync checkout to run (default: this one)")
+    parser.add_argument("--python", default=sys.executable, help="the Python whose twistd runs it (default: this one)")
+    parser.add_argument("--fill-connections", type=int, default=4, help="connections that hold the keys (default 4)")
+    parser.add_argument("--window", type=int, default=1000, help="unanswered lock requests per filling connection")
+    parser.add_argument("--slow-reader", action="store_true", help="do not read the listing for --stall seconds")
+    parser.add_argument("--stall", type=float, default=5.0, help="slow reader: seconds without reading (default 5)")
+    parser.add_argument("--idle-probe", type=float, default=1.0, help="seconds of probing before the listing")
+    parser.add_argument("--probe-limit", type=int, default=2_000_000, help="most probes to send")
+    parser.add_argument("--max-seconds", type=float, default=600.0, help="time limit of each phase")
+    args = parser.parse_args(argv)
+    checkout = args.checkout.resolve()
+    python = os.path.abspath(args.python)
+    if not (checkout / "jesync" / "__init__.py").is_file():
+        parser.error(f"{checkout} is not a jesync checkout")
+    commit = subprocess.run(
+        ["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+    ).stdout.strip()
+    print(f"nproc {os.cpu_count()}; jesync {checkout} ({commit or '?'}), {python}; {args.keys:,} keys")
+
+    with tempfile.TemporaryDirectory(prefix="jesync-listing-") as tmp:
+        server = start_jesync(
+            Path(tmp),
+            None,
+            name="jesync",
+            checkout=checkout,
+            python=python,
+            options=("--max-held", "0", "--max-keys", "0", "--max-connections", "0"),
+        )
+        sampler = RSSSampler(server.pid)
+        holders: list[socket.socket] = []
+        try:
+            time.sleep(0.5)
+            rss_start = rss_kib(server.pid)
+            elapsed, holders = fill(server.address, args.keys, args.fill_connections, args.window, args.max_seconds)
+            time.sleep(0.5)
+            rss_filled = rss_kib(server.pid)
+            print(
+                f"fill: {args.keys:,} locks over {args.fill_connections} connections in {elapsed:,.2f} s "
+                f"({args.keys / elapsed:,.0f}/s); server RSS {mib(rss_start)} -> {mib(rss_filled)} "
+                f"({((rss_filled or 0) - (rss_start or 0)) * 1024 / max(1, args.keys):,.0f} B per lock)"
+            )
+            sampler.start()
+            if args.slow_reader:
+                run_slow_reader(server, args, sampler)
+            else:
+                run_listing(server, args, sampler)
+        finally:
+            sampler.stop()
+            for sock in holders:
+                sock.close()
+            server.stop()
+
+
+if __name__ == "__main__":
+    main()

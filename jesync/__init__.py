@@ -6,24 +6,45 @@ The embedding API::
     from jesync import LockService, JESyncFactory
     service = LockService(reactor)
     endpoint.listen(JESyncFactory(service))
+
+The public names (L{_EXPORTS}) are loaded when first used (PEP 562), so
+importing a submodule that needs none of them (the clients, C{jesync.wire})
+does not import the server.
 """
 
-from jesync.errors import AlreadyWaiting, LockTimeout
-from jesync.interfaces import IGrant, ILockService, KeyStatus
-from jesync.protocols.elock import ELockFactory, ELockProtocol
-from jesync.protocols.jesync import JESyncFactory, JESyncProtocol
-from jesync.service import Grant, LockService
+from __future__ import annotations
 
-__all__ = [
-    "AlreadyWaiting",
-    "ELockFactory",
-    "ELockProtocol",
-    "Grant",
-    "IGrant",
-    "ILockService",
-    "JESyncFactory",
-    "JESyncProtocol",
-    "KeyStatus",
-    "LockService",
-    "LockTimeout",
-]
+import importlib
+from typing import Any
+
+# Each public name, and the module it comes from: the one place to edit when
+# a name moves.
+_EXPORTS: dict[str, str] = {
+    "AlreadyWaiting": "jesync.errors",
+    "LockTimeout": "jesync.errors",
+    "IGrant": "jesync.interfaces",
+    "ILockService": "jesync.interfaces",
+    "KeyStatus": "jesync.wire",
+    "LockService": "jesync.service",
+    "Grant": "jesync.service",
+    "JESyncFactory": "jesync.protocols.jesync",
+    "JESyncProtocol": "jesync.protocols.jesync",
+    "ELockFactory": "jesync.protocols.elock",
+    "ELockProtocol": "jesync.protocols.elock",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module = _EXPORTS[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later look-ups find it without coming here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_EXPORTS))

@@ -27,7 +27,7 @@ from jesync.client.address import parse_servers
 from jesync.client.placement import PLACEMENTS
 from jesync.client.wire import check_key
 from jesync.listing import listing_sort_key
-from jesync.keys import encode_key
+from jesync.wire import encode_key
 
 # Exit statuses (sysexits.h where one fits).
 EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: a server cannot be reached, or the connection dropped

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterable
 
-from jesync.interfaces import KeyStatus, ListingOrder
-from jesync.keys import encode_key
+from jesync.wire import KeyStatus, ListingOrder, encode_key
 
 LISTING_ORDERS: tuple[ListingOrder, ...] = ("key", "requests", "grants")
 

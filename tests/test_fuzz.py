@@ -45,8 +45,8 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, TCP4ServerEndpoint, c
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from jesync import ELockFactory, JESyncFactory, LockService
-from jesync.keys import encode_key
 from jesync.protocols.connections import ConnectionPolicy
+from jesync.wire import encode_key
 from tests.support import TIMEOUT, ConnectionTracker, LineClient, UnitClient, UnitServer
 
 MAX_LINE = 8192

@@ -27,7 +27,7 @@ from jesync.client.errors import (
 )
 from jesync.client.placement import HashRing, PHPPlacement
 from jesync.client.txclient import TwistedClient, TwistedLock
-from jesync.interfaces import KeyStatus
+from jesync.wire import KeyStatus
 
 __all__ = [
     "DEFAULT_PORT",

@@ -24,7 +24,7 @@ from jesync.client.handle import LockState
 from jesync.client.session import Session
 from jesync.client.wire import PING_KEY, LineSplitter, Reply, UnexpectedReply, lock_arguments
 from jesync.listing import sort_listing
-from jesync.interfaces import KeyStatus, ListingOrder
+from jesync.wire import KeyStatus, ListingOrder
 
 def open_socket(address: Address, timeout: Optional[float]) -> socket.socket:
     """Connect to C{address}; raise L{ConnectFailed}."""

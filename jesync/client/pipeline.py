@@ -57,7 +57,7 @@ from jesync.client.wire import (
     status_request,
 )
 from jesync.errors import LockTimeout
-from jesync.interfaces import KeyStatus, ListingOrder
+from jesync.wire import KeyStatus, ListingOrder
 
 OnResult = Callable[[Any], None]
 OnError = Callable[[Exception], None]

@@ -21,7 +21,7 @@ import hashlib
 from typing import Protocol, Sequence
 
 from jesync.client.address import Address
-from jesync.keys import encode_key
+from jesync.wire import encode_key
 
 PLACEMENTS = ("consistent", "php")
 

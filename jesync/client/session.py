@@ -30,7 +30,7 @@ from jesync.client.handle import LockState
 from jesync.client.pipeline import OnError, OnResult, Pipeline
 from jesync.client.wire import Reply
 from jesync.errors import LockTimeout
-from jesync.interfaces import ListingOrder
+from jesync.wire import ListingOrder
 
 #: Builds a client's lock handle from its GRANTED reply, max_concurrent and expires.
 MakeLock = Callable[[Reply, int, int], LockState]

@@ -31,7 +31,7 @@ from jesync.client.handle import LockState
 from jesync.client.session import Session
 from jesync.client.wire import PING_KEY, LineSplitter, Reply, UnexpectedReply, lock_arguments
 from jesync.listing import sort_listing
-from jesync.interfaces import KeyStatus, ListingOrder
+from jesync.wire import KeyStatus, ListingOrder
 
 
 class TwistedLock(LockState):

@@ -9,24 +9,25 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from jesync.interfaces import KeyStatus, ListingOrder
-from jesync.keys import decode_key, encode_key
-from jesync.protocols.lines import LARGEST_NUMBER, LockLineReceiver
-from jesync.service import WAIT_FOREVER
+from jesync.wire import (
+    ERROR_WORDS,
+    KEYED_REPLIES,
+    LARGEST_NUMBER,
+    LISTING_COMMANDS,
+    MAX_DIGITS,
+    MAX_LINE,
+    NEVER_EXPIRES,
+    WAIT_FOREVER,
+    KeyStatus,
+    ListingOrder,
+    decode_key,
+    encode_key,
+)
 
-MAX_LINE = LockLineReceiver.MAX_LENGTH
-# The longest request is "lock KEY N N N" with three 11-character numbers.
-MAX_KEY_BYTES = MAX_LINE - len("lock ") - 3 * len(" -2147483647")
+# The longest request is "lock KEY N N N" with three numbers of a sign and MAX_DIGITS digits.
+MAX_KEY_BYTES = MAX_LINE - len("lock ") - 3 * len(" -") - 3 * MAX_DIGITS
 # Listing lines are at most a key plus a few numbers; anything far longer is not JESync.
 MAX_REPLY_LINE = 2 * MAX_LINE
-
-NEVER_EXPIRES = 0
-
-LISTING_COMMANDS: dict[str, bytes] = {
-    "key": b"status-by-key",
-    "requests": b"status-by-requests",
-    "grants": b"status-by-grants",
-}
 
 _WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
 
@@ -40,7 +41,7 @@ class UnexpectedReply(Exception):
 
 def check_key(key: str) -> bytes:
     """
-    A key's bytes on the wire (L{jesync.keys.encode_key}), checked: raise
+    A key's bytes on the wire (L{jesync.wire.encode_key}), checked: raise
     ValueError for a key the protocol cannot carry (empty, containing
     whitespace, or too long).
     """
@@ -140,18 +141,6 @@ class Reply(NamedTuple):
         return None if self.status is None else self.status.key
 
 
-# word -> (fields after the word, including an optional trailing one)
-_KEYED = {
-    "GRANTED": (4, 4),
-    "TIMEOUT": (3, 3),
-    "RELEASED": (3, 4),  # JESync 0.8.1 added the seconds that were left
-    "NOT_RELEASED": (3, 3),
-    "STATUS": (3, 3),
-    "EXPIRED": (3, 4),  # JESync 0.8.1 only, unsolicited
-}
-ERROR_WORDS = frozenset({"INVALID_COMMAND", "INVALID_PARAMETER:", "INVALID_PARAMETER"})
-
-
 def parse_reply(line: bytes) -> Reply:
     """Parse one reply line (without its newline); raise L{UnexpectedReply} if it is not JESync."""
     if line.endswith(b"\r"):
@@ -163,7 +152,7 @@ def parse_reply(line: bytes) -> Reply:
         return Reply(word, None, None, text)
     if word in ERROR_WORDS:
         return Reply(word, None, None, text)
-    shape = _KEYED.get(word)
+    shape = KEYED_REPLIES.get(word)
     if shape is None or not shape[0] <= len(fields) - 1 <= shape[1]:
         raise UnexpectedReply(f"not a JESync reply: {text!r}")
     try:

@@ -9,7 +9,7 @@ setup(
     license="MIT",
     python_requires=">=3.11",
     # twisted/plugins has no __init__.py: it is Twisted's namespace for dropins.
-    packages=["jesync", "jesync.client", "jesync.protocols", "twisted.plugins"],
+    packages=["jesync", "jesync.client", "jesync.connections", "jesync.protocols", "twisted.plugins"],
     package_data={"twisted.plugins": ["jesync_plugin.py"]},
     entry_points={"console_scripts": ["jesync = jesync.cli:main"]},
     install_requires=["twisted>=23.10", "zope.interface>=5", "automat>=22.10"],

@@ -1,7 +1,7 @@
 """
-jesync as a .tac file: a JESync server on one endpoint, with the graceful
-stop of `twistd jesync`, written out so an application can start from it
-(add its own services to `application`, take locks from `locks`).
+jesync as a .tac file: the server `twistd jesync` runs, built by the same
+function from the same settings, so an application can start from it (add
+its own services to `application`, take locks from `server.locks`).
 
     twistd -ny etc/jesync.tac
 
@@ -13,15 +13,10 @@ import os
 from twisted.application import service
 from twisted.internet import reactor
 
-from jesync import JESyncFactory, LockService
-from jesync.protocols.connections import ConnectionPolicy
-from jesync.server import LockServer
+from jesync.server import ServerSettings, build_server
 
 application = service.Application("jesync")
 
-locks = LockService(reactor)
-policy = ConnectionPolicy()
-server = LockServer(locks, policy, reactor)
-server.summary = "the example .tac"
-server.listen(os.environ.get("JESYNC_PORT", "tcp:11400"), JESyncFactory(locks, policy=policy))
+settings = ServerSettings(ports=[os.environ.get("JESYNC_PORT", "tcp:11400")])
+server = build_server(reactor, settings)
 server.setServiceParent(application)

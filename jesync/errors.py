@@ -27,11 +27,14 @@ class LimitReached(Exception):
     A request would exceed one of the server's limits; nothing changed.
 
     @ivar limit: the limit's name, as its command-line option says it
-        (C{"max-keys"}, C{"max-waiters"}, C{"max-held"}, C{"max-key-length"},
-        C{"max-connections"}).
+        (C{"max-keys"}, C{"max-waiters"}, C{"max-total-waits"}, C{"max-held"},
+        C{"max-key-length"}, C{"max-connections"}, C{"max-sessions"},
+        C{"auth-timeout"}, C{"idle-timeout"}).
+    @ivar value: the limit (a count, or seconds for a timeout).
     """
 
-    def __init__(self, limit: str, value: int) -> None:
-        super().__init__(f"{limit} exceeded ({value})")
+    def __init__(self, limit: str, value: float) -> None:
+        shown = int(value) if value == int(value) else value
+        super().__init__(f"{limit} exceeded ({shown})")
         self.limit = limit
         self.value = value

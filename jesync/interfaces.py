@@ -94,6 +94,9 @@ class ILockService(Interface):
     def status(key: str) -> KeyStatus:
         """The holder and waiter counts of C{key} (0, 0 for an unused key)."""
 
+    def owned(owner: Hashable) -> int:
+        """How many grants plus waits C{owner} has (0 for an owner it does not know)."""
+
     def totals() -> Totals:
         """How many keys are in use, grants held and requests waiting (in O(1))."""
 

@@ -1,18 +1,172 @@
 """
-A lock server as a Twisted service: its listeners, and a graceful stop.
+A whole lock server from its settings: L{build_server} builds it (for
+C{twistd jesync}, a C{.tac} file, or an application embedding it), and
+L{LockServer} is what it builds: the listeners as a Twisted service, with a
+graceful stop.
 """
 
 from __future__ import annotations
 
+import signal
+from dataclasses import dataclass, field
+from typing import Any, List, Optional
+
 from twisted.application import service
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet import endpoints
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, gatherResults
 from twisted.internet.interfaces import IReactorTime
+from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
+from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 
-from jesync.protocols.connections import ConnectionPolicy
+from jesync.connections.policy import ConnectionPolicy, Connections
+from jesync.protocols.elock import ELockFactory
+from jesync.protocols.jesync import JESyncFactory
 from jesync.service import LockService
+from jesync.sessions import DEFAULT_MAX_SESSIONS
+
+DEFAULT_PORT = "tcp:11400"
+# The metrics endpoint's own cap on connections (scrapers and health checks).
+METRICS_CONNECTIONS = 16
+
+
+@dataclass
+class ServerSettings:
+    """
+    Everything C{twistd jesync} can be told.  Limits are None for "no
+    limit"; endpoints are Twisted endpoint descriptions.
+    """
+
+    ports: List[str] = field(default_factory=lambda: [DEFAULT_PORT])
+    elock_ports: List[str] = field(default_factory=list)
+    metrics_ports: List[str] = field(default_factory=list)
+    max_connections: Optional[int] = 10_000
+    max_keys: Optional[int] = 1_000_000
+    max_waiters: Optional[int] = 10_000
+    max_total_waits: Optional[int] = 100_000
+    max_held: Optional[int] = 10_000
+    max_sessions: Optional[int] = DEFAULT_MAX_SESSIONS
+    max_key_length: Optional[int] = 1024
+    max_unsent: Optional[int] = 4 * 1024 * 1024
+    keepalive: Optional[float] = 60.0
+    auth_token: Optional[bytes] = None
+    auth_timeout: Optional[float] = 10.0
+    idle_timeout: Optional[float] = None
+    shutdown_grace: float = 5.0
+    verbose: bool = False
+
+    def summary(self) -> str:
+        """One line for the log: endpoints and limits (never the token)."""
+        limits = {
+            "max-connections": self.max_connections,
+            "max-keys": self.max_keys,
+            "max-waiters": self.max_waiters,
+            "max-total-waits": self.max_total_waits,
+            "max-held": self.max_held,
+            "max-sessions": self.max_sessions,
+            "max-key-length": self.max_key_length,
+            "max-unsent": self.max_unsent,
+            "auth-timeout": self.auth_timeout,
+            "idle-timeout": self.idle_timeout,
+        }
+        return (
+            f"JESync on {', '.join(self.ports)}"
+            + (f"; elock on {', '.join(self.elock_ports)}" if self.elock_ports else "")
+            + (f"; metrics on {', '.join(self.metrics_ports)}" if self.metrics_ports else "")
+            + "; limits: "
+            + ", ".join(f"{name}={_number(value) if value else 'none'}" for name, value in limits.items())
+            + f"; keepalive {self.keepalive or 'system'}"
+            + f"; auth {'required' if self.auth_token is not None else 'off'}"
+        )
+
+
+def _number(value: float) -> str:
+    return str(int(value)) if value == int(value) else str(value)
+
+
+def build_server(reactor: Any, settings: ServerSettings) -> LockServer:
+    """
+    One lock service, served over every protocol at every endpoint the
+    settings name, as a L{LockServer} (a Twisted service: start it, or give
+    it a parent).  C{reactor} is its clock and what its endpoints listen on.
+    """
+    locks = LockService(
+        reactor,
+        max_keys=settings.max_keys,
+        max_waiters=settings.max_waiters,
+        max_held=settings.max_held,
+        max_total_waits=settings.max_total_waits,
+    )
+    policy = ConnectionPolicy(
+        max_key_length=settings.max_key_length or 2**31,
+        max_unsent=settings.max_unsent or 2**62,
+        keepalive=settings.keepalive or None,
+        auth_token=settings.auth_token,
+        auth_timeout=settings.auth_timeout or None,
+        idle_timeout=settings.idle_timeout or None,
+        connections=Connections(settings.max_connections),
+    )
+    server = LockServer(locks, policy, reactor, settings.shutdown_grace)
+    server.summary = settings.summary()
+    verbose = settings.verbose
+    jesync = JESyncFactory(locks, verbose, policy)
+    elock = ELockFactory(locks, verbose, policy, max_sessions=settings.max_sessions)
+    for description in settings.ports:
+        server.listen(description, jesync)
+    for description in settings.elock_ports:
+        server.listen(description, elock)
+    if settings.metrics_ports:
+        from jesync.metrics import LockMetrics, metrics_site
+
+        metrics = LockMetrics(locks, policy.connections)
+        locks.observer = metrics
+        site = metrics_site(metrics, serving=lambda: bool(server.running), verbose=verbose)
+        scrapers = Connections(METRICS_CONNECTIONS)
+        server.registries.append(scrapers)
+        counted = CountedFactory(site, scrapers)
+        for description in settings.metrics_ports:
+            server.listen(description, counted)
+    return server
+
+
+class _CountedConnection(ProtocolWrapper):
+    """A connection of another kind (the metrics' HTTP), counted in a registry of its own."""
+
+    def makeConnection(self, transport: Any) -> None:
+        if not self.factory.connections.admit(self):
+            # No protocol of ours to answer in: HTTP's own refusal.
+            transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+            transport.loseConnection()
+            self.refused = True
+            return
+        super().makeConnection(transport)
+
+    def close(self) -> None:
+        self.loseConnection()
+
+    def connectionLost(self, reason: Any) -> None:
+        if getattr(self, "refused", False):
+            return
+        self.factory.connections.remove(self)
+        super().connectionLost(reason)
+
+
+class CountedFactory(WrappingFactory):
+    """Counts the connections of C{factory} in C{connections} (its limit, and closing them at shutdown)."""
+
+    protocol = _CountedConnection
+    noisy = False
+
+    def __init__(self, factory: Factory, connections: Connections) -> None:
+        super().__init__(factory)
+        self.connections = connections
+
+    def logPrefix(self) -> str:
+        return self.wrappedFactory.logPrefix()
+
+    def unregisterProtocol(self, protocol: Protocol) -> None:
+        self.protocols.pop(protocol, None)
 
 
 class LockServer(service.MultiService):
@@ -23,7 +177,8 @@ class LockServer(service.MultiService):
     connection, which releases every lock and cancels every wait, drops the
     clients that do not take their last replies within C{grace} seconds, and
     logs what it released.  A stop that completes is a normal exit: twistd
-    then exits with status 0 rather than re-raising the signal.
+    then exits with status 0 rather than re-raising the signal.  Another
+    SIGTERM or SIGINT during the stop is logged and changes nothing.
     """
 
     log = Logger()
@@ -37,8 +192,10 @@ class LockServer(service.MultiService):
         self.clock = clock
         self.grace = grace
         self.summary = ""
+        # Every registry of connections to close when stopping.
+        self.registries = [policy.connections]
 
-    def listen(self, description: str, factory: object) -> None:
+    def listen(self, description: str, factory: Factory) -> None:
         """Serve C{factory} on the endpoint C{description} while this service runs."""
         endpoint = endpoints.serverFromString(self.clock, description)
         StreamServerEndpointService(endpoint, factory).setServiceParent(self)
@@ -48,10 +205,13 @@ class LockServer(service.MultiService):
         self.log.info("jesync starting: {summary}", summary=self.summary)
 
     def stopService(self) -> Deferred[None]:
+        self._ignore_further_stop_signals()
         connections = len(self.policy.connections)
         held = self.locks.totals()
         stopped = super().stopService()
-        stopped.addCallback(lambda _: self.policy.connections.close_all(self.clock, self.grace))
+        stopped.addCallback(
+            lambda _: gatherResults([registry.close_all(self.clock, self.grace) for registry in self.registries])
+        )
 
         def stopped_cleanly(_: object) -> None:
             left = self.locks.totals()
@@ -71,3 +231,23 @@ class LockServer(service.MultiService):
                 self.clock._exitSignal = None
 
         return stopped.addCallback(stopped_cleanly)
+
+    def _ignore_further_stop_signals(self) -> None:
+        """
+        The reactor's own SIGTERM handler would stop it again, which fails
+        (with a traceback) while it is stopping, and would make twistd
+        re-raise the signal at exit: take the signals over for the rest of
+        the stop.
+        """
+        call_from_thread = getattr(self.clock, "callFromThread", None)
+        if call_from_thread is None or not getattr(self.clock, "_stopped", False):
+            return  # not a reactor that is shutting down (an embedder stopping this service)
+
+        def already_stopping(number: int, frame: object) -> None:
+            call_from_thread(self.log.info, "received signal {number} while stopping: already stopping", number=number)
+
+        for name in ("SIGTERM", "SIGINT"):
+            try:
+                signal.signal(getattr(signal, name), already_stopping)
+            except (ValueError, OSError):  # not the main thread
+                pass

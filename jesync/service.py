@@ -136,6 +136,8 @@ class LockService:
     @param max_keys: the most keys in use at once (None: no limit).
     @param max_waiters: the most requests waiting for one key.
     @param max_held: the most grants plus waits one owner may have.
+    @param max_total_waits: the most requests waiting at once, all keys and
+        owners together.
     @param observer: an L{ILockObserver} told of grants, timeouts,
         releases and expiries (for metrics).
     """
@@ -147,12 +149,14 @@ class LockService:
         max_keys: int | None = None,
         max_waiters: int | None = None,
         max_held: int | None = None,
+        max_total_waits: int | None = None,
         observer: ILockObserver | None = None,
     ) -> None:
         self.clock = clock
         self.max_keys = max_keys
         self.max_waiters = max_waiters
         self.max_held = max_held
+        self.max_total_waits = max_total_waits
         self.observer = observer
         self._locks: dict[str, _Lock] = {}
         # owner -> key -> its grant of, or wait for, that key
@@ -198,6 +202,8 @@ class LockService:
             return fail(LockTimeout(key))
         if self.max_waiters is not None and lock.waiting >= self.max_waiters:
             raise LimitReached("max-waiters", self.max_waiters)
+        if self.max_total_waits is not None and self._waiting >= self.max_total_waits:
+            raise LimitReached("max-total-waits", self.max_total_waits)
 
         now = self.clock.seconds()
         timeout_at = None if timeout == WAIT_FOREVER else now + timeout
@@ -249,6 +255,10 @@ class LockService:
         if lock is None:
             return KeyStatus(key, 0, 0)
         return KeyStatus(key, len(lock.holders), lock.waiting)
+
+    def owned(self, owner: Hashable) -> int:
+        entries = self._owners.get(owner)
+        return len(entries) if entries is not None else 0
 
     def totals(self) -> Totals:
         return Totals(len(self._locks), self._granted, self._waiting)

@@ -17,14 +17,17 @@ quits, ends and its locks are released.
 from __future__ import annotations
 
 import secrets
-from typing import Callable
+from typing import Dict, Optional
 
 from automat import MethodicalMachine
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 
+from jesync.errors import LimitReached
 from jesync.interfaces import ILockService
 
 DEFAULT_GRACE_MS = 30_000
+# The most sessions in their grace period at once (--max-sessions).
+DEFAULT_MAX_SESSIONS = 10_000
 
 
 def new_session_id() -> str:
@@ -43,14 +46,14 @@ class Session:
         connection: object,
         clock: IReactorTime,
         service: ILockService,
-        forget: Callable[[Session], None],
+        table: SessionTable,
     ) -> None:
         self.id = session_id
         self.connection: object | None = connection
         self.grace_ms = DEFAULT_GRACE_MS
         self._clock = clock
         self._service = service
-        self._forget = forget
+        self._table = table
         self._grace_timer: IDelayedCall | None = None
 
     def __repr__(self) -> str:
@@ -98,6 +101,7 @@ class Session:
     @_machine.output()
     def _detach(self) -> None:
         self.connection = None
+        self._table._detached[self.id] = self
 
     @_machine.output()
     def _start_grace_timer(self) -> None:
@@ -112,6 +116,7 @@ class Session:
     @_machine.output()
     def _attach(self, connection: object) -> bool:
         self.connection = connection
+        self._table._detached.pop(self.id, None)
         return True
 
     @_machine.output()
@@ -123,7 +128,7 @@ class Session:
         self._grace_timer = None
         self.connection = None
         self._service.release_all(self)
-        self._forget(self)
+        self._table._forget(self)
 
     _resumed = staticmethod(lambda outputs: list(outputs)[-1])
 
@@ -142,27 +147,39 @@ class SessionTable:
 
     @param clock: runs the grace timers.
     @param service: the lock table the sessions own locks in.
+    @param limit: the most sessions in their grace period: while there are
+        that many, no new session starts (L{LimitReached}), so churn or
+        guessed ids cannot grow the table without bound.  Attached sessions
+        are bounded by the connections.  None: no limit.
     """
 
-    def __init__(self, clock: IReactorTime, service: ILockService) -> None:
+    def __init__(self, clock: IReactorTime, service: ILockService, limit: Optional[int] = None) -> None:
         self._clock = clock
         self._service = service
-        self._sessions: dict[str, Session] = {}
+        self.limit = limit
+        self._sessions: Dict[str, Session] = {}
+        self._detached: Dict[str, Session] = {}
 
     def __len__(self) -> int:
         return len(self._sessions)
 
     def detached_count(self) -> int:
         """Sessions in their grace period (elock's "monitoring")."""
-        return sum(1 for session in self._sessions.values() if session.connection is None)
+        return len(self._detached)
 
     def start(self, connection: object, session_id: str | None = None) -> Session:
-        """A new session for C{connection}, under a fresh id unless one is given."""
+        """
+        A new session for C{connection}, under a fresh id unless one is given.
+
+        @raise LimitReached: if C{limit} sessions are in their grace period.
+        """
+        if self.limit is not None and len(self._detached) >= self.limit:
+            raise LimitReached("max-sessions", self.limit)
         if session_id is None:
             session_id = new_session_id()
             while session_id in self._sessions:  # pragma: no cover - 2**-128
                 session_id = new_session_id()
-        session = Session(session_id, connection, self._clock, self._service, self._forget)
+        session = Session(session_id, connection, self._clock, self._service, self)
         self._sessions[session_id] = session
         return session
 
@@ -178,9 +195,11 @@ class SessionTable:
 
     def end_detached(self) -> None:
         """End every session in its grace period now (the server is stopping)."""
-        for session in [s for s in self._sessions.values() if s.connection is None]:
+        for session in list(self._detached.values()):
             session.end()
 
     def _forget(self, session: Session) -> None:
         if self._sessions.get(session.id) is session:
             del self._sessions[session.id]
+        if self._detached.get(session.id) is session:
+            del self._detached[session.id]

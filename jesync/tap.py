@@ -6,17 +6,11 @@ from __future__ import annotations
 
 import importlib
 
-from twisted.application import service
 from twisted.internet import endpoints
 from twisted.python import usage
 
-from jesync.protocols.connections import ConnectionPolicy, Connections
-from jesync.protocols.elock import ELockFactory
-from jesync.protocols.jesync import JESyncFactory
-from jesync.server import LockServer
-from jesync.service import LockService
+from jesync.server import DEFAULT_PORT, LockServer, ServerSettings, build_server
 
-DEFAULT_PORT = "tcp:11400"
 # elock's own default, 11400, is JESync's: elock listeners are off unless asked for.
 SUGGESTED_ELOCK_PORT = 11401
 
@@ -69,13 +63,23 @@ class Options(usage.Options):
         ["max-connections", None, 10_000, "Most client connections open at once, all protocols together.", limit],
         ["max-keys", None, 1_000_000, "Most distinct keys in use (held or waited for) at once.", limit],
         ["max-waiters", None, 10_000, "Most requests waiting for one key.", limit],
+        ["max-total-waits", None, 100_000, "Most requests waiting at once, all keys and connections together.", limit],
         ["max-held", None, 10_000, "Most grants plus waits one connection (elock: one session) may have.", limit],
+        [
+            "max-sessions",
+            None,
+            10_000,
+            "Most elock sessions in their grace period (detached) at once; while there are that many, "
+            "no new session starts.",
+            limit,
+        ],
         ["max-key-length", None, 1024, "Longest key accepted, in bytes.", limit],
         [
             "max-unsent",
             None,
             4 * 1024 * 1024,
-            "Bytes of replies a client that stopped reading may fall behind by before it is disconnected.",
+            "Bytes of replies a client that stopped reading may fall behind by before it is disconnected "
+            "(counted from the first reactor turn after its transport's buffer passed 64 KiB).",
             limit,
         ],
         [
@@ -91,6 +95,22 @@ class Options(usage.Options):
             None,
             None,
             "A file holding a token (one line): every connection must send 'auth <token>' first.",
+        ],
+        [
+            "auth-timeout",
+            None,
+            10.0,
+            "Seconds a connection may take to send a valid 'auth <token>' (with --auth-token-file) "
+            "before it is closed (0: no limit).",
+            seconds,
+        ],
+        [
+            "idle-timeout",
+            None,
+            0.0,
+            "Seconds after which a connection that has sent nothing, and holds and waits for nothing, "
+            "is closed (0: never).",
+            seconds,
         ],
         [
             "shutdown-grace",
@@ -177,46 +197,31 @@ def read_token(path: str) -> bytes:
     return token
 
 
-def makeService(options: Options) -> service.IService:
+def settings_from(options: Options) -> ServerSettings:
+    """The server that C{options} describe."""
+    return ServerSettings(
+        ports=options["ports"],
+        elock_ports=options["elock_ports"],
+        metrics_ports=options["metrics_ports"],
+        max_connections=options["max-connections"],
+        max_keys=options["max-keys"],
+        max_waiters=options["max-waiters"],
+        max_total_waits=options["max-total-waits"],
+        max_held=options["max-held"],
+        max_sessions=options["max-sessions"],
+        max_key_length=options["max-key-length"],
+        max_unsent=options["max-unsent"],
+        keepalive=options["keepalive"] or None,
+        auth_token=options["auth_token"],
+        auth_timeout=options["auth-timeout"] or None,
+        idle_timeout=options["idle-timeout"] or None,
+        shutdown_grace=options["shutdown-grace"],
+        verbose=bool(options["verbose"]),
+    )
+
+
+def makeService(options: Options) -> LockServer:
     """One lock service, served over every protocol at every endpoint given."""
     from twisted.internet import reactor
 
-    locks = LockService(
-        reactor, max_keys=options["max-keys"], max_waiters=options["max-waiters"], max_held=options["max-held"]
-    )
-    policy = ConnectionPolicy(
-        max_key_length=options["max-key-length"] or 2**31,
-        max_unsent=options["max-unsent"] or 2**62,
-        keepalive=options["keepalive"] or None,
-        auth_token=options["auth_token"],
-        connections=Connections(options["max-connections"]),
-    )
-    verbose = bool(options["verbose"])
-    server = LockServer(locks, policy, reactor, options["shutdown-grace"])
-    for factory, descriptions in [
-        (JESyncFactory(locks, verbose, policy), options["ports"]),
-        (ELockFactory(locks, verbose, policy), options["elock_ports"]),
-    ]:
-        for description in descriptions:
-            server.listen(description, factory)
-    if options["metrics_ports"]:
-        from jesync.metrics import LockMetrics, metrics_site
-
-        metrics = LockMetrics(locks, policy.connections)
-        locks.observer = metrics
-        site = metrics_site(metrics, serving=lambda: bool(server.running), verbose=verbose)
-        for description in options["metrics_ports"]:
-            server.listen(description, site)
-    server.summary = (
-        f"JESync on {', '.join(options['ports'])}"
-        + (f"; elock on {', '.join(options['elock_ports'])}" if options["elock_ports"] else "")
-        + (f"; metrics on {', '.join(options['metrics_ports'])}" if options["metrics_ports"] else "")
-        + "; limits: "
-        + ", ".join(
-            f"{name}={options[name] or 'none'}"
-            for name in ["max-connections", "max-keys", "max-waiters", "max-held", "max-key-length", "max-unsent"]
-        )
-        + f"; keepalive {options['keepalive'] or 'system'}"
-        + f"; auth {'required' if options['auth_token'] is not None else 'off'}"
-    )
-    return server
+    return build_server(reactor, settings_from(options))

@@ -77,10 +77,10 @@ def split_fields(line: bytes) -> list[bytes]:
     return _SEPARATOR_RUN.split(stripped) if stripped else []
 
 
-def check_key_field(field: bytes) -> bytes:
-    """A key argument as sent, or L{BadRequest} if it holds a C{\\r}."""
+def check_key_field(field: bytes, name: str = "key") -> bytes:
+    """A key (or id) argument as sent, or L{BadRequest} if it holds a C{\\r}."""
     if b"\r" in field:
-        raise BadRequest("a key cannot contain a carriage return")
+        raise BadRequest(f"a {name} cannot contain a carriage return")
     return field
 
 

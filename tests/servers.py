@@ -19,7 +19,8 @@ from typing import Callable, Optional
 from twisted.internet import defer, endpoints
 from twisted.internet.interfaces import IListeningPort
 
-from jesync.protocols.jesync import JESyncFactory, JESyncProtocol
+from jesync.connections.connection import LockConnection
+from jesync.protocols.jesync import JESyncFactory
 from jesync.service import LockService
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -222,7 +223,7 @@ def fake_server(testcase, respond: Callable[[bytes], Optional[bytes]]) -> FakeSe
     return server
 
 
-class _TrackedProtocol(JESyncProtocol):
+class _TrackedProtocol(LockConnection):
     def connectionMade(self) -> None:
         super().connectionMade()
         self.factory.connections[self] = defer.Deferred()
@@ -235,11 +236,12 @@ class _TrackedProtocol(JESyncProtocol):
 class _TrackedFactory(JESyncFactory):
     """Keeps its open connections, each with a Deferred that fires when it closes (no attributes of our own on the protocol)."""
 
-    protocol = _TrackedProtocol
-
     def __init__(self, service: LockService) -> None:
         super().__init__(service)
         self.connections: dict[_TrackedProtocol, defer.Deferred[None]] = {}
+
+    def buildProtocol(self, addr: object) -> _TrackedProtocol:
+        return _TrackedProtocol(self)
 
 
 class InProcessServer:

@@ -32,7 +32,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from jesync import ELockFactory, JESyncFactory, LockService
-from jesync.protocols.connections import ConnectionPolicy
+from jesync.connections.policy import ConnectionPolicy
 
 # How long any single awaited event may take before the test fails.
 TIMEOUT = 5.0

@@ -15,7 +15,7 @@ from twisted.logger import LogLevel, Logger, formatEvent
 from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.protocols.jesync import JESyncFactory
-from jesync.protocols.lines import LockLineReceiver
+from jesync.connections.grammar import Grammar
 from jesync.service import LockService
 from tests.support import INVALID_PARAMETER_CASES, PausingTransport, UnitServer
 
@@ -675,7 +675,7 @@ class BackpressureTests(ServerTestCase):
 class LoggingTests(ServerTestCase):
     def capture(self) -> list[dict]:
         events: list[dict] = []
-        self.patch(LockLineReceiver, "log", Logger(observer=events.append))
+        self.patch(Grammar, "log", Logger(observer=events.append))
         return events
 
     def lines(self, events: list[dict]) -> list[tuple[str, str]]:

@@ -38,7 +38,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from jesync import tap
 from jesync.interfaces import Totals
-from jesync.protocols.connections import KEEPALIVE_PROBES, Connections, enable_keepalive
+from jesync.connections.policy import KEEPALIVE_PROBES, Connections, enable_keepalive
 from jesync.protocols.elock import ELockFactory
 from jesync.protocols.jesync import JESyncFactory
 from jesync.server import LockServer
@@ -328,7 +328,8 @@ class OptionsTests(SynchronousTestCase):
         self.assertEqual(
             server.summary,
             "JESync on tcp:11400; limits: max-connections=10000, max-keys=1000000, max-waiters=10000, "
-            "max-held=10000, max-key-length=1024, max-unsent=4194304; keepalive 60.0; auth off",
+            "max-total-waits=100000, max-held=10000, max-sessions=10000, max-key-length=1024, max-unsent=4194304, "
+            "auth-timeout=10, idle-timeout=none; keepalive 60.0; auth off",
         )
 
     def test_every_option(self) -> None:
@@ -359,7 +360,7 @@ class OptionsTests(SynchronousTestCase):
         self.assertEqual((server.locks.max_keys, server.locks.max_waiters, server.locks.max_held), (None, None, None))
         self.assertGreaterEqual(server.policy.max_key_length, 2**31)
         self.assertGreaterEqual(server.policy.max_unsent, 2**62)
-        self.assertIn("max-connections=none, max-keys=none, max-waiters=none, max-held=none", server.summary)
+        self.assertIn("max-connections=none, max-keys=none, max-waiters=none, max-total-waits=100000, max-held=none", server.summary)
 
     def test_keepalive_zero_is_the_systems(self) -> None:
         server = self.build("--keepalive", "0")
@@ -922,8 +923,9 @@ class GracefulStopTests(ServerTestCase):
             [line for line in log if line.startswith("jesync starting")],
             [
                 "jesync starting: JESync on tcp:0:interface=127.0.0.1; elock on tcp:0:interface=127.0.0.1; "
-                "limits: max-connections=10000, max-keys=1000000, max-waiters=10000, max-held=10000, "
-                "max-key-length=1024, max-unsent=4194304; keepalive 60.0; auth off"
+                "limits: max-connections=10000, max-keys=1000000, max-waiters=10000, max-total-waits=100000, "
+                "max-held=10000, max-sessions=10000, max-key-length=1024, max-unsent=4194304, auth-timeout=10, "
+                "idle-timeout=none; keepalive 60.0; auth off"
             ],
         )
         holder, waiter = yield server.connect_many(2)

@@ -222,14 +222,13 @@ class LifecycleTests(SessionTestCase):
         self.assertIs(session.resume(Connection("b")), False)
         self.assertIsNone(session.connection)
 
-    def test_forget_callback(self) -> None:
-        forgotten: list[Session] = []
-        session = Session("s", Connection("a"), self.clock, self.service, forgotten.append)
+    def test_table_forgets_an_ended_session(self) -> None:
+        session = self.table.start(Connection("a"))
         session.grace_ms = 1000
         session.connection_lost()
-        self.assertEqual(forgotten, [])
+        self.assertEqual((len(self.table), self.table.detached_count()), (1, 1))
         self.clock.advance(1)
-        self.assertEqual(forgotten, [session])
+        self.assertEqual((len(self.table), self.table.detached_count()), (0, 0))
 
     def test_release_is_per_session(self) -> None:
         first = self.table.start(Connection("a"))

@@ -585,15 +585,23 @@ class HalfCloseTests(TCPTestCase):
     def test_client_that_half_closes_gets_its_replies(self):
         """
         A client may send its commands and shut down its sending side (as
-        C{nc -N} does): it is answered, then the server closes.
+        C{nc -N} does): it is answered, then the server closes.  Its wait
+        ends at the FIN, not granted.
         """
         client, other = yield self.connect_many(2)
         yield other.ask(b"lock held\n")
         client.send(b"lock mine\nstatus-by-key\nlock held\nstatus held\n")
         client.transport.loseWriteConnection()
         self.assertEqual(
-            (yield client.read_lines(5)),
-            [b"GRANTED 1 0 mine 120\n", b"STATUS 1 0 held\n", b"STATUS 1 0 mine\n", b"END\n", b"STATUS 1 1 held\n"],
+            (yield client.read_lines(6)),
+            [
+                b"GRANTED 1 0 mine 120\n",
+                b"STATUS 1 0 held\n",
+                b"STATUS 1 0 mine\n",
+                b"END\n",
+                b"STATUS 1 1 held\n",
+                b"TIMEOUT 1 0 held\n",
+            ],
         )
         self.assertIsInstance((yield client.wait_closed()), ConnectionDone)
         self.assertEqual(client.unread(), b"")

@@ -1,11 +1,12 @@
 """
 The elock wire protocol: mutexes owned by sessions that survive a reconnect.
+Its grammar, served by L{ELockFactory}.
 
 Every reply is C{<status> <text>\\r\\n}.  A connection's locks belong to its
 session (L{jesync.sessions}), which it gets with its first command that needs
 one, or takes over by id with C{conn_id <id>}.  elock's clients send one
-request at a time, so a C{lock} that waits holds back the replies to any
-commands pipelined behind it: every reply comes in request order.
+request at a time, so the grammar is ordered: a C{lock} that waits holds
+back the replies to any commands pipelined behind it.
 
 Locks are mutexes in the shared L{ILockService} (C{max_concurrent} 1, no
 expiry), so they exclude JESync clients asking for the same key, and the
@@ -14,105 +15,116 @@ reverse.
 
 from __future__ import annotations
 
-from twisted.internet.defer import CancelledError, Deferred
+from typing import List, Optional
+
+from twisted.internet.defer import CancelledError
 from twisted.python.failure import Failure
 
+from jesync.connections.connection import LockServerFactory
+from jesync.connections.grammar import CommandGrammar
+from jesync.connections.policy import ConnectionPolicy
 from jesync.errors import AlreadyWaiting, LockTimeout
-from jesync.interfaces import ILockService
-from jesync.protocols.connections import ConnectionPolicy, LockServerFactory
-from jesync.protocols.lines import BadRequest, LockLineReceiver, parse_integer
-from jesync.service import Grant
-from jesync.sessions import Session, SessionTable
+from jesync.interfaces import IGrant, ILockService
+from jesync.sessions import DEFAULT_MAX_SESSIONS, Session, SessionTable
+from jesync.wire import BadRequest, check_key_field, no_arguments, only_argument, parse_integer
 
 # A client-chosen session id may be at most this long.
 MAX_SESSION_ID = 256
 
+# Bytes elock prints as themselves inside a quoted string (Erlang's ~p, in
+# its latin1 mode), and the ones it prints as escapes.
+_PRINTABLE = frozenset(range(32, 127)) | frozenset(range(160, 256))
+_ESCAPES = {8: b"\\b", 9: b"\\t", 11: b"\\v", 12: b"\\f", 13: b"\\r", 27: b"\\e", 34: b'\\"', 92: b"\\\\"}
 
-class ELockProtocol(LockLineReceiver):
-    """One elock client connection, speaking for its session."""
+
+def quote_word(word: bytes) -> bytes:
+    """
+    A command word as elock's C{400 Unknown command: ~p} shows it: a quoted
+    string with C{"} and C{\\} escaped (and C{\\t}, C{\\r}, ...), or, if it
+    holds a byte that is neither printable nor one of those, a list of its
+    byte values (C{[97,1,98]}).
+    """
+    if all(byte in _PRINTABLE or byte in _ESCAPES for byte in word):
+        return b'"' + b"".join(_ESCAPES.get(byte) or bytes((byte,)) for byte in word) + b'"'
+    return b"[" + b",".join(b"%d" % byte for byte in word) + b"]"
+
+
+class ELockProtocol(CommandGrammar):
+    """The elock grammar: one connection, speaking for its session."""
 
     terminator = b"\r\n"
-    session: Session | None = None
-    _waiting: Deferred[Grant] | None = None
+    ordered = True
+    session: Optional[Session] = None
+    _quitting = False
 
-    def connectionMade(self) -> None:
-        super().connectionMade()
-        if not self.refused:
-            self.factory.clients += 1
+    def unknown_command(self, word: bytes) -> bytes:
+        return b"400 Unknown command: " + quote_word(word)
 
-    def connectionLost(self, reason: object = None) -> None:
-        super().connectionLost(reason)
-        if self.refused:
-            return
-        self.factory.clients -= 1
-        if self._waiting is not None:
-            self._waiting.cancel()
-        if self.session is not None and self.session.connection is self:
-            if self.factory.stopped:
-                # Nobody could resume it: the server no longer listens.
-                self.session.end()
-            else:
-                self.session.connection_lost()
+    def bad_request(self, message: str) -> bytes:
+        return b"400 " + message.encode()
 
-    def unknown_command(self, word: bytes) -> None:
-        self.reply(b'400 Unknown command: "%s"' % word)
+    def limit_reached(self, message: str) -> bytes:
+        return b"503 " + message.encode()
 
-    def bad_request(self, message: str) -> None:
-        self.reply(b"400 " + message.encode())
+    def auth_accepted(self) -> bytes:
+        return b"200 OK"
 
-    def limit_reached(self, message: str) -> None:
-        self.reply(b"503 " + message.encode())
-
-    def auth_accepted(self) -> None:
-        self.reply(b"200 OK")
-
-    def auth_refused(self) -> None:
-        self.reply(b"403 auth failed")
-
-    def lineTooLong(self) -> None:
-        self.bad_request("line too long")
-        self.close()
+    def auth_refused(self) -> bytes:
+        return b"403 auth failed\r\n"
 
     def _session(self) -> Session:
         """This connection's session, started now if it has none yet."""
         if self.session is None:
-            self.session = self.factory.sessions.start(self)
+            self.session = self.connection.factory.sessions.start(self.connection)
         return self.session
+
+    # -- the connection's lifecycle ------------------------------------------
+
+    def holds_nothing(self) -> bool:
+        return self.session is None or not self.service.owned(self.session)
+
+    def closing(self) -> None:
+        """
+        The session detaches (its waits are already cancelled; its locks
+        stay for its grace period), or ends: after C{quit}, or when the
+        server no longer listens (nobody could resume it).
+        """
+        session = self.session
+        if session is None or session.connection is not self.connection:
+            return
+        if self._quitting or self.connection.factory.stopped:
+            session.end()
+        else:
+            session.connection_lost()
 
     # -- commands ---------------------------------------------------------
 
-    def do_lock(self, args: list[bytes]) -> None:
+    def do_lock(self, args: List[bytes]) -> None:
         if not args:
             raise BadRequest("missing key")
         if len(args) > 2:
             raise BadRequest("too many arguments")
+        key = self.key(args[0])
         wait = parse_integer(args[1], "wait") if len(args) > 1 else 0
         if wait < 0:
             raise BadRequest("wait must not be negative")
-        result = self.service.acquire(self.key(args[0]), self._session(), 1, wait, 0)
-        if result.called:
-            result.addCallbacks(self._acquired, self._unavailable)
-            return
-        self._waiting = result
-        self.hold()
+        result = self.service.acquire(key, self._session(), 1, wait, 0)
         result.addCallbacks(self._acquired, self._unavailable)
-        result.addBoth(self._done_waiting)
+        self.connection.await_reply(result)
 
-    def _acquired(self, grant: Grant) -> None:
+    def _acquired(self, grant: IGrant) -> None:
         self.reply(b"200 Acquired")
 
     def _unavailable(self, failure: Failure) -> None:
-        if failure.check(LockTimeout, AlreadyWaiting):
+        # CancelledError: the client sent FIN while it waited (once the
+        # connection is closing, nothing is sent).
+        if failure.check(LockTimeout, AlreadyWaiting, CancelledError):
             self.reply(b"409 Unavailable")
-        elif not failure.check(CancelledError):  # CancelledError: the connection is gone
+        else:
             self.log.failure("lock request failed", failure)
 
-    def _done_waiting(self, result: object) -> None:
-        self._waiting = None
-        self.unhold()
-
-    def do_unlock(self, args: list[bytes]) -> None:
-        key = self.key(self.only_argument(args, "key"))
+    def do_unlock(self, args: List[bytes]) -> None:
+        key = self.key(only_argument(args, "key"))
         if self.session is not None and self.service.release(key, self.session):
             self.reply(b"200 Unlocked")
         elif self.service.status(key).granted:
@@ -120,54 +132,55 @@ class ELockProtocol(LockLineReceiver):
         else:
             self.reply(b"403 not_locked")
 
-    def do_unlock_all(self, args: list[bytes]) -> None:
-        self.no_arguments(args)
+    def do_unlock_all(self, args: List[bytes]) -> None:
+        no_arguments(args)
         if self.session is not None:
             self.service.release_all(self.session)
         self.reply(b"200 OK")
 
-    def do_conn_id(self, args: list[bytes]) -> None:
+    def do_conn_id(self, args: List[bytes]) -> None:
         if not args:
             # An id a client chose may be any bytes: echo them as sent.
             self.reply(b"200 " + self._session().id.encode("utf-8", "surrogateescape"))
             return
-        wanted = self.only_argument(args, "conn id")
+        wanted = check_key_field(only_argument(args, "conn id"), "conn id")
         if len(wanted) > MAX_SESSION_ID:
             raise BadRequest(f"conn id longer than {MAX_SESSION_ID} bytes")
         session = None
         if self.session is None:
-            session = self.factory.sessions.take(self, wanted.decode("utf-8", "surrogateescape"))
+            session = self.connection.factory.sessions.take(
+                self.connection, wanted.decode("utf-8", "surrogateescape")
+            )
         if session is None:
             self.reply(b"403 cannot set conn id")
         else:
             self.session = session
             self.reply(b"200 conn id set")
 
-    def do_set_timeout(self, args: list[bytes]) -> None:
-        milliseconds = parse_integer(self.only_argument(args, "timeout"), "timeout")
+    def do_set_timeout(self, args: List[bytes]) -> None:
+        milliseconds = parse_integer(only_argument(args, "timeout"), "timeout")
         if milliseconds < 0:
             raise BadRequest("timeout must not be negative")
         self._session().grace_ms = milliseconds
         self.reply(b"200 timeout set")
 
-    def do_stats(self, args: list[bytes]) -> None:
-        self.no_arguments(args)
+    def do_stats(self, args: List[bytes]) -> None:
+        no_arguments(args)
+        factory = self.connection.factory
         self.reply_lines(
             [
                 b"200 STATS",
-                b"STAT clients %d" % self.factory.clients,
+                b"STAT clients %d" % factory.clients,
                 b"STAT locks %d" % self.service.totals().granted,
-                b"STAT monitoring %d" % self.factory.sessions.detached_count(),
+                b"STAT monitoring %d" % factory.sessions.detached_count(),
                 b"END",
             ]
         )
 
-    def do_quit(self, args: list[bytes]) -> None:
-        self.no_arguments(args)
-        self.reply(b"200 Hey, it was nice seeing you.")
-        if self.session is not None:
-            self.session.end()
-        self.close()
+    def do_quit(self, args: List[bytes]) -> None:
+        no_arguments(args)
+        self._quitting = True
+        self.connection.close(b"200 Hey, it was nice seeing you.\r\n")
 
 
 ELockProtocol.commands = {
@@ -184,19 +197,23 @@ ELockProtocol.commands = {
 class ELockFactory(LockServerFactory):
     """
     Serves the elock protocol over a lock service; listen on it with any
-    stream endpoint.  See L{LockServerFactory} for the parameters.
+    stream endpoint.  See L{LockServerFactory} for the parameters;
+    C{max_sessions} bounds the sessions in their grace period (None: no
+    bound).
     """
 
-    protocol = ELockProtocol
+    grammar = ELockProtocol
+    stopped = False
 
     def __init__(
-        self, service: ILockService, verbose: bool = False, policy: ConnectionPolicy | None = None
+        self,
+        service: ILockService,
+        verbose: bool = False,
+        policy: Optional[ConnectionPolicy] = None,
+        max_sessions: Optional[int] = DEFAULT_MAX_SESSIONS,
     ) -> None:
         super().__init__(service, verbose, policy)
-        self.sessions = SessionTable(service.clock, service)
-        self.clients = 0
-
-    stopped = False
+        self.sessions = SessionTable(service.clock, service, max_sessions)
 
     def startFactory(self) -> None:
         self.stopped = False

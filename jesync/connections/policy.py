@@ -1,26 +1,28 @@
 """
-A server's connections, whichever protocol they speak: the registry that
-enforces max-connections and closes them all on shutdown, the policy every
-connection is held to, and the factory base both protocols share.
+What every connection of a server is held to, whichever protocol it speaks:
+the registry that enforces max-connections and closes them all on shutdown,
+the policy (limits, timeouts, keepalive, authentication), TCP keepalive, and
+how a peer is named in the log.
 """
 
 from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
-from typing import Iterator, Protocol
+from typing import Iterator, Optional, Protocol
 
+from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IReactorTime
-from twisted.internet.protocol import Factory
-
-from jesync.interfaces import ILockService
+from twisted.internet.interfaces import IReactorTime, ITransport
 
 
 class Connection(Protocol):
-    """What the registry needs of a connection (a L{LockLineReceiver})."""
+    """What the registry needs of a connection."""
 
-    transport: object
+    transport: ITransport
+
+    def close(self) -> None:
+        """Close as the server stops: give back what it holds, flush what it owes, then close."""
 
 
 class Connections:
@@ -30,9 +32,9 @@ class Connections:
     @param limit: the most connections open at once (None: no limit).
     """
 
-    def __init__(self, limit: int | None = None) -> None:
+    def __init__(self, limit: Optional[int] = None) -> None:
         self.limit = limit
-        self._open: set[Connection] = set()
+        self._open: dict[Connection, None] = {}
         self._closed: Deferred[None] | None = None
         self._clock: IReactorTime | None = None
 
@@ -46,11 +48,11 @@ class Connections:
         """Count C{connection} in, unless that would pass the limit."""
         if self.limit is not None and len(self._open) >= self.limit:
             return False
-        self._open.add(connection)
+        self._open[connection] = None
         return True
 
     def remove(self, connection: Connection) -> None:
-        self._open.discard(connection)
+        self._open.pop(connection, None)
         if not self._open and self._closed is not None:
             closed, self._closed = self._closed, None
             # Not at once: the last connection is still in its
@@ -70,11 +72,7 @@ class Connections:
         self._clock = clock
         self._closed = closed = Deferred()
         for connection in self:
-            # A connection is the producer of its own replies, and a transport
-            # does not close while its producer is registered (TLS), nor once
-            # a producer it had paused is resumed when the replies drain.
-            connection.transport.unregisterProducer()
-            connection.transport.loseConnection()
+            connection.close()
 
         def abort_stragglers() -> None:
             for connection in self:
@@ -97,25 +95,32 @@ class ConnectionPolicy:
 
     @ivar max_key_length: the longest key accepted, in bytes.
     @ivar max_unsent: bytes of replies a client that stopped reading may fall
-        behind by (counted from when it stopped) before it is disconnected.
+        behind by before it is disconnected (L{jesync.connections.connection}
+        says how they are counted).
     @ivar keepalive: seconds of silence before TCP keepalive probes start,
         and between probes (4 unanswered probes drop the connection); None
         leaves the system's keepalive settings alone.
     @ivar auth_token: if set, a connection must send C{auth <token>} first.
+    @ivar auth_timeout: seconds a connection may take to authenticate (when
+        a token is set); None: no limit.
+    @ivar idle_timeout: seconds after which a connection that has sent
+        nothing, and holds and waits for nothing, is closed; None: never.
     @ivar connections: the registry, shared by every factory of the server.
     """
 
     max_key_length: int = 1024
-    max_unsent: int = 1024 * 1024
-    keepalive: float | None = 60.0
-    auth_token: bytes | None = None
+    max_unsent: int = 4 * 1024 * 1024
+    keepalive: Optional[float] = 60.0
+    auth_token: Optional[bytes] = None
+    auth_timeout: Optional[float] = 10.0
+    idle_timeout: Optional[float] = None
     connections: Connections = field(default_factory=Connections)
 
 
 KEEPALIVE_PROBES = 4
 
 
-def enable_keepalive(transport: object, idle: float | None) -> bool:
+def enable_keepalive(transport: object, idle: Optional[float]) -> bool:
     """
     Turn TCP keepalive on for C{transport}'s socket (found through a TLS
     layer too), probing after C{idle} seconds of silence.  Returns False for
@@ -138,22 +143,12 @@ def enable_keepalive(transport: object, idle: float | None) -> bool:
     return False
 
 
-class LockServerFactory(Factory):
-    """
-    Serves one protocol over a lock service (shared with any other
-    protocol); listen on it with any stream endpoint.
-
-    @param service: the lock table.
-    @param verbose: log every command and reply at debug level.
-    @param policy: limits, keepalive and authentication (shared by every
-        factory of one server, so max-connections counts them all).
-    """
-
-    noisy = False
-
-    def __init__(
-        self, service: ILockService, verbose: bool = False, policy: ConnectionPolicy | None = None
-    ) -> None:
-        self.service = service
-        self.verbose = verbose
-        self.policy = policy if policy is not None else ConnectionPolicy()
+def describe_peer(address: object) -> str:
+    """A short, log-friendly name for a connection's remote end."""
+    if isinstance(address, (IPv4Address, IPv6Address)):
+        host = f"[{address.host}]" if isinstance(address, IPv6Address) else address.host
+        return f"{host}:{address.port}"
+    if isinstance(address, UNIXAddress):
+        name = address.name.decode(errors="backslashreplace") if isinstance(address.name, bytes) else address.name
+        return f"unix:{name or ''}"
+    return str(address)

@@ -1,0 +1,493 @@
+"""
+One client connection, whatever protocol it speaks: framing in, grammar in
+the middle, output out, and the rules every protocol shares.
+
+A L{LockConnection} is the Twisted protocol of every listener.  Its factory
+names a grammar (a L{jesync.connections.grammar.Grammar}: one module of
+L{jesync.protocols}), which names its framing.  Bytes read go to the
+framing; each frame goes to the grammar, which parses it, calls the lock
+service and writes its reply through the connection.  Everything else is
+decided here, once:
+
+ - B{Lifecycle} (L{jesync.connections.lifecycle}): admission under
+   max-connections, authentication and its timeout, the idle timeout,
+   half-close, closing and giving back what the connection held.
+ - B{Waits.}  A reply that comes later (a lock that waits) is handed to
+   L{LockConnection.await_reply}.  When the peer sends FIN, or the
+   connection closes, every such wait is cancelled at once, so nothing is
+   ever granted to a connection that may be gone: after a FIN the grammar
+   answers it with its not-granted reply; once closing, nothing is sent.
+   A wait asked for after the FIN is cancelled as soon as it is asked for.
+ - B{Order.}  An I{ordered} grammar (elock, dlock) answers in request
+   order: while one of its replies is owed, later requests stay in the
+   framing's buffer (reading from the socket pauses once C{HOLD_BUFFER}
+   bytes are buffered there).  An unordered one (JESync) answers a wait
+   whenever it ends and reads on meanwhile.
+ - B{Output.}  Replies are written in the order they are made.  A large
+   reply (a listing) is a snapshot taken at once and sent as a stream of
+   pieces (L{LockConnection.write_stream}), a bounded amount per reactor
+   turn and only while the transport takes them, so it can neither pass
+   C{max_unsent} nor hold up other clients; requests read meanwhile wait
+   until it has gone out, so one connection has at most one snapshot.
+ - B{Slow readers.}  The connection is the producer of its own replies.
+   When the transport's buffer passes its high-water mark (64 KiB; TLS's
+   too) it pauses the connection: reading stops.  A reply written after the
+   transport has been paused for a whole reactor turn counts toward
+   C{max_unsent}; past it, the client is disconnected.  What one reactor
+   turn writes is never counted, however much it is: a client that reads as
+   fast as it can is never cut off.
+"""
+
+from __future__ import annotations
+
+import hmac
+from collections import deque
+from typing import TYPE_CHECKING, Callable, Deque, Dict, Iterator, Optional, Union
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol, IPushProducer
+from twisted.internet.protocol import Factory, Protocol
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from jesync.connections import lifecycle
+from jesync.connections.lifecycle import ANSWERING, AUTHENTICATING, CLOSED, CLOSING, HALF_CLOSED, READING, READY
+from jesync.connections.policy import ConnectionPolicy, describe_peer, enable_keepalive
+from jesync.errors import LimitReached
+from jesync.interfaces import ILockService
+
+if TYPE_CHECKING:
+    from jesync.connections.grammar import Grammar
+
+# Bytes buffered behind held requests before reading from the socket pauses.
+HOLD_BUFFER = 65536
+# Bytes of a stream written per reactor turn, at most.
+STREAM_TURN = 65536
+
+_Output = Union[bytes, Iterator[bytes]]
+
+
+@implementer(IHalfCloseableProtocol, IPushProducer)
+class LockConnection(Protocol):
+    """
+    One client connection: an owner in the lock service (or, for elock, the
+    voice of a session that is).
+
+    @ivar peer: the remote end, for logs and listings (C{host:port}).
+    @ivar state: its lifecycle state (L{jesync.connections.lifecycle}).
+    """
+
+    state = lifecycle.ACCEPTED
+    peer = "?"
+    authenticated = False
+
+    def __init__(self, factory: LockServerFactory) -> None:
+        self.factory = factory
+        self.service: ILockService = factory.service
+        self.policy: ConnectionPolicy = factory.policy
+        self.clock = factory.service.clock
+        self.verbose = factory.verbose
+        self.grammar: Grammar = factory.grammar(self)
+        self.log = self.grammar.log
+        deliver = self.grammar.frame_received
+        if self.policy.idle_timeout is not None:
+            deliver = self._heard(deliver)
+        self.framing = self.grammar.framing(deliver, self._frame_too_long, self.grammar.max_frame)
+        # Waits whose replies are owed, in the order they were asked for.
+        self._pending: Dict[Deferred, None] = {}
+        self._output: Optional[Deque[_Output]] = None
+        self._pump_call: Optional[IDelayedCall] = None
+        self._read_call: Optional[IDelayedCall] = None
+        self._timer: Optional[IDelayedCall] = None
+        self._last_heard = 0.0
+        # The transport asked us to stop producing (its buffer is full) ...
+        self._paused = False
+        # ... for at least a whole reactor turn; and reply bytes written since.
+        self._paused_long = False
+        self.behind = 0
+        self._reading_paused = False
+        self._wants_close = False
+        self._admitted = False
+
+    @property
+    def paused(self) -> bool:
+        """Whether the transport has asked for no more replies for now (its buffer is full)."""
+        return self._paused
+
+    def __repr__(self) -> str:
+        return f"<{type(self.grammar).__name__} connection from {self.peer}>"
+
+    # -- the lifecycle -----------------------------------------------------
+
+    def connectionMade(self) -> None:
+        self.peer = describe_peer(self.transport.getPeer())
+        if not self.policy.connections.admit(self):
+            self.log.info("{peer} refused: max-connections", peer=self.peer)
+            refusal = LimitReached("max-connections", self.policy.connections.limit or 0)
+            self._feed("refuse")
+            self._send_last(self.grammar.refusal(refusal))
+            self._finish_closing()
+            return
+        self._admitted = True
+        self.factory.clients += 1
+        enable_keepalive(self.transport, self.policy.keepalive)
+        self.transport.registerProducer(self, True)
+        self.log.info("{peer} connected", peer=self.peer)
+        self._feed("admit" if self.policy.auth_token is None else "admit_with_auth")
+        self.grammar.connection_made()
+
+    def entered(self, state: str, previous: str) -> None:
+        """The lifecycle entered C{state}: do what that means."""
+        if state == AUTHENTICATING:
+            if self.policy.auth_timeout is not None:
+                self._timer = self.clock.callLater(self.policy.auth_timeout, self._auth_timed_out)
+        elif state == READY:
+            self.authenticated = True
+            self._cancel_timer()
+            if self.policy.idle_timeout is not None:
+                self._last_heard = self.clock.seconds()
+                self._timer = self.clock.callLater(self.policy.idle_timeout, self._idle_check)
+        elif state == HALF_CLOSED:
+            self._end_waits()
+            self._close_if_answered()
+        elif state == CLOSING:
+            self._give_back(previous)
+        elif state == CLOSED:
+            if previous != CLOSING:
+                self._give_back(previous)
+            self._cancel_calls()
+
+    def _feed(self, event: str) -> bool:
+        return lifecycle.feed(self, event)
+
+    def _give_back(self, previous: str) -> None:
+        """Stop reading, end the waits without a reply, and give back what this connection holds."""
+        self.framing.stop()
+        self._cancel_timer()
+        self._end_waits()
+        if self._admitted:
+            self.grammar.closing()
+
+    def readConnectionLost(self) -> None:
+        """The peer sent FIN: answer what it sent (its waits: not granted), then close."""
+        self._feed("input_ended")
+
+    def writeConnectionLost(self) -> None:
+        """Never asked for: the server closes both directions at once."""
+
+    def connectionLost(self, reason: Failure = None) -> None:
+        if not self._feed("lost") or not self._admitted:
+            return
+        self.policy.connections.remove(self)
+        self.factory.clients -= 1
+        self.grammar.connection_lost()
+        self.log.info("{peer} disconnected", peer=self.peer)
+
+    def close(self, last: bytes = b"") -> None:
+        """
+        Close: send C{last} after the replies already owed, give back what
+        this connection holds now, and close once those replies are sent.
+        """
+        if self._feed("close"):
+            self._send_last(last)
+            self._finish_closing()
+
+    def _send_last(self, data: bytes) -> None:
+        """The last reply, after those owed (closing: nothing else is sent)."""
+        if not data:
+            return
+        if self.verbose:
+            self.log.debug("{peer} answered {line!r}", peer=self.peer, line=data.rstrip(b"\r\n"))
+        if self._output is not None:
+            self._output.append(data)
+        else:
+            self.transport.write(data)
+
+    def _finish_closing(self) -> None:
+        """Close the transport once the output queue has drained."""
+        self._wants_close = True
+        if self._output is None and self.state != CLOSED and not self.transport.disconnecting:
+            # A transport does not close while a producer is registered (TLS
+            # never starts its shutdown, TCP waits again if it had paused us).
+            if self._admitted:
+                self.transport.unregisterProducer()
+            self.transport.loseConnection()
+
+    def _close_if_answered(self) -> None:
+        """After a FIN: close once nothing is owed (no wait, no stream, no request held back)."""
+        if (
+            self.state == HALF_CLOSED
+            and not self._pending
+            and self._output is None
+            and self._read_call is None
+            and not self.framing.paused
+        ):
+            self._feed("answered")
+            self._finish_closing()
+
+    def drop(self, why: str) -> None:
+        """Disconnect at once, without flushing: the client is not reading."""
+        self.log.info("{peer} dropped: {why}", peer=self.peer, why=why)
+        self._feed("close")
+        self._output = None
+        self.transport.abortConnection()
+
+    # -- authentication and timers -------------------------------------------
+
+    def authenticate(self, token: Optional[bytes]) -> bool:
+        """
+        C{auth <token>}: compared in constant time.  True if right (or if the
+        server has no token); False closes the connection with the grammar's
+        refusal.
+        """
+        expected = self.policy.auth_token
+        if expected is None or (token is not None and hmac.compare_digest(token, expected)):
+            self._feed("authenticated")
+            return True
+        self.refuse_unauthenticated()
+        return False
+
+    def refuse_unauthenticated(self) -> None:
+        self.log.info("{peer} failed to authenticate", peer=self.peer)
+        self.close(self.grammar.auth_refused())
+
+    def _auth_timed_out(self) -> None:
+        self._timer = None
+        if self.state == AUTHENTICATING:
+            self.log.info("{peer} did not authenticate in time", peer=self.peer)
+            self.close(self.grammar.refusal(LimitReached("auth-timeout", self.policy.auth_timeout or 0)))
+
+    def _heard(self, deliver: Callable[[bytes], None]) -> Callable[[bytes], None]:
+        def heard(frame: bytes) -> None:
+            self._last_heard = self.clock.seconds()
+            deliver(frame)
+
+        return heard
+
+    def _idle_check(self) -> None:
+        self._timer = None
+        timeout = self.policy.idle_timeout
+        assert timeout is not None
+        if self.state not in (READY, HALF_CLOSED):
+            return
+        quiet = self.clock.seconds() - self._last_heard
+        if quiet >= timeout and not self._pending and self._output is None and self.grammar.holds_nothing():
+            self.log.info("{peer} closed: idle", peer=self.peer)
+            self.close(self.grammar.refusal(LimitReached("idle-timeout", timeout)))
+            return
+        self._timer = self.clock.callLater(max(timeout - quiet, 0) or timeout, self._idle_check)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            if self._timer.active():
+                self._timer.cancel()
+            self._timer = None
+
+    def _cancel_calls(self) -> None:
+        self._cancel_timer()
+        for call in (self._pump_call, self._read_call):
+            if call is not None and call.active():
+                call.cancel()
+        self._pump_call = self._read_call = None
+
+    # -- input -------------------------------------------------------------
+
+    def dataReceived(self, data: bytes) -> None:
+        self.framing.dataReceived(data)
+        if self.framing.paused:
+            self._update_reading()
+
+    def _frame_too_long(self) -> None:
+        self.close(self.grammar.frame_too_long())
+
+    def _update_hold(self, now: bool = False) -> None:
+        """
+        Hold requests back while the client does not take its replies, a
+        stream goes out, or an ordered grammar owes a reply; once none of
+        these holds, answer the requests held back (C{now}, or on the next
+        reactor turn: this may run inside another connection's request).
+        """
+        if self.state not in READING:
+            return
+        hold = self._paused or self._output is not None or (self.grammar.ordered and bool(self._pending))
+        if hold:
+            self.framing.paused = True
+        elif self.framing.paused:
+            self.framing.paused = False
+            self._update_reading()
+            if now:
+                self._read_held()
+            elif self._read_call is None:
+                self._read_call = self.clock.callLater(0, self._read_held)
+
+    def _read_held(self) -> None:
+        """Answer the requests that arrived while held; read from the socket again."""
+        if self._read_call is not None:
+            if self._read_call.active():
+                self._read_call.cancel()
+            self._read_call = None
+        if self.state not in READING or self.framing.paused:
+            return
+        self.framing.dataReceived(b"")
+        self._update_reading()
+        self._close_if_answered()
+
+    def _update_reading(self) -> None:
+        """Read from the socket unless the client is not taking its replies or too much is held back."""
+        stop = self._paused or (self.framing.paused and self.framing.buffered() > HOLD_BUFFER)
+        if stop != self._reading_paused and self.state in READING:
+            self._reading_paused = stop
+            if stop:
+                self.transport.pauseProducing()
+            else:
+                self.transport.resumeProducing()
+
+    # -- replies that come later ------------------------------------------------
+
+    def await_reply(self, reply: Deferred) -> None:
+        """
+        C{reply} (a wait, with the grammar's callbacks on it) will be
+        answered later: cancel it if the connection's input ends or it
+        closes first; for an ordered grammar, read no further request until
+        it has fired.  After a FIN it is cancelled at once.
+        """
+        if reply.called:
+            return
+        if self.state != READY and self.state != AUTHENTICATING:
+            reply.cancel()
+            return
+        self._pending[reply] = None
+        reply.addBoth(self._answered, reply)
+        if self.grammar.ordered:
+            self._update_hold()
+
+    def _answered(self, result: object, reply: Deferred) -> object:
+        self._pending.pop(reply, None)
+        if self.grammar.ordered:
+            self._update_hold()
+        if self.state == HALF_CLOSED:
+            self._close_if_answered()
+        return result
+
+    def _end_waits(self) -> None:
+        while self._pending:
+            reply = next(iter(self._pending))
+            del self._pending[reply]
+            reply.cancel()
+
+    # -- output ---------------------------------------------------------------
+
+    def write(self, data: bytes) -> None:
+        """Send C{data}, after anything already queued; nothing once the connection is closed."""
+        if self.state not in ANSWERING:
+            return
+        if self._output is not None:
+            self._output.append(data)
+            return
+        self.transport.write(data)
+        if self._paused_long:
+            self._count_behind(len(data))
+
+    def write_stream(self, pieces: Iterator[bytes]) -> None:
+        """Send a large reply, piece by piece, as the transport takes them."""
+        if self.state not in ANSWERING:
+            return
+        if self._output is None:
+            self._output = deque()
+        self._output.append(pieces)
+        self._update_hold()
+        if not self._paused:
+            self._pump()
+
+    def _pump(self) -> None:
+        """Write queued output, a turn's worth at most, while the transport takes it."""
+        self._pump_call = None
+        output = self._output
+        if output is None:
+            return
+        transport = self.transport
+        written = 0
+        while output and not self._paused and written < STREAM_TURN:
+            item = output[0]
+            if isinstance(item, bytes):
+                output.popleft()
+                piece: Optional[bytes] = item
+            else:
+                piece = next(item, None)
+                if piece is None:
+                    output.popleft()
+                    continue
+            transport.write(piece)
+            written += len(piece)
+        if output:
+            if not self._paused:
+                self._pump_call = self.clock.callLater(0, self._pump)
+            return
+        self._output = None
+        if self.state in READING:
+            self._update_hold()
+            self._close_if_answered()
+        elif self._wants_close:
+            self._finish_closing()
+
+    def _count_behind(self, size: int) -> None:
+        self.behind += size
+        if self.behind > self.policy.max_unsent and self.state in ANSWERING:
+            self.drop(f"not reading its replies ({self.behind} bytes behind)")
+
+    # -- IPushProducer: the transport's buffer is full, or has drained ------
+
+    def pauseProducing(self) -> None:
+        """The client is not taking its replies: stop reading its requests."""
+        if self._paused:
+            return
+        self._paused = True
+        self.behind = 0
+        self._update_hold()
+        self._update_reading()
+        self.clock.callLater(0, self._pause_lasted)
+
+    def _pause_lasted(self) -> None:
+        if self._paused:
+            self._paused_long = True
+
+    def resumeProducing(self) -> None:
+        self._paused = self._paused_long = False
+        self.behind = 0
+        if self.state == CLOSED:
+            return
+        if self._output is not None and self._pump_call is None:
+            self._pump()
+        self._update_hold(now=True)
+        self._update_reading()
+
+    def stopProducing(self) -> None:
+        """The transport is going away; connectionLost follows."""
+
+
+class LockServerFactory(Factory):
+    """
+    Serves one wire protocol (its grammar) over a lock service, shared with
+    any other protocol; listen on it with any stream endpoint.
+
+    @param service: the lock table.
+    @param verbose: log every request and reply at debug level.
+    @param policy: limits, timeouts, keepalive and authentication (shared by
+        every factory of one server, so max-connections counts them all).
+    """
+
+    noisy = False
+    protocol = LockConnection
+    grammar: Callable[[LockConnection], Grammar]
+
+    def __init__(
+        self, service: ILockService, verbose: bool = False, policy: Optional[ConnectionPolicy] = None
+    ) -> None:
+        self.service = service
+        self.verbose = verbose
+        self.policy = policy if policy is not None else ConnectionPolicy()
+        # Connections of this factory admitted and not yet gone.
+        self.clients = 0
+
+    def buildProtocol(self, addr: object) -> LockConnection:
+        return LockConnection(self)

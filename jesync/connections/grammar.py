@@ -1,0 +1,193 @@
+"""
+What a wire protocol writes to be served: a grammar.
+
+A grammar (one per connection) parses each frame its framing cuts, calls the
+lock service, and formats the reply, which it hands to its connection
+(L{jesync.connections.connection.LockConnection}).  It says how its protocol
+words the replies the connection layer sends on its behalf (a limit, a bad
+token, an over-long frame), and what giving back the connection's locks
+means for it.  It never touches the transport, and decides nothing about
+authentication, limits, half-close or output: the connection does.
+
+L{CommandGrammar} is the base of the line protocols (JESync, elock): a line
+is a command word and arguments (L{jesync.wire.split_fields}), looked up in a
+command table of small handlers, as in C{twisted.protocols.memcache}.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Iterable, Iterator, List
+
+from twisted.logger import Logger
+
+from jesync.connections.framing import LineFraming
+from jesync.errors import LimitReached
+from jesync.wire import MAX_LINE, BadRequest, check_key_field, decode_key, split_fields
+
+if TYPE_CHECKING:
+    from jesync.connections.connection import LockConnection
+
+# Reply lines joined into one piece of a streamed reply.
+LINES_PER_PIECE = 512
+
+
+class Grammar:
+    """
+    The base of a wire protocol's grammar.
+
+    @cvar framing: how frames are cut: a callable taking (deliver, too_long,
+        max_frame), such as L{LineFraming}.
+    @cvar max_frame: the longest frame accepted.
+    @cvar ordered: whether replies go out in request order (while a reply is
+        owed, later requests wait), or a wait is answered whenever it ends.
+    """
+
+    framing: ClassVar[Callable[..., object]] = LineFraming
+    max_frame: ClassVar[int] = MAX_LINE
+    ordered: ClassVar[bool] = False
+    log = Logger()
+
+    def __init__(self, connection: LockConnection) -> None:
+        self.connection = connection
+        self.service = connection.service
+
+    def frame_received(self, frame: bytes) -> None:
+        """One request: parse it, carry it out, reply."""
+        raise NotImplementedError
+
+    # -- how the protocol says what the connection layer decides -------------
+
+    def refusal(self, error: LimitReached) -> bytes:
+        """The reply to a request (or a connection) over a limit, terminated."""
+        raise NotImplementedError
+
+    def auth_refused(self) -> bytes:
+        """The last reply to a connection that did not authenticate."""
+        raise NotImplementedError
+
+    def frame_too_long(self) -> bytes:
+        """The last reply to a connection that sent a frame over C{max_frame}."""
+        raise NotImplementedError
+
+    # -- the connection's lifecycle ------------------------------------------
+
+    def connection_made(self) -> None:
+        """The connection was admitted."""
+
+    def holds_nothing(self) -> bool:
+        """Whether the connection holds no lock (for the idle timeout)."""
+        return not self.service.owned(self.connection)
+
+    def closing(self) -> None:
+        """
+        The connection is closing (its waits are already cancelled): give
+        back what it holds.
+        """
+        self.service.release_all(self.connection)
+
+    def connection_lost(self) -> None:
+        """The transport is gone."""
+
+
+class CommandGrammar(Grammar):
+    """
+    A line protocol: C{<command> <arguments...>}, one per line.
+
+    C{commands} maps a command word to a handler, called with the arguments;
+    it raises L{BadRequest} or L{LimitReached} for a request that changes
+    nothing, and replies with L{reply} otherwise.  C{auth <token>} is served
+    here for every line protocol.
+    """
+
+    terminator: ClassVar[bytes] = b"\n"
+    commands: ClassVar[Dict[bytes, Callable[..., None]]] = {}
+
+    def frame_received(self, line: bytes) -> None:
+        fields = split_fields(line)
+        word = fields[0] if fields else b""
+        connection = self.connection
+        if connection.verbose:
+            # Never log a token: not in an auth line, nor in anything a client
+            # sends before it has authenticated (a mistyped auth command).
+            said = line if connection.authenticated and word != b"auth" else b"(not logged before auth)"
+            self.log.debug("{peer} sent {line!r}", peer=connection.peer, line=said)
+        if word == b"auth":
+            if connection.authenticate(fields[1] if len(fields) == 2 else None):
+                self.reply(self.auth_accepted())
+            return
+        if not connection.authenticated:
+            connection.refuse_unauthenticated()
+            return
+        handler = self.commands.get(word)
+        if handler is None:
+            self.reply(self.unknown_command(word))
+            return
+        try:
+            handler(self, fields[1:])
+        except BadRequest as error:
+            self.reply(self.bad_request(str(error)))
+        except LimitReached as error:
+            self.reply(self.limit_reached(str(error)))
+
+    def key(self, field: bytes) -> str:
+        """A key argument, within the policy's max-key-length."""
+        limit = self.connection.policy.max_key_length
+        if len(field) > limit:
+            raise LimitReached("max-key-length", limit)
+        return decode_key(check_key_field(field))
+
+    def reply(self, line: bytes) -> None:
+        """Send one line (without its terminator)."""
+        connection = self.connection
+        if connection.verbose:
+            self.log.debug("{peer} answered {line!r}", peer=connection.peer, line=line)
+        connection.write(line + self.terminator)
+
+    def reply_lines(self, lines: List[bytes]) -> None:
+        """Send several lines at once."""
+        connection = self.connection
+        if connection.verbose:
+            for line in lines:
+                self.log.debug("{peer} answered {line!r}", peer=connection.peer, line=line)
+        terminator = self.terminator
+        connection.write(b"".join(line + terminator for line in lines))
+
+    def reply_stream(self, lines: Iterable[bytes]) -> None:
+        """Send many lines (a listing), in pieces, as the client takes them."""
+        self.connection.write_stream(self._pieces(iter(lines)))
+
+    def _pieces(self, lines: Iterator[bytes]) -> Iterator[bytes]:
+        terminator = self.terminator
+        connection = self.connection
+        while True:
+            piece = []
+            for line in lines:
+                if connection.verbose:
+                    self.log.debug("{peer} answered {line!r}", peer=connection.peer, line=line)
+                piece.append(line)
+                piece.append(terminator)
+                if len(piece) >= 2 * LINES_PER_PIECE:
+                    break
+            if not piece:
+                return
+            yield b"".join(piece)
+
+    # -- the protocol's words ------------------------------------------------
+
+    def unknown_command(self, word: bytes) -> bytes:
+        raise NotImplementedError
+
+    def bad_request(self, message: str) -> bytes:
+        raise NotImplementedError
+
+    def limit_reached(self, message: str) -> bytes:
+        raise NotImplementedError
+
+    def auth_accepted(self) -> bytes:
+        raise NotImplementedError
+
+    def refusal(self, error: LimitReached) -> bytes:
+        return self.limit_reached(str(error)) + self.terminator
+
+    def frame_too_long(self) -> bytes:
+        return self.bad_request("line too long") + self.terminator

@@ -260,3 +260,40 @@ class GracefulStopTests(TwistdTestCase):
             self.assertIsInstance((yield client.wait_closed()), ConnectionDone)
         stuck.transport.resumeProducing()
         yield stuck.wait_closed()
+
+
+class SecondSignalTests(TwistdTestCase):
+    @inlineCallbacks
+    def test_second_sigterm_while_stopping(self):
+        """
+        A second SIGTERM during the graceful stop (held open by a client
+        that reads nothing of a listing bigger than every buffer) is logged
+        and changes nothing: no traceback, and the stop ends as usual, with
+        status 0, after the shutdown grace.
+        """
+        process = self.run_server("--port", LOCAL, "--shutdown-grace", "2", "--max-held", "0")
+        port = yield self.port(process, b"JESyncFactory")
+        stuck = yield self.connect(port)
+        most_buffered = largest_send_buffer() + 2 * 2**20
+        keys = [b"s%05d-%s" % (n, b"x" * 1000) for n in range(most_buffered // 1000 + 1)]
+        for start in range(0, len(keys), 1000):
+            batch = keys[start : start + 1000]
+            yield stuck.ask(b"".join(b"lock %s\n" % key for key in batch), len(batch))
+        stuck.transport.pauseProducing()
+        stuck.transport.getHandle().setsockopt(SOL_SOCKET, SO_RCVBUF, 4096)
+        stuck.send(b"status-by-key\n")
+        process.transport.signalProcess("TERM")
+        yield process.wait_for(rb"Received SIGTERM, shutting down\.\n")
+        yield process.wait_for(rb"\(TCP Port \d+ Closed\)\n")
+        process.transport.signalProcess("TERM")
+        yield process.wait_for(rb"received signal 15 while stopping: already stopping\n")
+        reason = yield process.wait_ended()
+        output = process.text()
+        self.assertIsInstance(reason, ProcessDone, output)
+        self.assertEqual(reason.exitCode, 0, output)
+        self.assertEqual(output.count("Received SIGTERM"), 1, output)
+        self.assertIn("jesync stopped: closed 1 connections", output)
+        self.assertNotIn("Traceback", output)
+        self.assertNotIn("Unhandled", output)
+        stuck.transport.resumeProducing()
+        yield stuck.wait_closed()

@@ -58,6 +58,7 @@ from jesync.interfaces import ILockService
 
 if TYPE_CHECKING:
     from jesync.connections.grammar import Grammar
+    from jesync.connections.policy import IStreamTransport
 
 # Bytes buffered behind held requests before reading from the socket pauses.
 HOLD_BUFFER = 65536
@@ -77,6 +78,7 @@ class LockConnection(Protocol):
     @ivar state: its lifecycle state (L{jesync.connections.lifecycle}).
     """
 
+    transport: IStreamTransport
     state = lifecycle.ACCEPTED
     peer = "?"
     authenticated = False
@@ -89,7 +91,7 @@ class LockConnection(Protocol):
         self.verbose = factory.verbose
         self.grammar: Grammar = factory.grammar(self)
         self.log = self.grammar.log
-        deliver = self.grammar.frame_received
+        deliver: Callable[[bytes], None] = self.grammar.frame_received
         if self.policy.idle_timeout is not None:
             deliver = self._heard(deliver)
         self.framing = self.grammar.framing(deliver, self._frame_too_long, self.grammar.max_frame)
@@ -175,7 +177,7 @@ class LockConnection(Protocol):
     def writeConnectionLost(self) -> None:
         """Never asked for: the server closes both directions at once."""
 
-    def connectionLost(self, reason: Failure = None) -> None:
+    def connectionLost(self, reason: Optional[Failure] = None) -> None:
         if not self._feed("lost") or not self._admitted:
             return
         self.policy.connections.remove(self)
@@ -409,9 +411,10 @@ class LockConnection(Protocol):
         written = 0
         while output and not self._paused and written < STREAM_TURN:
             item = output[0]
+            piece: Optional[bytes]
             if isinstance(item, bytes):
                 output.popleft()
-                piece: Optional[bytes] = item
+                piece = item
             else:
                 piece = next(item, None)
                 if piece is None:

@@ -21,12 +21,26 @@ These are Twisted's own framing protocols used for their parsers only:
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 from twisted.protocols.basic import Int32StringReceiver, LineReceiver
 
 Deliver = Callable[[bytes], None]
 TooLong = Callable[[], None]
+
+
+class Framing(Protocol):
+    """What a connection uses of its framing (L{LineFraming}, L{LengthPrefixedFraming})."""
+
+    paused: bool
+
+    def __init__(self, deliver: Deliver, too_long: TooLong, max_length: int) -> None: ...
+
+    def dataReceived(self, data: bytes) -> None: ...
+
+    def buffered(self) -> int: ...
+
+    def stop(self) -> None: ...
 
 
 class LineFraming(LineReceiver):

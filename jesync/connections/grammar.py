@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Iterable, Iterator, 
 
 from twisted.logger import Logger
 
-from jesync.connections.framing import LineFraming
+from jesync.connections.framing import Framing, LineFraming
 from jesync.errors import LimitReached
 from jesync.wire import MAX_LINE, BadRequest, check_key_field, decode_key, split_fields
 
@@ -35,14 +35,14 @@ class Grammar:
     """
     The base of a wire protocol's grammar.
 
-    @cvar framing: how frames are cut: a callable taking (deliver, too_long,
+    @cvar framing: how frames are cut: a class taking (deliver, too_long,
         max_frame), such as L{LineFraming}.
     @cvar max_frame: the longest frame accepted.
     @cvar ordered: whether replies go out in request order (while a reply is
         owed, later requests wait), or a wait is answered whenever it ends.
     """
 
-    framing: ClassVar[Callable[..., object]] = LineFraming
+    framing: ClassVar[type[Framing]] = LineFraming
     max_frame: ClassVar[int] = MAX_LINE
     ordered: ClassVar[bool] = False
     log = Logger()

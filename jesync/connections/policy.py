@@ -9,17 +9,32 @@ from __future__ import annotations
 
 import socket
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Protocol
+from typing import TYPE_CHECKING, Iterator, Optional, Protocol
 
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IReactorTime, ITransport
+from twisted.internet.interfaces import IReactorTime
+
+if TYPE_CHECKING:
+    from twisted.internet.interfaces import IConsumer, IPushProducer, ITCPTransport
+    from zope.interface import Attribute
+
+    class IStreamTransport(ITCPTransport, IConsumer, IPushProducer):
+        """
+        For type checking only: what a connection uses of its transport.
+        TCP's, UNIX's and TLS's transports all have it, though none declares
+        all of these interfaces (Twisted types C{Protocol.transport} as an
+        optional L{ITransport}, which has neither C{abortConnection} nor the
+        producer methods).
+        """
+
+        disconnecting = Attribute("Whether the transport is closing.")
 
 
 class Connection(Protocol):
     """What the registry needs of a connection."""
 
-    transport: ITransport
+    transport: IStreamTransport
 
     def close(self) -> None:
         """Close as the server stops: give back what it holds, flush what it owes, then close."""
@@ -58,6 +73,7 @@ class Connections:
             # Not at once: the last connection is still in its
             # connectionLost, and has not given everything back yet (an elock
             # session ends after its connection leaves the registry).
+            assert self._clock is not None  # set with _closed, by close_all
             self._clock.callLater(0, closed.callback, None)
 
     def close_all(self, clock: IReactorTime, grace: float) -> Deferred[None]:
@@ -70,7 +86,8 @@ class Connections:
         if not self._open:
             return succeed(None)
         self._clock = clock
-        self._closed = closed = Deferred()
+        closed: Deferred[None] = Deferred()
+        self._closed = closed
         for connection in self:
             connection.close()
 

@@ -24,6 +24,7 @@ from jesync.wire import (
     DEFAULT_EXPIRES,
     WAIT_FOREVER,
     BadRequest,
+    ListingOrder,
     encode_key,
     granted_reply,
     no_arguments,
@@ -120,7 +121,7 @@ class JESyncProtocol(CommandGrammar):
         ]
         self.reply_stream(_ended(lines))
 
-    def _listing(self, order: str, args: List[bytes]) -> None:
+    def _listing(self, order: ListingOrder, args: List[bytes]) -> None:
         no_arguments(args)
         rows = self.service.listing(order)  # the snapshot, sorted once
         lines = (status_reply(b"STATUS", row.granted, row.waiting, encode_key(row.key)) for row in rows)

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sized
 
+from twisted.web import http
 from twisted.web.pages import notFound
 from twisted.web.resource import IResource, Resource
 from twisted.web.server import Request, Site
@@ -198,7 +199,7 @@ class _QuietSite(Site):
 
     noisy = False
 
-    def log(self, request: Request) -> None:
+    def log(self, request: http.Request) -> None:
         pass
 
 

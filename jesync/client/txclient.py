@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Any, Callable, Optional, Sequence
 
 from twisted.internet import defer, endpoints
-from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint, ITransport
+from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint, ITCPTransport
 from twisted.internet.error import ConnectionDone
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
@@ -72,7 +72,16 @@ class TwistedLock(LockState):
             renewal.cancel()
 
 
+def _describe_failure(failure: Failure) -> str:
+    """L{describe} a Failure's exception (which it always has, though Twisted types it as optional)."""
+    error = failure.value
+    return describe(error) if error is not None else failure.getErrorMessage()
+
+
 class _Protocol(Protocol):
+    # Set on connecting: a TCP or a UNIX endpoint's, both ITCPTransports.
+    transport: ITCPTransport
+
     def __init__(self, connection: _Connection) -> None:
         self.connection = connection
 
@@ -80,7 +89,7 @@ class _Protocol(Protocol):
         self.connection.data_received(data)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        why = "the server closed the connection" if reason.check(ConnectionDone) else describe(reason.value)
+        why = "the server closed the connection" if reason.check(ConnectionDone) else _describe_failure(reason)
         self.connection.fail(why, lost=True)
 
 
@@ -92,7 +101,7 @@ class _Connection:
         self.reactor = reactor
         self.session = Session(str(address), self._send, self._make_lock)
         self._read_timeout = read_timeout
-        self._transport: Optional[ITransport] = None
+        self._transport: Optional[ITCPTransport] = None
         self._splitter = LineSplitter()
         self._silence: Optional[IDelayedCall] = None
         self.gone: defer.Deferred[None] = defer.Deferred()
@@ -117,7 +126,7 @@ class _Connection:
         def failed(failure: Failure) -> Failure:
             if failure.check(defer.CancelledError):
                 return failure
-            raise ConnectFailed(str(address), f"cannot connect: {describe(failure.value)}")
+            raise ConnectFailed(str(address), f"cannot connect: {_describe_failure(failure)}")
 
         return endpoints.connectProtocol(endpoint, _Protocol(connection)).addCallbacks(connected, failed)
 

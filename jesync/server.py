@@ -15,10 +15,11 @@ from twisted.application import service
 from twisted.application.internet import StreamServerEndpointService
 from twisted.internet import endpoints
 from twisted.internet.defer import Deferred, gatherResults
-from twisted.internet.interfaces import IReactorTime
-from twisted.internet.protocol import Factory, Protocol
+from twisted.internet.interfaces import IProtocolFactory, IReactorTime
+from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+from twisted.python.failure import Failure
 
 from jesync.connections.policy import ConnectionPolicy, Connections
 from jesync.protocols.elock import ELockFactory
@@ -145,7 +146,7 @@ class _CountedConnection(ProtocolWrapper):
     def close(self) -> None:
         self.loseConnection()
 
-    def connectionLost(self, reason: Any) -> None:
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
         if getattr(self, "refused", False):
             return
         self.factory.connections.remove(self)
@@ -158,7 +159,7 @@ class CountedFactory(WrappingFactory):
     protocol = _CountedConnection
     noisy = False
 
-    def __init__(self, factory: Factory, connections: Connections) -> None:
+    def __init__(self, factory: IProtocolFactory, connections: Connections) -> None:
         super().__init__(factory)
         self.connections = connections
 
@@ -195,7 +196,7 @@ class LockServer(service.MultiService):
         # Every registry of connections to close when stopping.
         self.registries = [policy.connections]
 
-    def listen(self, description: str, factory: Factory) -> None:
+    def listen(self, description: str, factory: IProtocolFactory) -> None:
         """Serve C{factory} on the endpoint C{description} while this service runs."""
         endpoint = endpoints.serverFromString(self.clock, description)
         StreamServerEndpointService(endpoint, factory).setServiceParent(self)
@@ -228,7 +229,8 @@ class LockServer(service.MultiService):
             # has run (twisted.application.app._exitWithSignal); a shutdown
             # that completed is a clean exit.
             if getattr(self.clock, "_exitSignal", None) is not None:
-                self.clock._exitSignal = None
+                # (a private attribute of twistd's reactor, unknown to IReactorTime)
+                setattr(self.clock, "_exitSignal", None)
 
         return stopped.addCallback(stopped_cleanly)
 

@@ -34,7 +34,7 @@ class ReadmeTests(SynchronousTestCase):
         )
 
     def test_embedding_example_runs_as_documented(self) -> None:
-        [example] = readme_blocks("python", "Embedding it")
+        example, _ = readme_blocks("python", "Embedding it")
         env = dict(os.environ, PYTHONPATH=str(ROOT))
         result = subprocess.run(
             [sys.executable, "-c", example],
@@ -50,3 +50,18 @@ class ReadmeTests(SynchronousTestCase):
         self.assertEqual(len(lines), len(expected_lines), result.stdout)
         self.assertRegex(lines[0], r"^serving JESync on port \d+$")
         self.assertEqual(lines[1:], expected_lines[1:])
+
+    def test_whole_server_example_builds(self) -> None:
+        """The README's build_server example builds both listeners over one lock table."""
+        _, example = readme_blocks("python", "Embedding it")
+        check = (
+            "\nprint(sorted(type(child.factory).__name__ for child in server))"
+            "\nprint(all(child.factory.service is server.locks for child in server))"
+            "\nprint(server.policy.idle_timeout)"
+        )
+        env = dict(os.environ, PYTHONPATH=str(ROOT))
+        result = subprocess.run(
+            [sys.executable, "-c", example + check], env=env, capture_output=True, text=True, timeout=60
+        )
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout.splitlines(), ["['ELockFactory', 'JESyncFactory']", "True", "300"])

@@ -88,7 +88,7 @@ class LockConnection(Protocol):
         self.service: ILockService = factory.service
         self.policy: ConnectionPolicy = factory.policy
         self.clock = factory.service.clock
-        self.verbose = factory.verbose
+        self.verbose: bool = factory.verbose
         self.grammar: Grammar = factory.grammar(self)
         self.log = self.grammar.log
         deliver: Callable[[bytes], None] = self.grammar.frame_received

@@ -20,6 +20,10 @@ setup(
         "tls": ["twisted[tls]"],
         # The suite covers metrics and TLS too, so it needs both extras.
         "test": ["pytest>=7", "pytest-twisted>=1.14", "hypothesis>=6", "prometheus_client>=0.17", "twisted[tls]"],
+        # mypy over jesync/ (setup.cfg), which checks jesync.metrics against
+        # prometheus_client's types too.  Each mypy-zope release pins the mypy
+        # versions it supports (1.0.5 is the first to take mypy 1.10).
+        "typecheck": ["mypy>=1.10", "mypy-zope>=1.0.5", "prometheus_client>=0.17"],
     },
     classifiers=[
         "Framework :: Twisted",

@@ -17,6 +17,10 @@ These are Twisted's own framing protocols used for their parsers only:
    delivered whole as the next frame.
  - L{LengthPrefixedFraming}: an C{Int32StringReceiver}; each frame is a
    4-byte big-endian length and that many bytes, at most C{MAX_LENGTH}.
+ - L{HeaderFraming}: a fixed-size header that says how long the body after
+   it is (the memcached binary protocol's 24 bytes); a frame is header and
+   body.  Twisted has no parser for this shape; it is written as
+   C{IntNStringReceiver} is, one pass over an offset.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ TooLong = Callable[[], None]
 
 
 class Framing(Protocol):
-    """What a connection uses of its framing (L{LineFraming}, L{LengthPrefixedFraming})."""
+    """What a connection uses of its framing (L{LineFraming}, L{LengthPrefixedFraming}, L{HeaderFraming})."""
 
     paused: bool
 
@@ -142,6 +146,55 @@ class LengthPrefixedFraming(Int32StringReceiver):
     def lengthLimitExceeded(self, length: int) -> None:
         self.stop()
         self.too_long()
+
+    def stop(self) -> None:
+        self._stopped = True
+        self.paused = True
+        self._unprocessed = b""
+
+
+class HeaderFraming:
+    """
+    Frames of a C{header_size}-byte header and the body it announces
+    (L{body_length}); a frame (header and body) longer than C{max_length}
+    is too long.  A subclass says both, for its protocol.
+    """
+
+    header_size = 0
+    paused = False
+
+    def __init__(self, deliver: Deliver, too_long: TooLong, max_length: int) -> None:
+        self.deliver = deliver
+        self.too_long = too_long
+        self.max_length = max_length
+        self._unprocessed = b""
+        self._stopped = False
+
+    def body_length(self, header: bytes) -> int:
+        """How many bytes of body follow C{header}."""
+        raise NotImplementedError
+
+    def buffered(self) -> int:
+        return len(self._unprocessed)
+
+    def dataReceived(self, data: bytes) -> None:
+        if self._stopped:
+            return
+        buffer = self._unprocessed + data if self._unprocessed else data
+        offset = 0
+        header_size = self.header_size
+        while not self.paused and not self._stopped and len(buffer) - offset >= header_size:
+            end = offset + header_size + self.body_length(buffer[offset : offset + header_size])
+            if end - offset > self.max_length:
+                self.stop()
+                self.too_long()
+                return
+            if len(buffer) < end:
+                break
+            frame = buffer[offset:end]
+            offset = end
+            self.deliver(frame)
+        self._unprocessed = b"" if self._stopped else buffer[offset:]
 
     def stop(self) -> None:
         self._stopped = True

@@ -24,6 +24,8 @@ from socket import SO_RCVBUF, SO_SNDBUF, SOL_SOCKET
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.error import ConnectionDone
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.connections.connection import STREAM_TURN
@@ -375,3 +377,26 @@ class NumberAndFieldRulesTests(SynchronousTestCase):
         self.assertEqual(elock.ask(b"unlock a\rb\r\n"), b"400 a key cannot contain a carriage return\r\n")
         self.assertEqual(elock.ask(b"conn_id a\rb\r\n"), b"400 a conn id cannot contain a carriage return\r\n")
         self.assertEqual(server.service.listing(), [])
+
+
+class MetricsConnectionCapTests(SynchronousTestCase):
+    def test_own_cap(self) -> None:
+        """The metrics endpoint counts its connections in a registry of its own, with its own cap."""
+        from twisted.internet.protocol import Factory, Protocol
+
+        from jesync.connections.policy import Connections
+        from jesync.server import CountedFactory
+
+        registry = Connections(2)
+        counted = CountedFactory(Factory.forProtocol(Protocol), registry)
+        transports = [StringTransport() for _ in range(3)]
+        protocols = [counted.buildProtocol(None) for _ in transports]
+        for protocol, transport in zip(protocols, transports):
+            protocol.makeConnection(transport)
+        self.assertEqual(len(registry), 2)
+        self.assertTrue(transports[2].disconnecting)
+        self.assertTrue(transports[2].value().startswith(b"HTTP/1.1 503 "))
+        self.assertEqual([t.disconnecting for t in transports[:2]], [False, False])
+        for protocol in protocols:
+            protocol.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(len(registry), 0)

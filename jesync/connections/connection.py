@@ -136,7 +136,6 @@ class LockConnection(Protocol):
         self.transport.registerProducer(self, True)
         self.log.info("{peer} connected", peer=self.peer)
         self._feed("admit" if self.policy.auth_token is None else "admit_with_auth")
-        self.grammar.connection_made()
 
     def entered(self, state: str, previous: str) -> None:
         """The lifecycle entered C{state}: do what that means."""
@@ -153,16 +152,16 @@ class LockConnection(Protocol):
             self._end_waits()
             self._close_if_answered()
         elif state == CLOSING:
-            self._give_back(previous)
+            self._give_back()
         elif state == CLOSED:
             if previous != CLOSING:
-                self._give_back(previous)
+                self._give_back()
             self._cancel_calls()
 
     def _feed(self, event: str) -> bool:
         return lifecycle.feed(self, event)
 
-    def _give_back(self, previous: str) -> None:
+    def _give_back(self) -> None:
         """Stop reading, end the waits without a reply, and give back what this connection holds."""
         self.framing.stop()
         self._cancel_timer()
@@ -182,7 +181,6 @@ class LockConnection(Protocol):
             return
         self.policy.connections.remove(self)
         self.factory.clients -= 1
-        self.grammar.connection_lost()
         self.log.info("{peer} disconnected", peer=self.peer)
 
     def close(self, last: bytes = b"") -> None:

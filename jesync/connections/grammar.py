@@ -71,9 +71,6 @@ class Grammar:
 
     # -- the connection's lifecycle ------------------------------------------
 
-    def connection_made(self) -> None:
-        """The connection was admitted."""
-
     def holds_nothing(self) -> bool:
         """Whether the connection holds no lock (for the idle timeout)."""
         return not self.service.owned(self.connection)
@@ -85,8 +82,6 @@ class Grammar:
         """
         self.service.release_all(self.connection)
 
-    def connection_lost(self) -> None:
-        """The transport is gone."""
 
 
 class CommandGrammar(Grammar):

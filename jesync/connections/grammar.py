@@ -83,7 +83,6 @@ class Grammar:
         self.service.release_all(self.connection)
 
 
-
 class CommandGrammar(Grammar):
     """
     A line protocol: C{<command> <arguments...>}, one per line.

@@ -17,7 +17,7 @@ quits, ends and its locks are released.
 from __future__ import annotations
 
 import secrets
-from typing import Dict, Optional
+from typing import Dict, Iterable, Optional
 
 from automat import MethodicalMachine
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -33,6 +33,11 @@ DEFAULT_MAX_SESSIONS = 10_000
 def new_session_id() -> str:
     """An unguessable id: 128 random bits (elock counted 1, 2, 3..., so anyone could take over a session)."""
     return secrets.token_urlsafe(16)
+
+
+def _last_output(outputs: Iterable[bool]) -> bool:
+    """What an input returns: its last output's result (whether a resume was accepted)."""
+    return list(outputs)[-1]
 
 
 class Session:
@@ -130,15 +135,14 @@ class Session:
         self._service.release_all(self)
         self._table._forget(self)
 
-    _resumed = staticmethod(lambda outputs: list(outputs)[-1])
 
     attached.upon(connection_lost, enter=detached, outputs=[_detach, _start_grace_timer])
-    attached.upon(resume, enter=attached, outputs=[_refuse], collector=_resumed)
+    attached.upon(resume, enter=attached, outputs=[_refuse], collector=_last_output)
     attached.upon(end, enter=ended, outputs=[_release_locks])
-    detached.upon(resume, enter=attached, outputs=[_stop_grace_timer, _attach], collector=_resumed)
+    detached.upon(resume, enter=attached, outputs=[_stop_grace_timer, _attach], collector=_last_output)
     detached.upon(grace_over, enter=ended, outputs=[_release_locks])
     detached.upon(end, enter=ended, outputs=[_stop_grace_timer, _release_locks])
-    ended.upon(resume, enter=ended, outputs=[_refuse], collector=_resumed)
+    ended.upon(resume, enter=ended, outputs=[_refuse], collector=_last_output)
 
 
 class SessionTable:

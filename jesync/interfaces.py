@@ -79,6 +79,21 @@ class ILockService(Interface):
             owner goes away first.
         """
 
+    def request(
+        key: str,
+        owner: Hashable,
+        max_concurrent: int = 1,
+        timeout: float = -1,
+        expires: float = 120,
+    ):
+        """
+        L{acquire}, without a Deferred for a grant made (or renewed) at once:
+        the protocols' fast path.
+
+        @return: the L{IGrant} if C{owner} holds C{key} now; otherwise the
+            Deferred L{acquire} would return.  Raises as L{acquire} does.
+        """
+
     def release(key: str, owner: Hashable) -> bool:
         """
         Release C{owner}'s grant of C{key}, handing it to the next waiters.

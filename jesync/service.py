@@ -176,13 +176,24 @@ class LockService:
         timeout: float = WAIT_FOREVER,
         expires: float = DEFAULT_EXPIRES,
     ) -> Deferred[Grant]:
+        result = self.request(key, owner, max_concurrent, timeout, expires)
+        return succeed(result) if isinstance(result, Grant) else result
+
+    def request(
+        self,
+        key: str,
+        owner: Hashable,
+        max_concurrent: int = 1,
+        timeout: float = WAIT_FOREVER,
+        expires: float = DEFAULT_EXPIRES,
+    ) -> Union[Grant, Deferred[Grant]]:
         check_request(max_concurrent, timeout, expires)
         held = self._owners.get(owner)
         current = held.get(key) if held is not None else None
         if current is not None:
             if isinstance(current, Grant):
                 self._renew(current, expires)
-                return succeed(current)
+                return current
             return fail(AlreadyWaiting(key))
 
         if self.max_held is not None and held is not None and len(held) >= self.max_held:
@@ -197,7 +208,7 @@ class LockService:
             grant = self._grant(lock, key, owner, max_concurrent, expires)
             if self.observer is not None:
                 self.observer.granted(grant, 0.0)
-            return succeed(grant)
+            return grant
         if timeout == 0:
             return fail(LockTimeout(key))
         if self.max_waiters is not None and lock.waiting >= self.max_waiters:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from twisted.internet.defer import CancelledError
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 
 from jesync.connections.connection import LockServerFactory
@@ -108,9 +108,12 @@ class ELockProtocol(CommandGrammar):
         wait = parse_integer(args[1], "wait") if len(args) > 1 else 0
         if wait < 0:
             raise BadRequest("wait must not be negative")
-        result = self.service.acquire(key, self._session(), 1, wait, 0)
-        result.addCallbacks(self._acquired, self._unavailable)
-        self.connection.await_reply(result)
+        result = self.service.request(key, self._session(), 1, wait, 0)
+        if isinstance(result, Deferred):
+            result.addCallbacks(self._acquired, self._unavailable)
+            self.connection.await_reply(result)
+        else:
+            self._acquired(result)
 
     def _acquired(self, grant: IGrant) -> None:
         self.reply(b"200 Acquired")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Iterable, Iterator, List
 
-from twisted.internet.defer import CancelledError
+from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 
 from jesync.connections.connection import LockServerFactory
@@ -80,11 +80,14 @@ class JESyncProtocol(CommandGrammar):
         timeout = parse_integer(args[2], "timeout") if len(args) > 2 else WAIT_FOREVER
         expires = parse_integer(args[3], "expires") if len(args) > 3 else DEFAULT_EXPIRES
         try:
-            result = self.service.acquire(key, self.connection, max_concurrent, timeout, expires)
+            result = self.service.request(key, self.connection, max_concurrent, timeout, expires)
         except ValueError as error:
             raise BadRequest(str(error)) from None
-        result.addCallbacks(self._granted, self._not_granted, (raw_key,), None, (raw_key,))
-        self.connection.await_reply(result)
+        if isinstance(result, Deferred):
+            result.addCallbacks(self._granted, self._not_granted, callbackArgs=(raw_key,), errbackArgs=(raw_key,))
+            self.connection.await_reply(result)
+        else:
+            self._granted(result, raw_key)
 
     def _granted(self, grant: IGrant, raw_key: bytes) -> None:
         status = self.service.status(grant.key)

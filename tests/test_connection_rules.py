@@ -211,16 +211,17 @@ class BigOutputTests(ServerTestCase):
             batch = keys[start : start + 10000]
             yield holder.ask(b"".join(b"lock %s 1 -1 0\n" % key for key in batch), len(batch))
         writes: list[tuple[str, int]] = []
-        for name, client in (("lister", lister), ("other", other)):
-            transport = client.served.transport
-            real_write = transport.write
+        # The listing's pieces go to the transport; a short reply may go
+        # straight to the socket, so the other's is seen where it is made.
+        for name, owner in (("lister", lister.served.transport), ("other", other.served)):
+            real_write = owner.write
 
             def write(data, name=name, real_write=real_write):
                 writes.append((name, len(data)))
                 real_write(data)
 
-            transport.write = write
-            self.addCleanup(delattr, transport, "write")
+            owner.write = write
+            self.addCleanup(delattr, owner, "write")
         lister.send(b"status-by-key\n")
         other.send(b"status k000001\n")
         self.assertEqual((yield other.read_line()), b"STATUS 1 0 k000001\n")

@@ -44,6 +44,7 @@ import hmac
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Deque, Dict, Iterator, Optional, Union
 
+from twisted.internet import tcp
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol, IPushProducer
 from twisted.internet.protocol import Factory, Protocol
@@ -64,6 +65,10 @@ if TYPE_CHECKING:
 HOLD_BUFFER = 65536
 # Bytes of a stream written per reactor turn, at most.
 STREAM_TURN = 65536
+# A reply up to this long is sent straight to the socket when nothing is
+# queued ahead of it (larger ones, listings, go through the transport, whose
+# buffer pauses the connection as it should).
+DIRECT_WRITE = 4096
 
 _Output = Union[bytes, Iterator[bytes]]
 
@@ -110,6 +115,9 @@ class LockConnection(Protocol):
         self._reading_paused = False
         self._wants_close = False
         self._admitted = False
+        # The plain TCP or UNIX transport whose socket replies may be sent to
+        # at once (None: TLS, or not a socket transport).
+        self._direct: Optional[tcp.Connection] = None
 
     @property
     def paused(self) -> bool:
@@ -134,6 +142,8 @@ class LockConnection(Protocol):
         self.factory.clients += 1
         enable_keepalive(self.transport, self.policy.keepalive)
         self.transport.registerProducer(self, True)
+        if isinstance(self.transport, tcp.Connection):
+            self._direct = self.transport
         self.log.info("{peer} connected", peer=self.peer)
         self._feed("admit" if self.policy.auth_token is None else "admit_with_auth")
 
@@ -384,6 +394,26 @@ class LockConnection(Protocol):
         if self._output is not None:
             self._output.append(data)
             return
+        direct = self._direct
+        if (
+            direct is not None
+            and len(data) <= DIRECT_WRITE
+            and not direct._tempDataBuffer
+            and direct.offset == len(direct.dataBuffer)
+            and not direct.TLS
+            and not self._paused
+        ):
+            # Nothing is queued ahead of it: send it now, as Redis does,
+            # rather than in a write event on the next reactor turn (two
+            # epoll_ctl calls and an event per reply).  What the socket does
+            # not take goes through the transport, in order.
+            try:
+                sent = direct.socket.send(data)
+            except OSError:  # EAGAIN; or a dead connection, which the transport will report
+                sent = 0
+            if sent == len(data):
+                return
+            data = data[sent:]
         self.transport.write(data)
         if self._paused_long:
             self._count_behind(len(data))

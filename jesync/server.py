@@ -106,6 +106,7 @@ def build_server(reactor: Any, settings: ServerSettings) -> LockServer:
         auth_token=settings.auth_token,
         auth_timeout=settings.auth_timeout or None,
         idle_timeout=settings.idle_timeout or None,
+        close_grace=settings.shutdown_grace,
         connections=Connections(settings.max_connections),
     )
     server = LockServer(locks, policy, reactor, settings.shutdown_grace)
@@ -242,7 +243,8 @@ class LockServer(service.MultiService):
         the stop.
         """
         call_from_thread = getattr(self.clock, "callFromThread", None)
-        if call_from_thread is None or not getattr(self.clock, "_stopped", False):
+        stopping = getattr(self.clock, "running", False) and getattr(self.clock, "_stopped", False)
+        if call_from_thread is None or not stopping:
             return  # not a reactor that is shutting down (an embedder stopping this service)
 
         def already_stopping(number: int, frame: object) -> None:

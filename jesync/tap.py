@@ -116,7 +116,8 @@ class Options(usage.Options):
             "shutdown-grace",
             None,
             5.0,
-            "Seconds a stopping server waits for clients to take their last replies before dropping them.",
+            "Seconds a stopping server, or a closing connection, waits for clients to take their last replies "
+            "before dropping them.",
             seconds,
         ],
     ]

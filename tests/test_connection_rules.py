@@ -401,3 +401,63 @@ class MetricsConnectionCapTests(SynchronousTestCase):
         for protocol in protocols:
             protocol.connectionLost(Failure(ConnectionDone()))
         self.assertEqual(len(registry), 0)
+
+
+class ReviewRegressionTests(ServerTestCase):
+    @inlineCallbacks
+    def test_fin_before_auth_closes(self):
+        """A client that closes before it authenticates does not keep its connection slot."""
+        path = write_file(self, TOKEN + b"\n")
+        server = yield Server.start(self, "--auth-token-file", path, "--max-connections", "1", elock=False)
+        first = yield server.jesync()
+        first.transport.loseWriteConnection()
+        self.assertIsInstance((yield first.wait_closed()), ConnectionDone)
+        yield server.wait_lost(first)
+        second = yield server.jesync()
+        self.assertEqual((yield second.ask(b"auth %s\n" % TOKEN)), b"OK\n")
+
+    @inlineCallbacks
+    def test_closing_client_that_does_not_read_is_dropped(self):
+        """An idle-timed-out client that takes none of its last replies is dropped after the grace."""
+        server = yield Server.start(self, "--idle-timeout", "0.2", "--shutdown-grace", "0.3", elock=False)
+        slow = yield server.jesync()
+        yield server.fill(slow)
+        yield server.wait_lost(slow)
+        self.assertEqual(len(server.policy.connections), 0)
+
+    def test_pieces_are_bounded_in_bytes(self) -> None:
+        """A listing of long keys still goes out in pieces of about 16 KiB."""
+        from jesync.connections.grammar import PIECE
+
+        server = UnitServer()
+        server.service.max_held = None
+        holder = server.connect()
+        keys = [b"%04d-%s" % (n, b"x" * 1000) for n in range(300)]
+        holder.ask(b"".join(b"lock %s 1 -1 0\n" % key for key in keys))
+        writes: list[int] = []
+        real_write = holder.transport.write
+        holder.transport.write = lambda data: writes.append(len(data)) or real_write(data)
+        holder.send(b"status-by-key\n")
+        while server.clock.getDelayedCalls():
+            server.clock.advance(0)
+        self.assertLessEqual(max(writes), PIECE + 1100)
+        self.assertGreater(len(writes), 10)
+
+
+class AfterFinUnitTests(SynchronousTestCase):
+    def test_would_wait_is_not_granted_whatever_the_limits(self) -> None:
+        """
+        After a FIN, a request held back behind a wait that would wait is
+        answered not-granted, not with the limit waiting would have met.
+        """
+        server = UnitServer()
+        holder, waiter, client = server.connect(), server.connect(), server.connect_elock()
+        holder.ask(b"lock a\nlock k\n")
+        self.assertEqual(waiter.ask(b"lock k\n"), b"")
+        self.assertEqual(client.ask(b"lock a 5\r\nlock k 5\r\n"), b"")
+        server.service.max_total_waits = 1
+        client.protocol.readConnectionLost()
+        server.clock.advance(0)
+        self.assertEqual(client.take(), b"409 Unavailable\r\n409 Unavailable\r\n")
+        self.assertTrue(client.closing)
+        self.assertEqual(server.service.status("k"), KeyStatus("k", 1, 1))

@@ -20,6 +20,7 @@ class FakeConnection:
 
     verbose = False
     authenticated = True
+    may_wait = True
     peer = "fake:1"
 
     def __init__(self, service: LockService, factory: object = None) -> None:

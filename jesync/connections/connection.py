@@ -163,6 +163,9 @@ class LockConnection(Protocol):
             self._close_if_answered()
         elif state == CLOSING:
             self._give_back()
+            # However it closes, a client that does not take its last
+            # replies is not waited for beyond the grace period.
+            self._timer = self.clock.callLater(self.policy.close_grace, self._close_overdue)
         elif state == CLOSED:
             if previous != CLOSING:
                 self._give_back()
@@ -181,7 +184,8 @@ class LockConnection(Protocol):
 
     def readConnectionLost(self) -> None:
         """The peer sent FIN: answer what it sent (its waits: not granted), then close."""
-        self._feed("input_ended")
+        if self._feed("input_ended") and self.state == CLOSING:
+            self._finish_closing()  # it had not authenticated: nothing is owed
 
     def writeConnectionLost(self) -> None:
         """Never asked for: the server closes both directions at once."""
@@ -234,6 +238,21 @@ class LockConnection(Protocol):
         ):
             self._feed("answered")
             self._finish_closing()
+
+    def _close_overdue(self) -> None:
+        self._timer = None
+        if self.state == CLOSING:
+            self.log.info("{peer} dropped: did not take its last replies", peer=self.peer)
+            self._output = None
+            self.transport.abortConnection()
+
+    @property
+    def may_wait(self) -> bool:
+        """
+        Whether a request may wait for a lock: not once the client has sent
+        FIN (a wait would only be ended at once, not granted).
+        """
+        return self.state == READY or self.state == AUTHENTICATING
 
     def drop(self, why: str) -> None:
         """Disconnect at once, without flushing: the client is not reading."""

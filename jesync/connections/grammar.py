@@ -27,8 +27,9 @@ from jesync.wire import MAX_LINE, BadRequest, check_key_field, decode_key, split
 if TYPE_CHECKING:
     from jesync.connections.connection import LockConnection
 
-# Reply lines joined into one piece of a streamed reply.
-LINES_PER_PIECE = 512
+# The size of one piece of a streamed reply (lines are joined until a piece
+# passes it).
+PIECE = 16384
 
 
 class Grammar:
@@ -152,19 +153,22 @@ class CommandGrammar(Grammar):
 
     def _pieces(self, lines: Iterator[bytes]) -> Iterator[bytes]:
         terminator = self.terminator
+        extra = len(terminator)
         connection = self.connection
         while True:
             piece = []
+            size = 0
             for line in lines:
                 if connection.verbose:
                     self.log.debug("{peer} answered {line!r}", peer=connection.peer, line=line)
                 piece.append(line)
-                piece.append(terminator)
-                if len(piece) >= 2 * LINES_PER_PIECE:
+                size += len(line) + extra
+                if size >= PIECE:
                     break
             if not piece:
                 return
-            yield b"".join(piece)
+            piece.append(b"")
+            yield terminator.join(piece)
 
     # -- the protocol's words ------------------------------------------------
 

@@ -120,8 +120,10 @@ class ConnectionPolicy:
     @ivar auth_token: if set, a connection must send C{auth <token>} first.
     @ivar auth_timeout: seconds a connection may take to authenticate (when
         a token is set); None: no limit.
-    @ivar idle_timeout: seconds after which a connection that has sent
-        nothing, and holds and waits for nothing, is closed; None: never.
+    @ivar idle_timeout: seconds after which a connection that has sent no
+        request, and holds and waits for nothing, is closed; None: never.
+    @ivar close_grace: seconds a closing connection may take to send its
+        last replies before it is dropped.
     @ivar connections: the registry, shared by every factory of the server.
     """
 
@@ -131,6 +133,7 @@ class ConnectionPolicy:
     auth_token: Optional[bytes] = None
     auth_timeout: Optional[float] = 10.0
     idle_timeout: Optional[float] = None
+    close_grace: float = 5.0
     connections: Connections = field(default_factory=Connections)
 
 

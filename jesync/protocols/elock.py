@@ -108,6 +108,8 @@ class ELockProtocol(CommandGrammar):
         wait = parse_integer(args[1], "wait") if len(args) > 1 else 0
         if wait < 0:
             raise BadRequest("wait must not be negative")
+        if not self.connection.may_wait:
+            wait = 0
         result = self.service.request(key, self._session(), 1, wait, 0)
         if isinstance(result, Deferred):
             result.addCallbacks(self._acquired, self._unavailable)

@@ -79,6 +79,8 @@ class JESyncProtocol(CommandGrammar):
         max_concurrent = parse_integer(args[1], "max_concurrent") if len(args) > 1 else 1
         timeout = parse_integer(args[2], "timeout") if len(args) > 2 else WAIT_FOREVER
         expires = parse_integer(args[3], "expires") if len(args) > 3 else DEFAULT_EXPIRES
+        if not self.connection.may_wait and timeout >= WAIT_FOREVER:
+            timeout = 0  # after a FIN: granted now, or not at all
         try:
             result = self.service.request(key, self.connection, max_concurrent, timeout, expires)
         except ValueError as error:

@@ -17,7 +17,7 @@ from socket import SO_RCVBUF, SOL_SOCKET
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.endpoints import TCP4ClientEndpoint
-from twisted.internet.error import ConnectionDone, ProcessDone, ProcessTerminated
+from twisted.internet.error import ConnectionDone, ProcessDone
 from twisted.trial.unittest import TestCase
 from twisted.web.client import Agent, HTTPConnectionPool, readBody
 
@@ -69,9 +69,7 @@ class AuthTokenTests(TwistdTestCase):
         self.assertIsInstance((yield helping.wait_ended()), ProcessDone)
         self.assertIn(b"--auth-token-file=", helping.output)
         self.assertNotIn(TOKEN, helping.output)
-        reason = yield refused.wait_ended()
-        self.assertIsInstance(reason, ProcessTerminated)
-        self.assertEqual(reason.exitCode, 1)
+        test_twistd.assert_usage_error_status(self, (yield refused.wait_ended()))
         self.assertIn(b"--auth-token-file: %s must hold one token, without spaces" % bad.encode(), refused.output)
         self.assertNotIn(TOKEN, refused.output)
         self.assertNotIn(b"other-half", refused.output)

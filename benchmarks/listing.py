@@ -8,15 +8,18 @@ The script starts ``twistd -n --pidfile= jesync --port tcp:PORT:interface=127.0.
 
 1. fills N keys (default 1,000,000): a handful of connections pipeline
    ``lock key-%07d 1 0 0`` lines and read the ``GRANTED`` replies; the
-   server's RSS (``VmRSS`` from /proc) is read before and after;
+   server's RSS (``VmRSS`` from /proc) is read before and after.  The keys
+   go in in order, so the server's table is already sorted and the sort is
+   as cheap as it gets; ``--shuffled`` takes them in a random order;
 2. one client sends ``status-by-key`` and reads the whole listing as fast as
    it can, while a second client (its own process) sends ``status probe``
    in a loop, one request at a time, timing each round trip.
 
 Reported: time to the listing's first byte, total listing time, bytes and
-lines; the probe's round trips while idle and during the listing (p50, p99,
-max: the longest the listing made another client wait); the server's RSS
-peak during the listing.
+lines; the server's CPU time meanwhile; the probe's round trips while idle
+and during the listing (p50, p99, max: the longest the listing made another
+client wait) and its three longest; the server's RSS peak during the
+listing.
 
 ``--slow-reader``: instead, the listing client sends ``status-by-key`` and
 does not read at all for ``--stall`` seconds (the probe keeps going).
@@ -26,6 +29,7 @@ arrives when the client reads what is left), and the probe's round trips.
 
     python benchmarks/listing.py --keys 100000
     python benchmarks/listing.py --keys 100000 --slow-reader
+    python benchmarks/listing.py --shuffled
     python benchmarks/listing.py --checkout /tmp/jesync-before --python /tmp/venv-before/bin/python
 
 Only 127.0.0.1; every loop is bounded in count and time; the server is
@@ -38,6 +42,7 @@ import argparse
 import fcntl
 import multiprocessing
 import os
+import random
 import select
 import socket
 import struct
@@ -49,9 +54,10 @@ import threading
 import time
 from array import array
 from pathlib import Path
+from typing import Sequence
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import REPO, Server, start_jesync  # noqa: E402  (benchmarks/ is on sys.path)
+from loadgen import REPO, Server, cpu_seconds, machine_busy_seconds, start_jesync  # noqa: E402  (on sys.path)
 
 PROBE = b"status probe\n"
 PROBE_REPLY = b"STATUS 0 0 probe\n"
@@ -135,7 +141,7 @@ class RSSSampler(threading.Thread):
 class Filler:
     """One filling connection: its keys, how many it sent and got, its partial line."""
 
-    def __init__(self, sock: socket.socket, keys: range) -> None:
+    def __init__(self, sock: socket.socket, keys: Sequence[int]) -> None:
         self.sock, self.keys = sock, iter(keys)
         self.total, self.sent, self.granted = len(keys), 0, 0
         self.partial = b""
@@ -162,17 +168,25 @@ class Filler:
         return len(lines)
 
 
-def fill(address, keys: int, connections: int, window: int, timeout: float) -> tuple[float, list[socket.socket]]:
+def fill(
+    address, keys: int, connections: int, window: int, timeout: float, shuffled: bool = False
+) -> tuple[float, list[socket.socket]]:
     """
     Take C{keys} locks (key-0000000 ...) over C{connections} connections, each
-    keeping at most C{window} requests unanswered.  Returns the seconds taken
-    and the connections, which must stay open (closing one releases its locks).
+    keeping at most C{window} requests unanswered; in key order, or
+    C{shuffled} (so the server's table is not already sorted).  Returns the
+    seconds taken and the connections, which must stay open (closing one
+    releases its locks).
     """
     deadline = time.monotonic() + timeout
+    order: Sequence[int] = range(keys)
+    if shuffled:
+        order = array("i", range(keys))
+        random.Random(1).shuffle(order)  # type: ignore[arg-type]
     fillers = {}
     for i in range(connections):
         sock = connect(address, timeout)
-        fillers[sock.fileno()] = Filler(sock, range(i, keys, connections))
+        fillers[sock.fileno()] = Filler(sock, order[i::connections])
     poller = select.epoll()
     for fd in fillers:
         poller.register(fd, select.EPOLLIN)
@@ -277,6 +291,12 @@ def probe_stats(
     )
 
 
+def longest_probes(samples: list[tuple[float, float]], since: float, count: int = 3) -> str:
+    """The C{count} longest round trips of the probes that ended after C{since}, with when they began."""
+    longest = sorted(((r, s) for s, r in samples if s + r >= since), reverse=True)[:count]
+    return ", ".join(f"{fmt_ms(r)} from {s - since:+,.3f} s" for r, s in longest) or "none"
+
+
 # -- the listing -----------------------------------------------------------------------
 
 
@@ -328,9 +348,11 @@ def run_listing(server: Server, args, sampler: RSSSampler) -> None:
     time.sleep(args.idle_probe)  # the probe alone first: its round trips on an idle server
     idle_end = time.monotonic()
     rss_before = rss_kib(server.pid)
+    cpu_before, busy_before = cpu_seconds(server.pid), machine_busy_seconds()
     sent_at = time.monotonic()
     sock.sendall(b"status-by-key\n")
     first, last, total, lines, ended, error = read_listing(sock, sent_at, sent_at + args.max_seconds)
+    cpu_after, busy_after = cpu_seconds(server.pid), machine_busy_seconds()
     samples, probe_error = probe.stop()
     rss_after = rss_kib(server.pid)
     sock.close()
@@ -348,9 +370,17 @@ def run_listing(server: Server, args, sampler: RSSSampler) -> None:
         print(f"  INCOMPLETE: {error}")
     elif lines - 1 != args.keys:
         print(f"  WARNING: expected {args.keys:,} STATUS lines")
+    if cpu_before is not None and cpu_after is not None:
+        span_cpu = cpu_after - cpu_before
+        busy = busy_after - busy_before
+        print(
+            f"  server CPU during the listing {span_cpu:,.2f} s; the rest of the machine "
+            f"{max(0.0, busy - span_cpu):,.2f} CPU-s (the probe, this reader, kernel threads, other work)"
+        )
     print(f"  probe, idle before the listing: {probe_stats(samples, 0.0, idle_end, within=True)}")
     print(f"  probe, during the listing:      {probe_stats(samples, sent_at, last)}")
     print(f"  probe, waiting for first byte:  {probe_stats(samples, sent_at, first)}")
+    print(f"  probe, longest (start, from the request): {longest_probes(samples, sent_at)}")
     if probe_error:
         print(f"  {probe_error}")
     peak = sampler.peak(sent_at, last)
@@ -407,6 +437,8 @@ def run_slow_reader(server: Server, args, sampler: RSSSampler) -> None:
     print(f"  probe, idle before:        {probe_stats(samples, 0.0, idle_end, within=True)}")
     print(f"  probe, during the stall:   {probe_stats(samples, sent_at, stall_end)}")
     print(f"  probe, during the drain:   {probe_stats(samples, drain_from, last)}")
+    print(f"  probe, longest (start, from the request): {longest_probes(samples, sent_at)}")
+    print(f"  the drain began {drain_from - sent_at:,.3f} s after the request")
     if probe_error:
         print(f"  {probe_error}")
 
@@ -421,6 +453,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--python", default=sys.executable, help="the Python whose twistd runs it (default: this one)")
     parser.add_argument("--fill-connections", type=int, default=4, help="connections that hold the keys (default 4)")
     parser.add_argument("--window", type=int, default=1000, help="unanswered lock requests per filling connection")
+    parser.add_argument(
+        "--shuffled",
+        action="store_true",
+        help="take the locks in a random key order (the table's own order is then not sorted: a realistic sort)",
+    )
     parser.add_argument("--slow-reader", action="store_true", help="do not read the listing for --stall seconds")
     parser.add_argument("--stall", type=float, default=5.0, help="slow reader: seconds without reading (default 5)")
     parser.add_argument("--idle-probe", type=float, default=1.0, help="seconds of probing before the listing")
@@ -450,11 +487,14 @@ def main(argv: list[str] | None = None) -> None:
         try:
             time.sleep(0.5)
             rss_start = rss_kib(server.pid)
-            elapsed, holders = fill(server.address, args.keys, args.fill_connections, args.window, args.max_seconds)
+            elapsed, holders = fill(
+                server.address, args.keys, args.fill_connections, args.window, args.max_seconds, args.shuffled
+            )
             time.sleep(0.5)
             rss_filled = rss_kib(server.pid)
             print(
-                f"fill: {args.keys:,} locks over {args.fill_connections} connections in {elapsed:,.2f} s "
+                f"fill: {args.keys:,} locks{' in random key order' if args.shuffled else ''} "
+                f"over {args.fill_connections} connections in {elapsed:,.2f} s "
                 f"({args.keys / elapsed:,.0f}/s); server RSS {mib(rss_start)} -> {mib(rss_filled)} "
                 f"({((rss_filled or 0) - (rss_start or 0)) * 1024 / max(1, args.keys):,.0f} B per lock)"
             )

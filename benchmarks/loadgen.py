@@ -31,6 +31,12 @@ with its own virtualenv against this working tree::
 ratios are then given for each jesync target against Redis, and against the
 first jesync target.
 
+On a machine shared with other work, ``--max-noise 0.1`` waits for a quiet
+second before each round, leaves out every run during which the rest of the
+machine used more than 0.1 of a core, computes each ratio over the rounds
+in which both of its servers ran quietly, and runs more rounds (at most
+``--extra-rounds``) until each ratio has ``--repeat`` of them.
+
 Reported per scenario: cycles per second, p50/p99 cycle latency, the
 server's CPU use over the measured window (when its pid is known; also as
 CPU time per cycle, the figure least disturbed by other load), the load
@@ -322,6 +328,23 @@ def machine_busy_seconds() -> float:
     return (sum(fields[:8]) - idle) / CLOCK_TICK
 
 
+def wait_for_quiet(limit: float, timeout: float) -> bool:
+    """
+    Wait (at most C{timeout} s) for a second in which the machine used less
+    than C{limit} of a core (nothing of ours runs between rounds).
+    """
+    deadline = time.monotonic() + timeout
+    steps = 0
+    while time.monotonic() < deadline and steps < 100_000:
+        steps += 1
+        before = machine_busy_seconds()
+        time.sleep(1.0)
+        if machine_busy_seconds() - before < limit:
+            return True
+    print(f"  (the machine did not go quiet within {timeout:g} s)", flush=True)
+    return False
+
+
 def loopback_address(text: str) -> tuple[str, int]:
     host, _, port = text.rpartition(":")
     address = socket.gethostbyname(host or "127.0.0.1")
@@ -478,12 +501,32 @@ def ratios(rounds: list[dict[str, Result]], measure, name: str = "jesync", refer
     return median([measure(r[name]) / measure(r[reference]) for r in rounds])
 
 
+def quiet_rounds(
+    rounds: list[dict[str, Result]], names: tuple[str, ...], max_noise: float | None
+) -> list[dict[str, Result]]:
+    """The rounds in which every one of C{names} ran with at most C{max_noise} other CPU (all, without a limit)."""
+    if max_noise is None:
+        return rounds
+    return [r for r in rounds if all(r[name].other_cpu <= max_noise for name in names)]
+
+
+def pairs(names: list[str]) -> list[tuple[str, str]]:
+    """The (name, reference) pairs reported: each jesync target against the first, and each against Redis."""
+    jesyncs = [name for name in names if name != "redis"]
+    result = [(name, jesyncs[0]) for name in jesyncs[1:]]
+    if "redis" in names:
+        result += [(name, "redis") for name in jesyncs]
+    return result or [(jesyncs[0], jesyncs[0])]
+
+
 def report(results: dict[tuple[str, int], list[dict[str, Result]]], args) -> None:
     print()
     print(
-        f"{args.repeat} round(s) per scenario, {args.seconds:g} s each after {args.warmup:g} s warm-up, "
-        f"{args.procs} load-generator process(es).  Per server: the round with the median cycles/s.  "
-        f"CPU = share of one core (other: the rest of the machine, i.e. noise); server CPU/cycle in µs."
+        f"{'/'.join(sorted({str(len(r)) for r in results.values()}))} round(s) per scenario, "
+        f"{args.seconds:g} s each after {args.warmup:g} s warm-up, "
+        f"{args.procs} load-generator process(es).  Per server: the round with the median cycles/s"
+        + (f" among its runs with at most {fmt_cpu(args.max_noise)} other CPU" if args.max_noise is not None else "")
+        + ".  CPU = share of one core (other: the rest of the machine, i.e. noise); server CPU/cycle in µs."
     )
     print()
     print(
@@ -493,7 +536,9 @@ def report(results: dict[tuple[str, int], list[dict[str, Result]]], args) -> Non
     print("|" + "---|" * 10)
     for (kind, n), rounds in results.items():
         for name in rounds[0]:
-            r = median_result([round_[name] for round_ in rounds])
+            runs = [round_[name] for round_ in rounds]
+            quiet = [run for run in runs if args.max_noise is None or run.other_cpu <= args.max_noise]
+            r = median_result(quiet or runs)
             print(
                 f"| {kind} x{n} | {name} | {r.cycles_per_second:,.0f} | {r.p50_us:,.0f} | {r.p99_us:,.0f} "
                 f"| {fmt_cpu(r.server_cpu)} | {fmt_us(r.server_us_per_cycle)} | {fmt_cpu(r.loadgen_cpu)} "
@@ -503,10 +548,10 @@ def report(results: dict[tuple[str, int], list[dict[str, Result]]], args) -> Non
     if len(names) > 1:
         # Several jesync targets: each against the first, then each against Redis.
         for name in names[1:]:
-            ratio_table(results, name, names[0])
+            ratio_table(results, name, names[0], args.max_noise)
     if not all("redis" in rounds[0] for rounds in results.values()):
         return
-    summaries = {name: ratio_table(results, name, "redis") for name in names}
+    summaries = {name: ratio_table(results, name, "redis", args.max_noise) for name in names}
     print()
     for name, summary in summaries.items():
         label = "jesync" if name == "jesync" else f"jesync {name}"
@@ -523,15 +568,25 @@ def report(results: dict[tuple[str, int], list[dict[str, Result]]], args) -> Non
             )
 
 
-def ratio_table(results: dict[tuple[str, int], list[dict[str, Result]]], name: str, reference: str):
-    """Print name/reference per scenario; return {scenario: [cycles/s, p50, p99, CPU/cycle ratios]}."""
+def ratio_table(
+    results: dict[tuple[str, int], list[dict[str, Result]]], name: str, reference: str, max_noise: float | None = None
+):
+    """
+    Print name/reference per scenario, over the rounds in which both ran
+    quietly (C{max_noise}; all rounds if none did); return {scenario:
+    [cycles/s, p50, p99, CPU/cycle ratios]}.
+    """
     print()
     print(f"{name}/{reference}, median over rounds of each round's ratio:")
     print()
-    print("| scenario | cycles/s | p50 | p99 | server CPU/cycle |")
-    print("|---|---|---|---|---|")
+    print("| scenario | rounds | cycles/s | p50 | p99 | server CPU/cycle |")
+    print("|---|---|---|---|---|---|")
     summary = {}
-    for (kind, n), rounds in results.items():
+    for (kind, n), all_rounds in results.items():
+        rounds = quiet_rounds(all_rounds, (name, reference), max_noise)
+        used = f"{len(rounds)} of {len(all_rounds)}" if max_noise is not None else f"{len(all_rounds)}"
+        if not rounds:
+            rounds, used = all_rounds, f"{len(all_rounds)}, all noisy"
         cpu_known = rounds[0][name].server_cpu is not None and rounds[0][reference].server_cpu is not None
         summary[kind, n] = row = [
             ratios(rounds, lambda r: r.cycles_per_second, name, reference),
@@ -539,7 +594,7 @@ def ratio_table(results: dict[tuple[str, int], list[dict[str, Result]]], name: s
             ratios(rounds, lambda r: r.p99_us, name, reference),
             ratios(rounds, lambda r: r.server_us_per_cycle, name, reference) if cpu_known else None,
         ]
-        print(f"| {kind} x{n} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in row) + " |")
+        print(f"| {kind} x{n} | {used} | " + " | ".join("-" if v is None else f"{v:.2f}" for v in row) + " |")
     return summary
 
 
@@ -576,6 +631,24 @@ def main(argv: list[str] | None = None) -> None:
         help="start a jesync from CHECKOUT (PYTHONPATH), with the twistd next to PYTHON "
         "(default: this Python); repeatable.  Every round runs all targets back to back",
     )
+    parser.add_argument(
+        "--max-noise",
+        type=float,
+        metavar="CORES",
+        help="on a shared machine: before each round wait (up to --wait-quiet s) for a second in which "
+        "the machine used less than CORES of a core (e.g. 0.1); a run with more other CPU than that is "
+        "left out of the figures, and a ratio uses only the rounds in which both its servers ran quietly; "
+        "rounds go on (at most --extra-rounds more) until every ratio has --repeat of them",
+    )
+    parser.add_argument(
+        "--wait-quiet", type=float, default=60.0, help="with --max-noise: seconds to wait for quiet (default 60)"
+    )
+    parser.add_argument(
+        "--extra-rounds",
+        type=int,
+        default=None,
+        help="with --max-noise: rounds that may be measured again (default: as many as --repeat)",
+    )
     parser.add_argument("--no-redis", action="store_true", help="skip the Redis comparison")
     parser.add_argument("--only", choices=["uncontended", "contended"], help="run only these scenarios")
     parser.add_argument(
@@ -606,6 +679,8 @@ def main(argv: list[str] | None = None) -> None:
         args.client_cpus = set(cpus[1:]) if args.pin == "split" else {cpus[0]}
     if args.quick:
         args.seconds, args.warmup = 1.0, 0.2
+    if args.extra_rounds is None:
+        args.extra_rounds = args.repeat if args.max_noise is not None else 0
     target_names = [name for name, _ in args.server] + [name for name, _, _ in args.jesync]
     if len(set(target_names)) != len(target_names):
         parser.error(f"target names must be distinct: {', '.join(target_names)}")
@@ -651,21 +726,34 @@ def main(argv: list[str] | None = None) -> None:
             for name, checkout, python in args.jesync:
                 print(f"  {name}: {checkout} at {describe_checkout(checkout)}, {python}")
             results: dict[tuple[str, int], list[dict[str, Result]]] = {}
+            names = [server.name for server in servers]
             for kind, n in scenarios:
-                results[kind, n] = []
-                for round_ in range(args.repeat):
+                rounds = results[kind, n] = []
+
+                def enough() -> bool:
+                    """Every reported pair has --repeat rounds in which both ran quietly."""
+                    return all(
+                        len(quiet_rounds(rounds, pair, args.max_noise)) >= args.repeat for pair in pairs(names)
+                    )
+
+                attempt = 0
+                while not enough() and attempt < args.repeat + args.extra_rounds:
+                    if args.max_noise is not None:
+                        wait_for_quiet(args.max_noise, args.wait_quiet)
                     # Back to back, in alternating order, so both see the same noise.
-                    results[kind, n].append(measured := {})
-                    for server in servers if round_ % 2 == 0 else servers[::-1]:
-                        result = run_scenario(server, kind, n, args, tag=f"{kind}{n}-{round_}")
+                    rounds.append(measured := {})
+                    for server in servers if attempt % 2 == 0 else servers[::-1]:
+                        result = run_scenario(server, kind, n, args, tag=f"{kind}{n}-{attempt}")
                         measured[server.name] = result
                         print(
                             f"  {kind} x{n} {server.name}: {result.cycles_per_second:,.0f} cycles/s, "
                             f"p50 {result.p50_us:,.0f} µs, p99 {result.p99_us:,.0f} µs, "
                             f"server CPU {fmt_cpu(result.server_cpu)} ({fmt_us(result.server_us_per_cycle)} µs/cycle), "
-                            f"loadgen CPU {fmt_cpu(result.loadgen_cpu)}, other CPU {fmt_cpu(result.other_cpu)}",
+                            f"loadgen CPU {fmt_cpu(result.loadgen_cpu)}, other CPU {fmt_cpu(result.other_cpu)}"
+                            + (" (noisy)" if args.max_noise is not None and result.other_cpu > args.max_noise else ""),
                             flush=True,
                         )
+                    attempt += 1
         finally:
             for server in servers:
                 server.stop()

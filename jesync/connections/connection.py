@@ -48,6 +48,7 @@ from twisted.internet import tcp
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol, IPushProducer
 from twisted.internet.protocol import Factory, Protocol
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
@@ -95,7 +96,6 @@ class LockConnection(Protocol):
         self.clock = factory.service.clock
         self.verbose: bool = factory.verbose
         self.grammar: Grammar = factory.grammar(self)
-        self.log = self.grammar.log
         deliver: Callable[[bytes], None] = self.grammar.frame_received
         if self.policy.idle_timeout is not None:
             deliver = self._heard(deliver)
@@ -118,6 +118,11 @@ class LockConnection(Protocol):
         # The plain TCP or UNIX transport whose socket replies may be sent to
         # at once (None: TLS, or not a socket transport).
         self._direct: Optional[tcp.Connection] = None
+
+    @property
+    def log(self) -> Logger:
+        """The grammar's logger (made when something is logged: a connection keeps none)."""
+        return type(self.grammar).log
 
     @property
     def paused(self) -> bool:

@@ -17,7 +17,9 @@ decided here, once:
    connection closes, every such wait is cancelled at once, so nothing is
    ever granted to a connection that may be gone: after a FIN the grammar
    answers it with its not-granted reply; once closing, nothing is sent.
-   A wait asked for after the FIN is cancelled as soon as it is asked for.
+   After the FIN no request waits (L{LockConnection.may_wait}): it is
+   granted at once or not at all.  A closing connection whose client takes
+   none of its last replies within the policy's C{close_grace} is dropped.
  - B{Order.}  An I{ordered} grammar (elock, dlock) answers in request
    order: while one of its replies is owed, later requests stay in the
    framing's buffer (reading from the socket pauses once C{HOLD_BUFFER}

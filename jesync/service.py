@@ -289,7 +289,12 @@ class LockService:
         now = self.clock.seconds()
         expires_at = now + expires if expires else None
         grant = Grant(self, key, owner, max_concurrent, now, expires_at)
-        lock.holders.append(grant)
+        if lock.holders:
+            lock.holders.append(grant)
+        else:
+            # A list made with its one item is 24 bytes smaller than an
+            # empty one grown by append (which allocates room for four).
+            lock.holders = [grant]
         self._granted += 1
         self._owner_entries(owner)[key] = grant
         if expires_at is not None:

@@ -124,6 +124,12 @@ class ILockService(Interface):
         descending) or by holder count ("grants", descending); ties by key.
         """
 
+    def snapshot(order: ListingOrder = "key") -> list:
+        """
+        L{listing} as plain C{(key, granted, waiting)} tuples, for a
+        protocol's listing of a large table (faster to make).
+        """
+
 
 class ILockObserver(Interface):
     """

@@ -11,7 +11,7 @@ sent FIN while it waited).
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, List
+from typing import Iterable, Iterator, List, Tuple
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
@@ -128,9 +128,9 @@ class JESyncProtocol(CommandGrammar):
 
     def _listing(self, order: ListingOrder, args: List[bytes]) -> None:
         no_arguments(args)
-        rows = self.service.listing(order)  # the snapshot, sorted once
-        lines = (status_reply(b"STATUS", row.granted, row.waiting, encode_key(row.key)) for row in rows)
-        self.reply_stream(_ended(lines))
+        rows = self.service.snapshot(order)  # sorted once
+        rows.reverse()
+        self.reply_stream(_listing_lines(rows))
 
     def do_status_by_key(self, args: List[bytes]) -> None:
         self._listing("key", args)
@@ -144,6 +144,19 @@ class JESyncProtocol(CommandGrammar):
     def do_quit(self, args: List[bytes]) -> None:
         no_arguments(args)
         self.connection.close()
+
+
+def _listing_lines(reversed_rows: List[Tuple[str, int, int]]) -> Iterator[bytes]:
+    """
+    A listing's lines, then END, from its snapshot in reverse order: each row
+    is taken off the end as it is sent, so the snapshot is freed as it goes
+    (freeing a million rows at once would stall the server).
+    """
+    pop = reversed_rows.pop
+    while reversed_rows:
+        key, granted, waiting = pop()
+        yield status_reply(b"STATUS", granted, waiting, encode_key(key))
+    yield b"END"
 
 
 def _ended(lines: Iterable[bytes]) -> Iterator[bytes]:

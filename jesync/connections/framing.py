@@ -74,6 +74,14 @@ class LineFraming(LineReceiver):
     def dataReceived(self, data: bytes) -> None:
         if self._stopped:
             return
+        if data and not self._buffer and not self.paused and self.line_mode and data.find(b"\n") == len(data) - 1:
+            # The common case, one whole request: no buffer to keep.
+            line = data[:-2] if data.endswith(b"\r\n") else data[:-1]
+            if len(line) > self.MAX_LENGTH:
+                self.lineLengthExceeded(line)
+            else:
+                self.deliver(line)
+            return
         buffer = self._buffer + data if self._buffer else data
         start = 0
         while not self.paused and not self._stopped:

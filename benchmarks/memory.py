@@ -18,6 +18,11 @@ the locks over TCP, and the server's RSS is read from /proc.
 
     python benchmarks/memory.py
     python benchmarks/memory.py --spread 119 --server-process
+    python benchmarks/memory.py --server-only --checkout /tmp/jesync-head --python /tmp/vhead-pypy/bin/python
+
+C{--server-only} skips the in-process measurements (tracemalloc is not
+available under PyPy); C{--checkout} and C{--python} choose the server
+measured (default: this checkout, with the twistd next to this Python).
 """
 
 from __future__ import annotations
@@ -29,7 +34,6 @@ import socket
 import sys
 import tempfile
 import time
-import tracemalloc
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,7 +43,7 @@ from twisted.internet.task import Clock
 
 from jesync.service import LockService
 
-TARGET_BYTES = 500
+TARGET_BYTES = 400  # issue 10: <= 400 B per held lock on CPython
 
 
 class Owner:
@@ -86,6 +90,8 @@ def measure(method: str, locks: int, owners: int, spread: float, pipe) -> None:
     """Run in a child process; send back (bytes for keys, bytes for everything)."""
     gc.collect()
     if method == "tracemalloc":
+        import tracemalloc  # not in PyPy: imported only when used
+
         tracemalloc.start()
 
         def read() -> int:
@@ -127,7 +133,7 @@ def server_process(args) -> tuple[int, int, int]:
     per_connection = args.locks // args.connections
     batch = 1000
     with tempfile.TemporaryDirectory(prefix="jesync-memory-") as tmp:
-        server = start_jesync(Path(tmp), None)
+        server = start_jesync(Path(tmp), None, checkout=args.checkout.resolve(), python=args.python)
         try:
             conns = [socket.create_connection(server.address) for _ in range(args.connections)]
             time.sleep(0.5)
@@ -172,7 +178,11 @@ def main(argv: list[str] | None = None) -> None:
         "--server-process", action="store_true", help="also measure a real server's RSS, locks taken over TCP"
     )
     parser.add_argument("--connections", type=int, default=100, help="connections for --server-process")
+    parser.add_argument("--server-only", action="store_true", help="only the real server (implies --server-process)")
+    parser.add_argument("--checkout", type=Path, default=REPO, help="the jesync checkout the server runs (default: this one)")
+    parser.add_argument("--python", default=sys.executable, help="the Python whose twistd runs the server (default: this one)")
     args = parser.parse_args(argv)
+    args.server_process = args.server_process or args.server_only
     if not 0 <= args.spread < 120:
         parser.error("--spread must be in [0, 120): every grant must still be live")
 
@@ -181,28 +191,30 @@ def main(argv: list[str] | None = None) -> None:
         f"python {sys.version.split()[0]}, {n:,} locks on distinct {len(make_key(0))}-character keys, "
         f"{args.owners} owners, expires=120, expiries spread over {args.spread:g} s"
     )
-    print()
-    print("| method | keys only | everything, keys included | per lock | target < 500 B |")
-    print("|---|---|---|---|---|")
-    for method in ("tracemalloc", "rss"):
+    if not args.server_only:
+        print()
+        print("| method | keys only | everything, keys included | per lock | target <= 400 B |")
+        print("|---|---|---|---|---|")
+    for method in () if args.server_only else ("tracemalloc", "rss"):
         keys_only, total, buckets = in_process(method, args)
         print(
             f"| in-process, {method} | {keys_only / n:.0f} B/lock | {total / 2**20:,.0f} MiB "
-            f"| {total / n:.0f} B | {'met' if total / n < TARGET_BYTES else 'MISSED'} |"
+            f"| {total / n:.0f} B | {'met' if total / n <= TARGET_BYTES else 'MISSED'} |"
         )
-    print(f"\n(the expiry queue held {buckets:,} bucket(s))")
+    if not args.server_only:
+        print(f"\n(the expiry queue held {buckets:,} bucket(s))")
     if args.server_process:
         idle, held, released = server_process(args)
         per_lock = (held - idle) / n
         print()
-        print(f"server process, {args.connections} connections x {n // args.connections:,} locks over TCP:")
+        print(f"server process ({args.python}, {args.checkout}), {args.connections} connections x {n // args.connections:,} locks over TCP:")
         print(
             f"  RSS idle {idle / 2**20:.0f} MiB, holding {held / 2**20:.0f} MiB, "
             f"after all connections closed {released / 2**20:.0f} MiB"
         )
         print(
             f"  {per_lock:.0f} B per held lock, keys included: "
-            f"target {'met' if per_lock < TARGET_BYTES else 'MISSED'}"
+            f"target {'met' if per_lock <= TARGET_BYTES else 'MISSED'}"
         )
 
 

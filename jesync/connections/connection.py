@@ -115,7 +115,6 @@ class LockConnection(Protocol):
         self._paused_long = False
         self.behind = 0
         self._reading_paused = False
-        self._wants_close = False
         self._admitted = False
         # The plain TCP or UNIX transport whose socket replies may be sent to
         # at once (None: TLS, or not a socket transport).
@@ -225,8 +224,7 @@ class LockConnection(Protocol):
             self.transport.write(data)
 
     def _finish_closing(self) -> None:
-        """Close the transport once the output queue has drained."""
-        self._wants_close = True
+        """Close the transport once the output queue has drained (L{_pump} comes back when it has)."""
         if self._output is None and self.state != CLOSED and not self.transport.disconnecting:
             # A transport does not close while a producer is registered (TLS
             # never starts its shutdown, TCP waits again if it had paused us).
@@ -249,9 +247,7 @@ class LockConnection(Protocol):
     def _close_overdue(self) -> None:
         self._timer = None
         if self.state == CLOSING:
-            self.log.info("{peer} dropped: did not take its last replies", peer=self.peer)
-            self._output = None
-            self.transport.abortConnection()
+            self.drop("did not take its last replies")
 
     @property
     def may_wait(self) -> bool:
@@ -389,7 +385,7 @@ class LockConnection(Protocol):
         """
         if reply.called:
             return
-        if self.state != READY and self.state != AUTHENTICATING:
+        if not self.may_wait:
             reply.cancel()
             return
         self._pending[reply] = None
@@ -484,7 +480,7 @@ class LockConnection(Protocol):
         if self.state in READING:
             self._update_hold()
             self._close_if_answered()
-        elif self._wants_close:
+        elif self.state == CLOSING:
             self._finish_closing()
 
     def _count_behind(self, size: int) -> None:

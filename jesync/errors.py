@@ -22,6 +22,11 @@ class AlreadyWaiting(Exception):
         self.key = key
 
 
+def show_number(value: float) -> str:
+    """A count or a number of seconds as people write it: 10, not 10.0; 0.2 as 0.2."""
+    return str(int(value)) if value == int(value) else str(value)
+
+
 class LimitReached(Exception):
     """
     A request would exceed one of the server's limits; nothing changed.
@@ -34,7 +39,6 @@ class LimitReached(Exception):
     """
 
     def __init__(self, limit: str, value: float) -> None:
-        shown = int(value) if value == int(value) else value
-        super().__init__(f"{limit} exceeded ({shown})")
+        super().__init__(f"{limit} exceeded ({show_number(value)})")
         self.limit = limit
         self.value = value

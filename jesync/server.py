@@ -22,6 +22,7 @@ from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
 
 from jesync.connections.policy import ConnectionPolicy, Connections
+from jesync.errors import show_number
 from jesync.protocols.elock import ELockFactory
 from jesync.protocols.jesync import JESyncFactory
 from jesync.service import LockService
@@ -76,14 +77,10 @@ class ServerSettings:
             + (f"; elock on {', '.join(self.elock_ports)}" if self.elock_ports else "")
             + (f"; metrics on {', '.join(self.metrics_ports)}" if self.metrics_ports else "")
             + "; limits: "
-            + ", ".join(f"{name}={_number(value) if value else 'none'}" for name, value in limits.items())
+            + ", ".join(f"{name}={show_number(value) if value else 'none'}" for name, value in limits.items())
             + f"; keepalive {self.keepalive or 'system'}"
             + f"; auth {'required' if self.auth_token is not None else 'off'}"
         )
-
-
-def _number(value: float) -> str:
-    return str(int(value)) if value == int(value) else str(value)
 
 
 def build_server(reactor: Any, settings: ServerSettings) -> LockServer:

@@ -130,7 +130,7 @@ class JESyncProtocol(CommandGrammar):
         no_arguments(args)
         rows = self.service.snapshot(order)  # sorted once
         rows.reverse()
-        self.reply_stream(_listing_lines(rows))
+        self.reply_stream(_ended(_status_lines(rows)))
 
     def do_status_by_key(self, args: List[bytes]) -> None:
         self._listing("key", args)
@@ -146,17 +146,16 @@ class JESyncProtocol(CommandGrammar):
         self.connection.close()
 
 
-def _listing_lines(reversed_rows: List[Tuple[str, int, int]]) -> Iterator[bytes]:
+def _status_lines(reversed_rows: List[Tuple[str, int, int]]) -> Iterator[bytes]:
     """
-    A listing's lines, then END, from its snapshot in reverse order: each row
-    is taken off the end as it is sent, so the snapshot is freed as it goes
-    (freeing a million rows at once would stall the server).
+    A listing's lines, from its snapshot in reverse order: each row is taken
+    off the end as it is sent, so the snapshot is freed as it goes (freeing
+    a million rows at once would stall the server).
     """
     pop = reversed_rows.pop
     while reversed_rows:
         key, granted, waiting = pop()
         yield status_reply(b"STATUS", granted, waiting, encode_key(key))
-    yield b"END"
 
 
 def _ended(lines: Iterable[bytes]) -> Iterator[bytes]:

@@ -52,6 +52,15 @@ def wait_until(predicate, timeout: float = TIMEOUT):
     return done
 
 
+@inlineCallbacks
+def hold_keys(client, keys: list[bytes], batch: int):
+    """C{client} takes every key in C{keys} for good (never expiring), C{batch} requests at a time."""
+    for start in range(0, len(keys), batch):
+        some = keys[start : start + batch]
+        replies = yield client.ask(b"".join(b"lock %s 1 -1 0\n" % key for key in some), len(some))
+        assert replies == b"".join(b"GRANTED 1 0 %s 0\n" % key for key in some), replies[:200]
+
+
 class HalfCloseTests(ServerTestCase):
     """A FIN from the peer: its waits end not granted, the rest is answered, then the close."""
 
@@ -154,9 +163,7 @@ class BigOutputTests(ServerTestCase):
         server = yield Server.start(self, "--max-unsent", "65536", elock=False)
         holder, reader = yield server.connect_many(2)
         keys = [b"%04d-%s" % (n, b"x" * 1000) for n in range(4200)]
-        for start in range(0, len(keys), 500):
-            batch = keys[start : start + 500]
-            yield holder.ask(b"".join(b"lock %s 1 -1 0\n" % key for key in batch), len(batch))
+        yield hold_keys(holder, keys, 500)
         reader.send(b"".join(b"lock %s\n" % key for key in keys))
         self.assertEqual((yield reader.ask(b"status %s\n" % keys[-1])), b"STATUS 1 1 %s\n" % keys[-1])
         yield server.drop(holder)  # its connection's end releases all 4,200 at once
@@ -178,9 +185,7 @@ class BigOutputTests(ServerTestCase):
         server = yield Server.start(self, "--max-unsent", "4096", "--max-held", "0", elock=False)
         holder, slow, other = yield server.connect_many(3)
         keys = [b"key-%06d-%s" % (n, b"x" * 20) for n in range(40000)]
-        for start in range(0, len(keys), 5000):
-            batch = keys[start : start + 5000]
-            yield holder.ask(b"".join(b"lock %s 1 -1 0\n" % key for key in batch), len(batch))
+        yield hold_keys(holder, keys, 5000)
         listing = [b"STATUS 1 0 %s\n" % key for key in keys] + [b"END\n"]
         self.assertGreater(sum(map(len, listing)), 1_000_000)
         slow.served.transport.getHandle().setsockopt(SOL_SOCKET, SO_SNDBUF, 8192)
@@ -207,9 +212,7 @@ class BigOutputTests(ServerTestCase):
         server = yield Server.start(self, "--max-held", "0", elock=False)
         holder, lister, other = yield server.connect_many(3)
         keys = [b"k%06d" % n for n in range(60000)]
-        for start in range(0, len(keys), 10000):
-            batch = keys[start : start + 10000]
-            yield holder.ask(b"".join(b"lock %s 1 -1 0\n" % key for key in batch), len(batch))
+        yield hold_keys(holder, keys, 10000)
         writes: list[tuple[str, int]] = []
         # The listing's pieces go to the transport; a short reply may go
         # straight to the socket, so the other's is seen where it is made.

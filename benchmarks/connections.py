@@ -59,7 +59,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from listing import RSSSampler, fmt_ms, mib, percentile, rss_kib  # noqa: E402  (benchmarks/ is on sys.path)
+from listing import RSSSampler, ask_probe, fmt_ms, mib, percentile, rss_kib  # noqa: E402  (benchmarks/ is on sys.path)
 from loadgen import (  # noqa: E402
     REPO,
     Server,
@@ -71,8 +71,6 @@ from loadgen import (  # noqa: E402
     wait_for_quiet,
 )
 
-PROBE = b"status probe\n"
-PROBE_REPLY = b"STATUS 0 0 probe\n"
 # Files besides the idle connections: the load generator's 64 connections,
 # the probe's, and some slack.
 RESERVE = 64 + 1 + 16
@@ -140,21 +138,10 @@ def probe_worker(address, pipe, interval: float, limit: int, max_seconds: float)
             break
         if not running:
             continue
-        try:
-            sock.sendall(PROBE)
-            reply = b""
-            while not reply.endswith(b"\n"):
-                data = sock.recv(4096)
-                if not data:
-                    raise OSError("connection closed")
-                reply += data
-        except OSError as e:
-            error = f"probe: {e}"
+        error = ask_probe(sock)
+        if error is not None:
             break
         end = clock()
-        if reply != PROBE_REPLY:
-            error = f"probe: unexpected reply {reply[:200]!r}"
-            break
         starts.append(start)
         rtts.append(end - start)
         pause = start + interval - clock()

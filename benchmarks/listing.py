@@ -228,21 +228,10 @@ def probe_worker(address, pipe, limit: int, max_seconds: float) -> None:
         if start > deadline:
             error = "probe: time limit reached"
             break
-        try:
-            sock.sendall(PROBE)
-            reply = b""
-            while not reply.endswith(b"\n"):
-                data = sock.recv(4096)
-                if not data:
-                    raise OSError("connection closed")
-                reply += data
-        except OSError as e:
-            error = f"probe: {e}"
+        error = ask_probe(sock)
+        if error is not None:
             break
         end = clock()
-        if reply != PROBE_REPLY:
-            error = f"probe: unexpected reply {reply[:200]!r}"
-            break
         starts.append(start)
         rtts.append(end - start)
     sock.close()
@@ -273,6 +262,23 @@ class Probe:
         s.frombytes(starts)
         r.frombytes(rtts)
         return list(zip(s, r)), error
+
+
+def ask_probe(sock: socket.socket) -> str | None:
+    """One `status probe` round trip; what went wrong, or None."""
+    try:
+        sock.sendall(PROBE)
+        reply = b""
+        while not reply.endswith(b"\n"):
+            data = sock.recv(4096)
+            if not data:
+                raise OSError("connection closed")
+            reply += data
+    except OSError as e:
+        return f"probe: {e}"
+    if reply != PROBE_REPLY:
+        return f"probe: unexpected reply {reply[:200]!r}"
+    return None
 
 
 def probe_stats(

@@ -1,12 +1,23 @@
 """The ways a lock request can fail."""
 
+from __future__ import annotations
+
+from typing import Sequence
+
 
 class LockTimeout(Exception):
-    """A wait for a lock ran out of time before the lock could be granted."""
+    """
+    A wait for a lock ran out of time before the lock could be granted.
 
-    def __init__(self, key: str) -> None:
+    @ivar key: the key (a multi-key request's first key).
+    @ivar busy: the keys that stood in the way when the time ran out: those
+        held, or reserved by an earlier request (for one key: that key).
+    """
+
+    def __init__(self, key: str, busy: Sequence[str] | None = None) -> None:
         super().__init__(f"timed out waiting for {key!r}")
         self.key = key
+        self.busy = [key] if busy is None else list(busy)
 
 
 class AlreadyWaiting(Exception):

@@ -30,6 +30,10 @@ class IGrant(Interface):
     seconds_left = Attribute(
         "Seconds until the failsafe releases this grant (a float), or None if it never expires."
     )
+    token = Attribute(
+        "Its fencing token: an int larger than every token given before it"
+        " (per key and across restarts); a renewal keeps it."
+    )
 
     def release() -> bool:
         """
@@ -50,6 +54,7 @@ class ILockService(Interface):
     """
 
     clock = Attribute("The IReactorTime that wait timeouts and expiries run on.")
+    last_token = Attribute("The largest fencing token given so far.")
 
     def acquire(
         key: str,
@@ -94,6 +99,43 @@ class ILockService(Interface):
             Deferred L{acquire} would return.  Raises as L{acquire} does.
         """
 
+    def acquire_many(keys, owner: Hashable, timeout: float = -1, expires: float = 120):
+        """
+        Ask for several keys at once, all or nothing, a mutex on each.
+
+        The request waits in the queue of every key it does not hold yet, in
+        the one arrival order of all requests, and is granted when it is the
+        first request the grant rule admits in each of those queues (see
+        L{jesync.service}); no request of equal C{max_concurrent} that came
+        later passes it.  Keys C{owner} holds already are renewed at once and
+        are part of the answer; a key given twice counts once.
+
+        @param keys: a non-empty sequence of keys.
+        @raise ValueError: for no keys, or a parameter out of range.
+        @raise jesync.errors.LimitReached: as L{acquire} (a multi-key wait
+            counts once toward C{max-held} and C{max-total-waits}, and once
+            per key toward C{max-waiters}).
+        @return: a Deferred firing with the L{IGrant}s, one per distinct key
+            in the order asked.  It fails as L{acquire}'s does; a
+            L{jesync.errors.LockTimeout} names the keys still in the way in
+            C{busy}.
+        """
+
+    def request_many(keys, owner: Hashable, timeout: float = -1, expires: float = 120):
+        """
+        L{acquire_many} without a Deferred when every key is granted (or
+        renewed) at once: the list of grants then, the Deferred otherwise.
+        """
+
+    def reassign(key: str, owner: Hashable, new_owner: Hashable, expires: float):
+        """
+        Hand C{owner}'s grant of C{key} to C{new_owner}, renewed with
+        C{expires}, its token kept.
+
+        @return: the grant, or None if C{owner} does not hold C{key}.
+        @raise ValueError: if C{new_owner} already holds or waits for C{key}.
+        """
+
     def release(key: str, owner: Hashable) -> bool:
         """
         Release C{owner}'s grant of C{key}, handing it to the next waiters.
@@ -108,6 +150,9 @@ class ILockService(Interface):
 
     def status(key: str) -> KeyStatus:
         """The holder and waiter counts of C{key} (0, 0 for an unused key)."""
+
+    def grants_of(owner: Hashable) -> list:
+        """C{owner}'s grants (not its waits)."""
 
     def owned(owner: Hashable) -> int:
         """How many grants plus waits C{owner} has (0 for an owner it does not know)."""

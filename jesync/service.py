@@ -8,15 +8,43 @@ The grant rule (JESync's counting semaphore): with C{g} holders, a request R
 may join them when C{g + 1 <= R.max_concurrent} and C{g + 1 <= H.max_concurrent}
 for every holder H.  Waiting requests are considered in arrival order and the
 first one that may join is granted, repeatedly, until none may.  So a request
-that allows more concurrency can pass an earlier, stricter one.  After every
-change no waiter could be granted, which is why a new request is either
-granted at once or queued, without looking at the queue.
+that allows more concurrency can pass an earlier, stricter one, and that is
+the only way a later request passes an earlier one.
+
+Several keys at once (L{LockService.request_many}): all or nothing, a mutex
+on each key.  Such a request waits in the queue of every key it does not hold
+yet, in the one arrival order all requests share.  In each queue, the
+I{candidate} is the first waiter (in arrival order) that the grant rule
+admits; a key's queue is served only up to its candidate.  A multi-key
+request is granted when it is the candidate of every one of its keys; until
+then it keeps its place in the keys where it is the candidate, and a later
+request for such a key waits behind it even though the key is free.  Among
+requests of equal C{max_concurrent}, then, the order is strictly first come,
+first served, and a multi-key request cannot starve behind later ones.  It
+cannot deadlock either: a waiter is only ever held up by holders (which
+release or expire) or by a candidate, which arrived earlier or is one that a
+stricter earlier request lets pass because holders stand in its way.
+
+So after every change no waiter could be granted, and while no multi-key
+request waits for a key, no waiter of that key is admitted by the grant rule
+at all: a new request for it is granted at once or queued by looking at its
+holders only.  Where a multi-key request waits, a new request also looks for
+a candidate ahead of it.
+
+Fencing tokens: every grant gets a token, an integer larger than any the
+service gave before (so strictly increasing per key, and across keys):
+C{max(last + 1, now in microseconds)}, C{now} read from the service's clock.
+Across restarts tokens keep increasing as long as the clock at the restart
+is past the last token (the clock did not go back, and grants did not run
+ahead of it by more than the restart took); C{first_token} (a high-water
+mark kept by the server, see L{jesync.fencing}) covers a clock that went
+back.  A renewal keeps its grant's token.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Hashable, Union
+from typing import Hashable, Iterable, List, Sequence, Tuple, Union
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
@@ -37,7 +65,7 @@ _new_status = tuple.__new__
 class Grant:
     """One owner's hold on a key: the handle L{LockService.acquire} returns."""
 
-    __slots__ = ("_service", "key", "owner", "max_concurrent", "granted_at", "expires_at")
+    __slots__ = ("_service", "key", "owner", "max_concurrent", "granted_at", "expires_at", "token")
 
     def __init__(
         self,
@@ -47,6 +75,7 @@ class Grant:
         max_concurrent: int,
         granted_at: float,
         expires_at: float | None,
+        token: int,
     ) -> None:
         self._service = service
         self.key = key
@@ -54,6 +83,7 @@ class Grant:
         self.max_concurrent = max_concurrent
         self.granted_at = granted_at
         self.expires_at = expires_at
+        self.token = token
 
     @property
     def seconds_left(self) -> float | None:
@@ -69,9 +99,15 @@ class Grant:
 
 
 class _Waiter:
-    """A queued request.  C{deferred} is None once it has left the queue."""
+    """
+    A queued request.  C{deferred} is None once it has left the queue.
 
-    __slots__ = ("key", "owner", "max_concurrent", "expires", "requested_at", "timeout_at", "deferred")
+    A multi-key request has C{keys}: the keys it waits for (in the queue of
+    each), C{key} being the first; and C{asked}: every key it asked for, those
+    its owner held already included.  Both are None for one key.
+    """
+
+    __slots__ = ("key", "owner", "max_concurrent", "expires", "requested_at", "timeout_at", "deferred", "keys", "asked")
 
     def __init__(
         self,
@@ -89,7 +125,9 @@ class _Waiter:
         self.expires = expires
         self.requested_at = requested_at
         self.timeout_at = timeout_at
-        self.deferred: Deferred[Grant] | None = deferred
+        self.deferred: Deferred | None = deferred
+        self.keys: tuple[str, ...] | None = None
+        self.asked: tuple[str, ...] | None = None
 
 
 class _Lock:
@@ -97,16 +135,18 @@ class _Lock:
     The holders and waiters of one key.
 
     C{waiters} is created on the first wait and dropped when nobody waits.  A
-    waiter that leaves from the middle (timeout, cancel) is only marked and
-    skipped later, so leaving is O(1); C{waiting} counts the live ones.
+    waiter that leaves from the middle (timeout, cancel, or granted through
+    another of its keys) is only marked and skipped later, so leaving is
+    O(1); C{waiting} counts the live ones, C{multi} the live multi-key ones.
     """
 
-    __slots__ = ("holders", "waiters", "waiting")
+    __slots__ = ("holders", "waiters", "waiting", "multi")
 
     def __init__(self) -> None:
         self.holders: list[Grant] = []
         self.waiters: deque[_Waiter] | None = None
         self.waiting = 0
+        self.multi = 0
 
     def limit(self) -> float:
         """The most holders every current holder accepts."""
@@ -114,6 +154,8 @@ class _Lock:
 
 
 _Held = Union[Grant, _Waiter]
+# What _admit hands to _deliver: a Deferred and the grant (or grants) it is owed.
+_Granted = List[Tuple[Deferred, Union[Grant, List[Grant]]]]
 
 
 def check_request(max_concurrent: int, timeout: float, expires: float) -> None:
@@ -134,12 +176,15 @@ class LockService:
     The one lock table a server shares among all its protocols.
 
     @param clock: the reactor (or a L{twisted.internet.task.Clock} in tests);
-        wait timeouts and expiries are scheduled on it.
+        wait timeouts and expiries are scheduled on it, and fencing tokens
+        follow it.
     @param max_keys: the most keys in use at once (None: no limit).
     @param max_waiters: the most requests waiting for one key.
-    @param max_held: the most grants plus waits one owner may have.
+    @param max_held: the most grants plus waits one owner may have (a
+        multi-key wait counts once).
     @param max_total_waits: the most requests waiting at once, all keys and
-        owners together.
+        owners together (a multi-key wait counts once).
+    @param first_token: every fencing token given is above this one.
     @param observer: an L{ILockObserver} told of grants, timeouts,
         releases and expiries (for metrics).
     """
@@ -152,6 +197,7 @@ class LockService:
         max_waiters: int | None = None,
         max_held: int | None = None,
         max_total_waits: int | None = None,
+        first_token: int = 0,
         observer: ILockObserver | None = None,
     ) -> None:
         self.clock = clock
@@ -160,9 +206,13 @@ class LockService:
         self.max_held = max_held
         self.max_total_waits = max_total_waits
         self.observer = observer
+        self.last_token = first_token
         self._locks: dict[str, _Lock] = {}
-        # owner -> key -> its grant of, or wait for, that key
+        # owner -> key -> its grant of, or wait for, that key (a multi-key
+        # wait appears under each key it waits for)
         self._owners: dict[Hashable, dict[str, _Held]] = {}
+        # owner -> how many more entries its multi-key waits have than waits
+        self._spread: dict[Hashable, int] = {}
         self._granted = 0
         self._waiting = 0
         self._expiries: Deadlines[Grant] = Deadlines(clock, self._expire)
@@ -198,25 +248,26 @@ class LockService:
                 return current
             return fail(AlreadyWaiting(key))
 
-        if self.max_held is not None and held is not None and len(held) >= self.max_held:
-            raise LimitReached("max-held", self.max_held)
+        if self.max_held is not None and held is not None:
+            self._check_held(owner, held)
         lock = self._locks.get(key)
         if lock is None:
             if self.max_keys is not None and len(self._locks) >= self.max_keys:
                 raise LimitReached("max-keys", self.max_keys)
             lock = self._locks[key] = _Lock()
         granted = len(lock.holders)
-        if granted < max_concurrent and granted < lock.limit():
+        if (
+            granted < max_concurrent
+            and granted < lock.limit()
+            and (not lock.multi or self._candidate(lock) is None)
+        ):
             grant = self._grant(lock, key, owner, max_concurrent, expires)
             if self.observer is not None:
                 self.observer.granted(grant, 0.0)
             return grant
         if timeout == 0:
             return fail(LockTimeout(key))
-        if self.max_waiters is not None and lock.waiting >= self.max_waiters:
-            raise LimitReached("max-waiters", self.max_waiters)
-        if self.max_total_waits is not None and self._waiting >= self.max_total_waits:
-            raise LimitReached("max-total-waits", self.max_total_waits)
+        self._check_waits((lock,))
 
         now = self.clock.seconds()
         timeout_at = None if timeout == WAIT_FOREVER else now + timeout
@@ -232,6 +283,87 @@ class LockService:
             self._wait_timeouts.add(waiter, timeout_at)
         return deferred
 
+    def acquire_many(
+        self,
+        keys: Sequence[str],
+        owner: Hashable,
+        timeout: float = WAIT_FOREVER,
+        expires: float = DEFAULT_EXPIRES,
+    ) -> Deferred[List[Grant]]:
+        result = self.request_many(keys, owner, timeout, expires)
+        return succeed(result) if isinstance(result, list) else result
+
+    def request_many(
+        self,
+        keys: Sequence[str],
+        owner: Hashable,
+        timeout: float = WAIT_FOREVER,
+        expires: float = DEFAULT_EXPIRES,
+    ) -> Union[List[Grant], Deferred[List[Grant]]]:
+        asked = tuple(dict.fromkeys(keys))
+        if not asked:
+            raise ValueError("No keys given")
+        check_request(1, timeout, expires)
+        held = self._owners.get(owner)
+        renewals = []
+        wanted = []
+        for key in asked:
+            current = held.get(key) if held is not None else None
+            if isinstance(current, _Waiter):
+                return fail(AlreadyWaiting(key))
+            if current is None:
+                wanted.append(key)
+            else:
+                renewals.append(current)
+        if wanted and self.max_held is not None and held is not None:
+            self._check_held(owner, held)
+        new_keys = [key for key in wanted if key not in self._locks]
+        if new_keys and self.max_keys is not None and len(self._locks) + len(new_keys) > self.max_keys:
+            raise LimitReached("max-keys", self.max_keys)
+        # A key with no holder and no waiter is free; a key with no holder and
+        # a waiter has a candidate ahead of this request (anyone may join
+        # no holders).
+        free = all(key in new_keys or not (self._locks[key].holders or self._locks[key].waiting) for key in wanted)
+        if not free:
+            if timeout == 0:
+                return fail(LockTimeout(asked[0]))
+            self._check_waits([self._locks[key] for key in wanted if key not in new_keys])
+        for grant in renewals:
+            self._renew(grant, expires)
+        if free:
+            for key in wanted:
+                lock = self._locks.get(key)
+                if lock is None:
+                    lock = self._locks[key] = _Lock()
+                grant = self._grant(lock, key, owner, 1, expires)
+                if self.observer is not None:
+                    self.observer.granted(grant, 0.0)
+            entries = self._owners[owner]
+            return [entries[key] for key in asked]  # type: ignore[misc]
+
+        now = self.clock.seconds()
+        timeout_at = None if timeout == WAIT_FOREVER else now + timeout
+        deferred: Deferred[List[Grant]] = Deferred(lambda d: self._withdraw(waiter))
+        waiter = _Waiter(wanted[0], owner, 1, expires, now, timeout_at, deferred)
+        waiter.keys = tuple(wanted)
+        waiter.asked = asked
+        entries = self._owner_entries(owner)
+        for key in wanted:
+            lock = self._locks.get(key)
+            if lock is None:
+                lock = self._locks[key] = _Lock()
+            if lock.waiters is None:
+                lock.waiters = deque()
+            lock.waiters.append(waiter)
+            lock.waiting += 1
+            lock.multi += 1
+            entries[key] = waiter
+        self._waiting += 1
+        self._spread[owner] = self._spread.get(owner, 0) + len(wanted) - 1
+        if timeout_at is not None:
+            self._wait_timeouts.add(waiter, timeout_at)
+        return deferred
+
     def release(self, key: str, owner: Hashable) -> bool:
         held = self._owners.get(owner)
         grant = held.get(key) if held is not None else None
@@ -241,18 +373,20 @@ class LockService:
 
     def release_all(self, owner: Hashable) -> None:
         entries = self._owners.pop(owner, None)
+        self._spread.pop(owner, None)
         if not entries:
             return
         cancelled = []
-        freed = []
+        freed: dict[str, None] = {}
         for key, entry in entries.items():
-            lock = self._locks[key]
             if isinstance(entry, Grant):
-                self._remove_holder(lock, entry)
-                freed.append(key)
-            else:
-                cancelled.append(self._leave_queue(lock, entry))
-        granted = []
+                self._remove_holder(self._locks[key], entry)
+                freed[key] = None
+            elif entry.deferred is not None:  # (a multi-key wait is met once per key)
+                cancelled.append(self._leave(entry))
+                if entry.keys is not None:
+                    freed.update(dict.fromkeys(entry.keys))
+        granted: _Granted = []
         for key in freed:
             granted.extend(self._admit(key, self._locks[key]))
         for key in entries:
@@ -260,6 +394,27 @@ class LockService:
         self._deliver(granted)
         for deferred in cancelled:
             deferred.cancel()
+
+    def reassign(self, key: str, owner: Hashable, new_owner: Hashable, expires: float) -> Grant | None:
+        """
+        Hand C{owner}'s grant of C{key} to C{new_owner}, renewed with
+        C{expires} (its token kept): dlock's switch between a lock held until
+        disconnect and one held for a time.  None if C{owner} does not hold it.
+
+        @raise ValueError: if C{new_owner} holds or waits for C{key} already.
+        """
+        held = self._owners.get(owner)
+        grant = held.get(key) if held is not None else None
+        if not isinstance(grant, Grant):
+            return None
+        entries = self._owner_entries(new_owner)
+        if key in entries:
+            raise ValueError(f"{new_owner!r} already has {key!r}")
+        self._forget_entry(owner, held, key)  # type: ignore[arg-type]
+        grant.owner = new_owner
+        entries[key] = grant
+        self._renew(grant, expires)
+        return grant
 
     # -- status ----------------------------------------------------------
 
@@ -274,6 +429,11 @@ class LockService:
     def owned(self, owner: Hashable) -> int:
         entries = self._owners.get(owner)
         return len(entries) if entries is not None else 0
+
+    def grants_of(self, owner: Hashable) -> list[Grant]:
+        """C{owner}'s grants (not its waits)."""
+        entries = self._owners.get(owner)
+        return [entry for entry in entries.values() if isinstance(entry, Grant)] if entries else []
 
     def totals(self) -> Totals:
         return Totals(len(self._locks), self._granted, self._waiting)
@@ -293,10 +453,27 @@ class LockService:
 
     # -- the rules -------------------------------------------------------
 
+    def _check_held(self, owner: Hashable, held: dict[str, _Held]) -> None:
+        max_held = self.max_held
+        assert max_held is not None
+        if len(held) - self._spread.get(owner, 0) >= max_held:
+            raise LimitReached("max-held", max_held)
+
+    def _check_waits(self, locks: Iterable[_Lock]) -> None:
+        """Raise L{LimitReached} if one more wait (for each of C{locks}) would pass a limit."""
+        if self.max_waiters is not None and any(lock.waiting >= self.max_waiters for lock in locks):
+            raise LimitReached("max-waiters", self.max_waiters)
+        if self.max_total_waits is not None and self._waiting >= self.max_total_waits:
+            raise LimitReached("max-total-waits", self.max_total_waits)
+
     def _grant(self, lock: _Lock, key: str, owner: Hashable, max_concurrent: int, expires: float) -> Grant:
         now = self.clock.seconds()
         expires_at = now + expires if expires else None
-        grant = Grant(self, key, owner, max_concurrent, now, expires_at)
+        token = int(now * 1000000)
+        if token <= self.last_token:
+            token = self.last_token + 1
+        self.last_token = token
+        grant = Grant(self, key, owner, max_concurrent, now, expires_at, token)
         if lock.holders:
             lock.holders.append(grant)
         else:
@@ -310,14 +487,25 @@ class LockService:
         return grant
 
     def _renew(self, grant: Grant, expires: float) -> None:
-        """Restart C{grant}'s failsafe; its C{max_concurrent} stays as granted."""
+        """Restart C{grant}'s failsafe; its C{max_concurrent} and token stay as granted."""
         if grant.expires_at is not None:
             self._expiries.discard(grant, grant.expires_at)
         grant.expires_at = self.clock.seconds() + expires if expires else None
         if grant.expires_at is not None:
             self._expiries.add(grant, grant.expires_at)
 
-    def _admit(self, key: str, lock: _Lock) -> list[tuple[Deferred[Grant], Grant]]:
+    def _candidate(self, lock: _Lock) -> _Waiter | None:
+        """The first waiter (in arrival order) the grant rule admits, if any."""
+        joining = len(lock.holders) + 1
+        if not lock.waiting or joining > lock.limit():
+            return None
+        assert lock.waiters is not None
+        for waiter in lock.waiters:
+            if waiter.deferred is not None and waiter.max_concurrent >= joining:
+                return waiter
+        return None
+
+    def _admit(self, key: str, lock: _Lock) -> _Granted:
         """
         Grant waiters, in arrival order, while any may join the holders.
 
@@ -325,12 +513,12 @@ class LockService:
         looks only at the head of the queue.  The Deferreds are returned
         rather than fired so that callers see the key's final state.
         """
-        granted: list[tuple[Deferred[Grant], Grant]] = []
+        granted: _Granted = []
         if not lock.waiting:
             return granted
         limit = lock.limit()
         while lock.waiting:
-            waiters = lock.waiters  # _leave_queue may have compacted it
+            waiters = lock.waiters  # _leave may have compacted it
             assert waiters is not None
             while waiters[0].deferred is None:
                 waiters.popleft()
@@ -342,8 +530,14 @@ class LockService:
                     break
             else:
                 break
+            if waiter.keys is not None:
+                # A multi-key candidate: granted if it is the candidate of
+                # every key it waits for; either way, nobody passes it here.
+                if all(self._candidate(self._locks[other]) is waiter for other in waiter.keys):
+                    granted.append(self._grant_many(waiter))
+                break
             del waiters[index]
-            deferred = self._leave_queue(lock, waiter)
+            deferred = self._leave(waiter, lock)
             grant = self._grant(lock, key, waiter.owner, waiter.max_concurrent, waiter.expires)
             if self.observer is not None:
                 self.observer.granted(grant, grant.granted_at - waiter.requested_at)
@@ -351,22 +545,53 @@ class LockService:
             limit = min(limit, waiter.max_concurrent)
         return granted
 
-    def _leave_queue(self, lock: _Lock, waiter: _Waiter) -> Deferred[Grant]:
-        """Take C{waiter} out of the queue's count and its timeout; return its Deferred."""
+    def _grant_many(self, waiter: _Waiter) -> tuple[Deferred, List[Grant]]:
+        """Grant a multi-key waiter every key it waits for; what it asked for, in its order."""
+        deferred = self._leave(waiter)
+        assert waiter.keys is not None and waiter.asked is not None
+        for key in waiter.keys:
+            grant = self._grant(self._locks[key], key, waiter.owner, 1, waiter.expires)
+            if self.observer is not None:
+                self.observer.granted(grant, grant.granted_at - waiter.requested_at)
+        # (a key it held already and has given up since is not in the answer)
+        entries = self._owners[waiter.owner]
+        return deferred, [entries[key] for key in waiter.asked if isinstance(entries.get(key), Grant)]  # type: ignore[misc]
+
+    def _leave(self, waiter: _Waiter, lock: _Lock | None = None) -> Deferred:
+        """
+        Take C{waiter} out of the queue counts of its keys and its timeout;
+        return its Deferred.  (C{lock}: its one key's, when the caller has it.)
+        """
         deferred = waiter.deferred
         assert deferred is not None
         waiter.deferred = None
-        lock.waiting -= 1
         self._waiting -= 1
         if waiter.timeout_at is not None:
             self._wait_timeouts.discard(waiter, waiter.timeout_at)
+        if waiter.keys is None:
+            self._shrink_queue(lock or self._locks[waiter.key], 0)
+        else:
+            for key in waiter.keys:
+                self._shrink_queue(self._locks[key], 1)
+            spread = self._spread.get(waiter.owner)
+            if spread is not None:
+                spread -= len(waiter.keys) - 1
+                if spread:
+                    self._spread[waiter.owner] = spread
+                else:
+                    del self._spread[waiter.owner]
+        return deferred
+
+    def _shrink_queue(self, lock: _Lock, multi: int) -> None:
+        """One waiter (C{multi}: a multi-key one) has left C{lock}'s queue."""
+        lock.waiting -= 1
+        lock.multi -= multi
         waiters = lock.waiters
         assert waiters is not None
         if not lock.waiting:
             lock.waiters = None
         elif len(waiters) > 2 * lock.waiting + 16:
             lock.waiters = deque(w for w in waiters if w.deferred is not None)
-        return deferred
 
     def _remove_holder(self, lock: _Lock, grant: Grant, expired: bool = False) -> None:
         lock.holders.remove(grant)
@@ -392,18 +617,23 @@ class LockService:
         self._deliver(granted)
         return True
 
-    def _deliver(self, granted: list[tuple[Deferred[Grant], Grant]]) -> None:
+    def _deliver(self, granted: _Granted) -> None:
         """Fire the Deferreds of new grants, once the table is final."""
-        for deferred, grant in granted:
+        for deferred, given in granted:
+            grants = given if isinstance(given, list) else [given]
             if deferred.called:
                 # An earlier callback cancelled it after it was granted but
                 # before it was told: give the grant back.
-                grant.release()
-            elif not self._holds(grant):
-                # An earlier callback released it (or its owner) first.
+                for grant in grants:
+                    grant.release()
+            elif not all(self._holds(grant) for grant in grants):
+                # An earlier callback released it (or its owner) first: all
+                # or nothing.
+                for grant in grants:
+                    grant.release()
                 deferred.cancel()
             else:
-                deferred.callback(grant)
+                deferred.callback(given)
 
     def _holds(self, grant: Grant) -> bool:
         """Whether C{grant} is still its owner's hold on its key."""
@@ -411,13 +641,22 @@ class LockService:
         return held is not None and held.get(grant.key) is grant
 
     def _withdraw(self, waiter: _Waiter) -> None:
-        """Take a waiter out of its queue, leaving its Deferred unfired."""
+        """Take a waiter out of its queues, leaving its Deferred unfired."""
         if waiter.deferred is None:
             return
-        key = waiter.key
-        self._leave_queue(self._locks[key], waiter)
-        self._forget_entry(waiter.owner, self._owners[waiter.owner], key)
-        self._forget_if_idle(key)
+        self._leave(waiter)
+        keys = waiter.keys or (waiter.key,)
+        entries = self._owners[waiter.owner]
+        for key in keys:
+            self._forget_entry(waiter.owner, entries, key)
+        granted: _Granted = []
+        if waiter.keys is not None:
+            # Where it was the candidate, others may be now.
+            for key in keys:
+                granted.extend(self._admit(key, self._locks[key]))
+        for key in keys:
+            self._forget_if_idle(key)
+        self._deliver(granted)
 
     # -- clock events ----------------------------------------------------
 
@@ -427,10 +666,15 @@ class LockService:
     def _time_out(self, waiter: _Waiter) -> None:
         deferred = waiter.deferred
         assert deferred is not None
+        if waiter.keys is None:
+            error = LockTimeout(waiter.key)
+        else:
+            busy = [key for key in waiter.keys if self._candidate(self._locks[key]) is not waiter]
+            error = LockTimeout(waiter.key, busy)
         self._withdraw(waiter)
         if self.observer is not None:
             self.observer.timed_out(waiter.key)
-        deferred.errback(LockTimeout(waiter.key))
+        deferred.errback(error)
 
     # -- bookkeeping -----------------------------------------------------
 

@@ -116,7 +116,7 @@ def no_arguments(args: list[bytes]) -> None:
 #: The JESync reply words that name a key, and how many fields follow the
 #: word (the fewest and the most).
 KEYED_REPLIES: dict[str, tuple[int, int]] = {
-    "GRANTED": (4, 4),
+    "GRANTED": (4, 5),  # a fencing token follows once a connection sends `fencing on`
     "TIMEOUT": (3, 3),
     "RELEASED": (3, 4),  # JESync 0.8.1 added the seconds that were left
     "NOT_RELEASED": (3, 3),
@@ -133,6 +133,10 @@ def status_reply(word: bytes, granted: int, waiting: int, raw_key: bytes) -> byt
 
 def granted_reply(granted: int, waiting: int, raw_key: bytes, seconds_left: int) -> bytes:
     return b"GRANTED %d %d %s %d" % (granted, waiting, raw_key, seconds_left)
+
+
+#: The longest fencing token: a 64-bit unsigned integer.
+MAX_TOKEN = 2**64 - 1
 
 
 __all__ = [

@@ -423,3 +423,14 @@ INVALID_PARAMETER_CASES = [
     (b"status-by-grants k", b"too many arguments"),
     (b"quit k", b"too many arguments"),
 ]
+
+
+def without_tokens(listing: bytes) -> bytes:
+    """A C{holders} listing without each line's fencing token (checked to be a number)."""
+    lines = listing.split(b"\n")
+    for index, line in enumerate(lines):
+        if line.startswith(b"HOLDER "):
+            rest, token = line.rsplit(b" ", 1)
+            assert token.isdigit() and len(rest.split()) == 5, line
+            lines[index] = rest
+    return b"\n".join(lines)

@@ -208,7 +208,7 @@ def request(line: bytes) -> tuple[list[bytes], int]:
 
 JESYNC_STATUS = re.compile(rb"(GRANTED|TIMEOUT|RELEASED|NOT_RELEASED|STATUS) (\d+) (\d+) (\S+)( \d+)?")
 JESYNC_LINE = re.compile(
-    rb"(GRANTED \d+ \d+ \S+ \d+|(TIMEOUT|RELEASED|NOT_RELEASED|STATUS) \d+ \d+ \S+|HOLDER \S+ \S+ \d+ \d+"
+    rb"(GRANTED \d+ \d+ \S+ \d+|(TIMEOUT|RELEASED|NOT_RELEASED|STATUS) \d+ \d+ \S+|HOLDER \S+ \S+ \d+ \d+ \d+"
     rb"|END|OK|INVALID_COMMAND|INVALID_PARAMETER: [ -~]+)\n"
 )
 ELOCK_LINE = re.compile(

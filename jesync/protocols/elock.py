@@ -56,6 +56,8 @@ class ELockProtocol(CommandGrammar):
     ordered = True
     session: Optional[Session] = None
     _quitting = False
+    # Whether "200 Acquired" carries the grant's fencing token (`fencing on`).
+    fencing = False
 
     def unknown_command(self, word: bytes) -> bytes:
         return b"400 Unknown command: " + quote_word(word)
@@ -118,7 +120,7 @@ class ELockProtocol(CommandGrammar):
             self._acquired(result)
 
     def _acquired(self, grant: IGrant) -> None:
-        self.reply(b"200 Acquired")
+        self.reply(b"200 Acquired %d" % grant.token if self.fencing else b"200 Acquired")
 
     def _unavailable(self, failure: Failure) -> None:
         # CancelledError: the client sent FIN while it waited (once the
@@ -142,6 +144,14 @@ class ELockProtocol(CommandGrammar):
         if self.session is not None:
             self.service.release_all(self.session)
         self.reply(b"200 OK")
+
+    def do_fencing(self, args: List[bytes]) -> None:
+        """An extension: C{fencing on|off}: whether C{200 Acquired} carries the grant's fencing token."""
+        setting = only_argument(args, "on or off")
+        if setting not in (b"on", b"off"):
+            raise BadRequest("fencing is on or off")
+        self.fencing = setting == b"on"
+        self.reply(b"200 fencing " + setting)
 
     def do_conn_id(self, args: List[bytes]) -> None:
         if not args:
@@ -193,6 +203,7 @@ ELockProtocol.commands = {
     b"unlock": ELockProtocol.do_unlock,
     b"unlock_all": ELockProtocol.do_unlock_all,
     b"conn_id": ELockProtocol.do_conn_id,
+    b"fencing": ELockProtocol.do_fencing,
     b"set_timeout": ELockProtocol.do_set_timeout,
     b"stats": ELockProtocol.do_stats,
     b"quit": ELockProtocol.do_quit,

@@ -11,7 +11,7 @@ sent FIN while it waited).
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, List, Tuple
+from typing import Iterable, Iterator, List, Sequence, Tuple
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
@@ -47,7 +47,13 @@ def describe_owner(owner: object) -> bytes:
 
 
 class JESyncProtocol(CommandGrammar):
-    """The JESync grammar; its connection is the owner of the locks it takes."""
+    """
+    The JESync grammar; its connection is the owner of the locks it takes.
+
+    @ivar fencing: whether grants carry their fencing token (C{fencing on}).
+    """
+
+    fencing = False
 
     def unknown_command(self, word: bytes) -> bytes:
         return b"INVALID_COMMAND"
@@ -93,7 +99,10 @@ class JESyncProtocol(CommandGrammar):
 
     def _granted(self, grant: IGrant, raw_key: bytes) -> None:
         status = self.service.status(grant.key)
-        self.reply(granted_reply(status.granted, status.waiting, raw_key, whole_seconds_left(grant)))
+        line = granted_reply(status.granted, status.waiting, raw_key, whole_seconds_left(grant))
+        if self.fencing:
+            line += b" %d" % grant.token
+        self.reply(line)
 
     def _not_granted(self, failure: Failure, raw_key: bytes) -> None:
         # LockTimeout: the wait timed out.  CancelledError: the client sent
@@ -103,6 +112,46 @@ class JESyncProtocol(CommandGrammar):
         elif not failure.check(AlreadyWaiting):
             # AlreadyWaiting: the first request will be answered.
             self.log.failure("lock request failed", failure)
+
+    def do_lock_many(self, args: List[bytes]) -> None:
+        """An extension: C{lock-many <timeout> <expires> <key>...}, all or nothing, a mutex on each."""
+        if len(args) < 3:
+            raise BadRequest("lock-many takes a timeout, an expiry and at least one key")
+        timeout = parse_integer(args[0], "timeout")
+        expires = parse_integer(args[1], "expires")
+        raw_keys = list(dict.fromkeys(args[2:]))
+        keys = [self.key(raw_key) for raw_key in raw_keys]
+        if not self.connection.may_wait and timeout >= WAIT_FOREVER:
+            timeout = 0
+        try:
+            result = self.service.request_many(keys, self.connection, timeout, expires)
+        except ValueError as error:
+            raise BadRequest(str(error)) from None
+        if isinstance(result, Deferred):
+            result.addCallbacks(self._granted_many, self._not_granted_many, (raw_keys,), errbackArgs=(raw_keys,))
+            self.connection.await_reply(result)
+        else:
+            self._granted_many(result, raw_keys)
+
+    def _granted_many(self, grants: List[IGrant], raw_keys: List[bytes]) -> None:
+        line = b"GRANTED-MANY %d %d %s" % (len(raw_keys), whole_seconds_left(grants[0]), b" ".join(raw_keys))
+        if self.fencing:
+            line += b"".join(b" %d" % grant.token for grant in grants)
+        self.reply(line)
+
+    def _not_granted_many(self, failure: Failure, raw_keys: Sequence[bytes]) -> None:
+        if failure.check(LockTimeout, CancelledError):
+            self.reply(b"TIMEOUT-MANY %d %s" % (len(raw_keys), b" ".join(raw_keys)))
+        elif not failure.check(AlreadyWaiting):
+            self.log.failure("lock request failed", failure)
+
+    def do_fencing(self, args: List[bytes]) -> None:
+        """An extension: C{fencing on|off}: whether GRANTED carries the grant's fencing token."""
+        setting = only_argument(args, "on or off")
+        if setting not in (b"on", b"off"):
+            raise BadRequest("fencing is on or off")
+        self.fencing = setting == b"on"
+        self.reply(b"FENCING ON" if self.fencing else b"FENCING OFF")
 
     def do_release(self, args: List[bytes]) -> None:
         raw_key = only_argument(args, "key")
@@ -115,13 +164,19 @@ class JESyncProtocol(CommandGrammar):
         self._reply_status(b"STATUS", self.key(raw_key), raw_key)
 
     def do_holders(self, args: List[bytes]) -> None:
-        """An extension: who holds a key, for how long so far, and for how long yet."""
+        """An extension: who holds a key, for how long so far, for how long yet, and its fencing token."""
         raw_key = only_argument(args, "key")
         now = self.service.clock.seconds()
         grants = self.service.holders(self.key(raw_key))
         lines = [
-            b"HOLDER %s %s %d %d"
-            % (raw_key, describe_owner(grant.owner), int(now - grant.granted_at), whole_seconds_left(grant))
+            b"HOLDER %s %s %d %d %d"
+            % (
+                raw_key,
+                describe_owner(grant.owner),
+                int(now - grant.granted_at),
+                whole_seconds_left(grant),
+                grant.token,
+            )
             for grant in grants
         ]
         self.reply_stream(_ended(lines))
@@ -165,6 +220,8 @@ def _ended(lines: Iterable[bytes]) -> Iterator[bytes]:
 
 JESyncProtocol.commands = {
     b"lock": JESyncProtocol.do_lock,
+    b"lock-many": JESyncProtocol.do_lock_many,
+    b"fencing": JESyncProtocol.do_fencing,
     b"release": JESyncProtocol.do_release,
     b"status": JESyncProtocol.do_status,
     b"holders": JESyncProtocol.do_holders,

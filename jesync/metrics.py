@@ -30,6 +30,7 @@ belongs to the reactor thread.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sized
+from typing import Any
 
 from twisted.web import http
 from twisted.web.pages import notFound
@@ -41,7 +42,7 @@ from jesync.interfaces import IGrant, ILockObserver, ILockService
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Histogram
-    from prometheus_client.core import GaugeMetricFamily, Metric
+    from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
     from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 except ImportError as error:  # pragma: no cover - exercised by a test that hides the package
     raise ImportError(
@@ -78,6 +79,8 @@ class LockMetrics:
     @param service: the lock table whose levels are reported.
     @param connections: anything whose C{len()} is the number of open client
         connections (read at scrape time).
+    @param dlock: the dlock listener's factory, if the server has one: its
+        connections, requests by type and timeouts are read at scrape time.
     @param registry: where the metrics are registered; a new
         C{CollectorRegistry} if None.
     """
@@ -86,10 +89,12 @@ class LockMetrics:
         self,
         service: ILockService,
         connections: Sized,
+        dlock: Any = None,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.service = service
         self.connections = connections
+        self.dlock = dlock
         self.registry = registry if registry is not None else CollectorRegistry()
         self._grants = Counter(
             "jesync_grants_total", "Locks granted, at once or after a wait.", registry=self.registry
@@ -133,14 +138,30 @@ class LockMetrics:
     # -- a prometheus_client collector: the levels, read at scrape time ------
 
     def describe(self) -> Iterable[Metric]:
-        return [GaugeMetricFamily(name, doc) for name, doc in _GAUGES]
+        return [GaugeMetricFamily(name, doc) for name, doc in _GAUGES] + self._dlock_metrics(describing=True)
 
     def collect(self) -> Iterable[Metric]:
         totals = self.service.totals()
         values = (len(self.connections), totals.keys, totals.granted, totals.waiting)
         return [
             GaugeMetricFamily(name, doc, value=value) for (name, doc), value in zip(_GAUGES, values)
-        ]
+        ] + self._dlock_metrics()
+
+    def _dlock_metrics(self, describing: bool = False) -> list[Metric]:
+        dlock = self.dlock
+        if dlock is None:
+            return []
+        connections = GaugeMetricFamily("jesync_dlock_connections", "Open dlock connections.")
+        requests = CounterMetricFamily(
+            "jesync_dlock_requests", "dlock requests received, by type.", labels=["type"]
+        )
+        timeouts = CounterMetricFamily("jesync_dlock_timeouts", "dlock Lock requests answered AcquireTimeout.")
+        if not describing:
+            connections.add_metric([], dlock.clients)
+            for kind in ("ping", "lock", "unlock", "invalid", "malformed"):
+                requests.add_metric([kind], dlock.requests[kind])
+            timeouts.add_metric([], dlock.timeouts)
+        return [connections, requests, timeouts]
 
 
 class _Page(Resource):

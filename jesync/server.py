@@ -42,6 +42,7 @@ class ServerSettings:
 
     ports: List[str] = field(default_factory=lambda: [DEFAULT_PORT])
     elock_ports: List[str] = field(default_factory=list)
+    dlock_ports: List[str] = field(default_factory=list)
     metrics_ports: List[str] = field(default_factory=list)
     max_connections: Optional[int] = 10_000
     max_keys: Optional[int] = 1_000_000
@@ -56,6 +57,10 @@ class ServerSettings:
     auth_timeout: Optional[float] = 10.0
     idle_timeout: Optional[float] = None
     shutdown_grace: float = 5.0
+    dlock_max_message: int = 16384
+    dlock_max_keys: int = 1000
+    dlock_idle_timeout: Optional[float] = 60.0
+    state_dir: Optional[str] = None
     verbose: bool = False
 
     def summary(self) -> str:
@@ -75,6 +80,7 @@ class ServerSettings:
         return (
             f"JESync on {', '.join(self.ports)}"
             + (f"; elock on {', '.join(self.elock_ports)}" if self.elock_ports else "")
+            + (f"; dlock on {', '.join(self.dlock_ports)}" if self.dlock_ports else "")
             + (f"; metrics on {', '.join(self.metrics_ports)}" if self.metrics_ports else "")
             + "; limits: "
             + ", ".join(f"{name}={show_number(value) if value else 'none'}" for name, value in limits.items())
@@ -89,12 +95,18 @@ def build_server(reactor: Any, settings: ServerSettings) -> LockServer:
     settings name, as a L{LockServer} (a Twisted service: start it, or give
     it a parent).  C{reactor} is its clock and what its endpoints listen on.
     """
+    mark = None
+    if settings.state_dir is not None:
+        from jesync.fencing import TokenMark
+
+        mark = TokenMark(settings.state_dir)
     locks = LockService(
         reactor,
         max_keys=settings.max_keys,
         max_waiters=settings.max_waiters,
         max_held=settings.max_held,
         max_total_waits=settings.max_total_waits,
+        first_token=mark.read() if mark is not None else 0,
     )
     policy = ConnectionPolicy(
         max_key_length=settings.max_key_length or 2**31,
@@ -115,10 +127,29 @@ def build_server(reactor: Any, settings: ServerSettings) -> LockServer:
         server.listen(description, jesync)
     for description in settings.elock_ports:
         server.listen(description, elock)
+    dlock = None
+    if settings.dlock_ports:
+        from jesync.protocols.dlock import DlockFactory
+
+        dlock = DlockFactory(
+            locks,
+            verbose,
+            policy,
+            max_message=settings.dlock_max_message,
+            max_keys=settings.dlock_max_keys,
+            idle_timeout=settings.dlock_idle_timeout or None,
+        )
+        for description in settings.dlock_ports:
+            server.listen(description, dlock)
+    server.factories = {"jesync": jesync, "elock": elock, "dlock": dlock}
+    if mark is not None:
+        from jesync.fencing import TokenMarkService
+
+        TokenMarkService(mark, locks, reactor).setServiceParent(server)
     if settings.metrics_ports:
         from jesync.metrics import LockMetrics, metrics_site
 
-        metrics = LockMetrics(locks, policy.connections)
+        metrics = LockMetrics(locks, policy.connections, dlock)
         locks.observer = metrics
         site = metrics_site(metrics, serving=lambda: bool(server.running), verbose=verbose)
         scrapers = Connections(METRICS_CONNECTIONS)
@@ -191,6 +222,8 @@ class LockServer(service.MultiService):
         self.clock = clock
         self.grace = grace
         self.summary = ""
+        # The protocol factories by name (None: a protocol not served).
+        self.factories: dict = {}
         # Every registry of connections to close when stopping.
         self.registries = [policy.connections]
 

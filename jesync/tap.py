@@ -5,6 +5,7 @@ C{twistd jesync}: the command-line options and the service they build.
 from __future__ import annotations
 
 import importlib
+import os
 
 from twisted.internet import endpoints
 from twisted.python import usage
@@ -13,6 +14,8 @@ from jesync.server import DEFAULT_PORT, LockServer, ServerSettings, build_server
 
 # elock's own default, 11400, is JESync's: elock listeners are off unless asked for.
 SUGGESTED_ELOCK_PORT = 11401
+# dlock has no default port at all.
+SUGGESTED_DLOCK_PORT = 11402
 
 
 def endpoint_description(value: str) -> str:
@@ -53,6 +56,7 @@ class Options(usage.Options):
         "  twistd -n jesync --port 7777\n"
         "  twistd -n jesync --port tcp:11400:interface=127.0.0.1 --port unix:/run/jesync.sock\n"
         f"  twistd -n jesync --elock-port {SUGGESTED_ELOCK_PORT}      JESync on 11400 and elock on {SUGGESTED_ELOCK_PORT}, one lock table\n"
+        f"  twistd -n jesync --dlock-port {SUGGESTED_DLOCK_PORT}      and dlock (protocol buffers) on {SUGGESTED_DLOCK_PORT}\n"
         "  twistd -n jesync --port ssl:11443:privateKey=key.pem:certKey=cert.pem --auth-token-file /etc/jesync/token\n"
         "  twistd -n jesync --metrics tcp:9400:interface=127.0.0.1\n"
     )
@@ -112,6 +116,24 @@ class Options(usage.Options):
             "is closed (0: never).",
             seconds,
         ],
+        ["dlock-max-message", None, 16384, "Longest dlock message, in bytes; a longer one closes its connection.", int],
+        ["dlock-max-keys", None, 1000, "Most keys one dlock request may name (more: TooManyKeys).", int],
+        [
+            "dlock-idle-timeout",
+            None,
+            60.0,
+            "Seconds after which a dlock connection that has sent nothing (not even a Ping) is closed, "
+            "releasing the locks it holds until disconnect (0: never). Governs dlock connections instead "
+            "of --idle-timeout.",
+            seconds,
+        ],
+        [
+            "state-dir",
+            None,
+            None,
+            "A directory the server may write to (systemd's StateDirectory=): it keeps a high-water mark of "
+            "fencing tokens there, so that tokens keep increasing across restarts even if the clock goes back.",
+        ],
         [
             "shutdown-grace",
             None,
@@ -126,6 +148,7 @@ class Options(usage.Options):
         super().__init__()
         self["ports"] = []
         self["elock_ports"] = []
+        self["dlock_ports"] = []
         self["metrics_ports"] = []
         self["auth_token"] = None
 
@@ -156,6 +179,14 @@ class Options(usage.Options):
         """
         self._add_endpoint("elock-port", "elock_ports", value)
 
+    def opt_dlock_port(self, value: str) -> None:
+        """
+        Where to listen for dlock clients (length-prefixed protocol buffers;
+        a port number or an endpoint description, as for --port); may be
+        given more than once. Off unless given; 11402 is suggested.
+        """
+        self._add_endpoint("dlock-port", "dlock_ports", value)
+
     def opt_metrics(self, value: str) -> None:
         """
         Serve Prometheus metrics (/metrics) and a health check (/health) over
@@ -178,10 +209,16 @@ class Options(usage.Options):
                 raise usage.UsageError(str(error)) from None
         if self["auth-token-file"] is not None:
             self["auth_token"] = read_token(self["auth-token-file"])
+        if self["dlock-max-message"] < 4:
+            raise usage.UsageError("--dlock-max-message must be at least 4 bytes")
+        if self["dlock-max-keys"] < 1:
+            raise usage.UsageError("--dlock-max-keys must be at least 1")
+        if self["state-dir"] is not None:
+            self["state-dir"] = check_state_dir(self["state-dir"])
 
 
 # usage.Options shows these docstrings as they are: fold each into one paragraph.
-for _option in (Options.opt_port, Options.opt_elock_port, Options.opt_metrics):
+for _option in (Options.opt_port, Options.opt_elock_port, Options.opt_dlock_port, Options.opt_metrics):
     _option.__doc__ = " ".join((_option.__doc__ or "").split())
 
 
@@ -198,11 +235,25 @@ def read_token(path: str) -> bytes:
     return token
 
 
+def check_state_dir(path: str) -> str:
+    """C{path}, if it is a directory the server can write its fencing mark to, and the mark in it is readable."""
+    from jesync.fencing import TokenMark
+
+    if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
+        raise usage.UsageError(f"--state-dir: {path} is not a directory the server can write to")
+    try:
+        TokenMark(path).read()
+    except (OSError, ValueError) as error:
+        raise usage.UsageError(f"--state-dir: {error}") from None
+    return path
+
+
 def settings_from(options: Options) -> ServerSettings:
     """The server that C{options} describe."""
     return ServerSettings(
         ports=options["ports"],
         elock_ports=options["elock_ports"],
+        dlock_ports=options["dlock_ports"],
         metrics_ports=options["metrics_ports"],
         max_connections=options["max-connections"],
         max_keys=options["max-keys"],
@@ -217,6 +268,10 @@ def settings_from(options: Options) -> ServerSettings:
         auth_timeout=options["auth-timeout"] or None,
         idle_timeout=options["idle-timeout"] or None,
         shutdown_grace=options["shutdown-grace"],
+        dlock_max_message=options["dlock-max-message"],
+        dlock_max_keys=options["dlock-max-keys"],
+        dlock_idle_timeout=options["dlock-idle-timeout"] or None,
+        state_dir=options["state-dir"],
         verbose=bool(options["verbose"]),
     )
 

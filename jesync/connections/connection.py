@@ -98,10 +98,8 @@ class LockConnection(Protocol):
         self.clock = factory.service.clock
         self.verbose: bool = factory.verbose
         self.grammar: Grammar = factory.grammar(self)
-        deliver: Callable[[bytes], None] = self.grammar.frame_received
-        if self.policy.idle_timeout is not None:
-            deliver = self._heard(deliver)
-        self.framing = self.grammar.framing(deliver, self._frame_too_long, self.grammar.max_frame)
+        self._watch_idle = self.policy.idle_timeout is not None
+        self.framing = self.grammar.framing(self.grammar.frame_received, self._frame_too_long, self.grammar.max_frame)
         # Waits whose replies are owed, in the order they were asked for.
         self._pending: Dict[Deferred, None] = {}
         self._output: Optional[Deque[_Output]] = None
@@ -289,13 +287,6 @@ class LockConnection(Protocol):
             self.log.info("{peer} did not authenticate in time", peer=self.peer)
             self.close(self.grammar.refusal(LimitReached("auth-timeout", self.policy.auth_timeout or 0)))
 
-    def _heard(self, deliver: Callable[[bytes], None]) -> Callable[[bytes], None]:
-        def heard(frame: bytes) -> None:
-            self._last_heard = self.clock.seconds()
-            deliver(frame)
-
-        return heard
-
     def _idle_check(self) -> None:
         self._timer = None
         timeout = self.policy.idle_timeout
@@ -303,7 +294,8 @@ class LockConnection(Protocol):
         if self.state not in (READY, HALF_CLOSED):
             return
         quiet = self.clock.seconds() - self._last_heard
-        if quiet >= timeout and not self._pending and self._output is None and self.grammar.holds_nothing():
+        busy = self._pending or self._output is not None or not self.grammar.holds_nothing()
+        if quiet >= timeout and (self.grammar.idle_while_busy or not busy):
             self.log.info("{peer} closed: idle", peer=self.peer)
             self.close(self.grammar.refusal(LimitReached("idle-timeout", timeout)))
             return
@@ -325,6 +317,10 @@ class LockConnection(Protocol):
     # -- input -------------------------------------------------------------
 
     def dataReceived(self, data: bytes) -> None:
+        if self._watch_idle:
+            # (bytes, not requests: a request held behind a wait, or one
+            # still arriving, is not silence)
+            self._last_heard = self.clock.seconds()
         self.framing.dataReceived(data)
         if self.framing.paused:
             self._update_reading()

@@ -41,11 +41,15 @@ class Grammar:
     @cvar max_frame: the longest frame accepted.
     @cvar ordered: whether replies go out in request order (while a reply is
         owed, later requests wait), or a wait is answered whenever it ends.
+    @cvar idle_while_busy: whether the idle timeout closes a quiet
+        connection that holds or waits for locks too (dlock: only its pings
+        keep a connection alive), not only one that holds nothing.
     """
 
     framing: ClassVar[type[Framing]] = LineFraming
-    max_frame: ClassVar[int] = MAX_LINE
+    max_frame: int = MAX_LINE
     ordered: ClassVar[bool] = False
+    idle_while_busy: ClassVar[bool] = False
     log = Logger()
 
     def __init__(self, connection: LockConnection) -> None:

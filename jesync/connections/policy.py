@@ -120,8 +120,9 @@ class ConnectionPolicy:
     @ivar auth_token: if set, a connection must send C{auth <token>} first.
     @ivar auth_timeout: seconds a connection may take to authenticate (when
         a token is set); None: no limit.
-    @ivar idle_timeout: seconds after which a connection that has sent no
-        request, and holds and waits for nothing, is closed; None: never.
+    @ivar idle_timeout: seconds after which a connection that has sent
+        nothing, and holds and waits for nothing, is closed (a grammar may
+        close it even if it holds or waits: dlock's); None: never.
     @ivar close_grace: seconds a closing connection may take to send its
         last replies before it is dropped.
     @ivar connections: the registry, shared by every factory of the server.

@@ -1,0 +1,308 @@
+"""
+The dlock wire protocol (temoto/dlock, API version 2, with the changes
+PROTOCOL.md lists): its grammar, served by L{DlockFactory}.
+
+Every message is a 4-byte big-endian length and a protocol buffer
+(L{jesync.protocols.dlock_pb2}, generated from C{dlock.proto} beside it).
+Requests are answered in the order they were sent: a C{Lock} that has to wait
+holds up the requests behind it.  A C{Lock} takes all its keys or none (a
+mutex on each, through L{jesync.interfaces.ILockService.request_many}), and
+holds them until the connection ends, or, with C{release_micro}, for that
+long whatever happens to the connection.  Each granted key's fencing token is
+in the response's C{fencing_tokens}, a field of jesync's own.
+
+Only pings (or any other bytes) keep a connection alive: one silent for
+C{--dlock-idle-timeout} is closed even if it holds or waits for locks, as
+the reference server does.  The access token travels in every request; it
+is checked against the server's token (when it has one), and a wrong one
+closes the connection.
+"""
+
+from __future__ import annotations
+
+import hmac
+import unicodedata
+from collections import Counter
+from dataclasses import replace
+from typing import List, Optional, Sequence, Union
+
+from google.protobuf.message import DecodeError
+from twisted.internet.defer import CancelledError, Deferred
+from twisted.python.failure import Failure
+
+from jesync.connections.connection import LockConnection, LockServerFactory
+from jesync.connections.framing import LengthPrefixedFraming
+from jesync.connections.grammar import Grammar
+from jesync.connections.policy import ConnectionPolicy
+from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout
+from jesync.interfaces import IGrant, ILockService
+from jesync.protocols.dlock_pb2 import (
+    AcquireTimeout,
+    General,
+    InvalidType,
+    Lock,
+    Ok,
+    Ping,
+    Request,
+    Response,
+    TooManyKeys,
+    Unlock,
+    Version,
+)
+from jesync.wire import WAIT_FOREVER
+
+#: The protocol version served (and the only one accepted besides 0, unset).
+API_VERSION = 2
+#: The reference server's defaults.
+DEFAULT_MAX_MESSAGE = 16384
+DEFAULT_IDLE_TIMEOUT = 60.0
+DEFAULT_MAX_KEYS = 1000
+
+#: The request types, by name, for counting.
+TYPE_NAMES = {Ping: "ping", Lock: "lock", Unlock: "unlock"}
+
+
+def key_problem(key: str, max_length: int) -> Optional[str]:
+    """
+    Why C{key} is not a key of jesync's key space, or None: a key is a
+    non-empty string without whitespace or control characters, of at most
+    C{max_length} bytes in UTF-8 (what JESync's and elock's lines can carry
+    too, so every protocol can name every key).
+    """
+    if not key:
+        return "a key cannot be empty"
+    if len(key.encode("utf-8", "surrogatepass")) > max_length:
+        return f"max-key-length exceeded ({max_length})"
+    for character in key:
+        if character.isspace() or unicodedata.category(character) in ("Cc", "Zl", "Zp"):
+            return f"a key cannot contain whitespace or control characters: {key!r}"
+    return None
+
+
+class TimedGrants:
+    """
+    The owner of a dlock connection's grants with C{release_micro}: they
+    outlive the connection and end when their time runs out.
+    """
+
+    def __init__(self, connection: LockConnection) -> None:
+        self.peer = f"{connection.peer}(timed)"
+
+    def __repr__(self) -> str:
+        return f"<timed dlock grants of {self.peer}>"
+
+
+class DlockProtocol(Grammar):
+    """
+    The dlock grammar.  The connection owns the keys locked until disconnect,
+    and a L{TimedGrants} those locked for a time.
+    """
+
+    framing = LengthPrefixedFraming
+    ordered = True
+    idle_while_busy = True
+
+    def __init__(self, connection: LockConnection) -> None:
+        super().__init__(connection)
+        factory: DlockFactory = connection.factory  # type: ignore[assignment]
+        self.factory = factory
+        self.max_frame = factory.max_message
+        self.timed: Optional[TimedGrants] = None
+        # The id of the request whose answer is owed (a Lock waiting), if any.
+        self._owed_id: Optional[int] = None
+
+    # -- requests -----------------------------------------------------------------
+
+    def frame_received(self, frame: bytes) -> None:
+        request = Request()
+        try:
+            request.ParseFromString(frame)
+        except DecodeError as error:
+            self.factory.requests["malformed"] += 1
+            self.connection.close(self._framed(self._response(0, General, f"malformed request: {error}")))
+            return
+        self.factory.requests[TYPE_NAMES.get(request.type, "invalid")] += 1
+        if self.connection.verbose:
+            self.log.debug("{peer} sent {request}", peer=self.connection.peer, request=_described(request))
+        expected = self.factory.access_token
+        if expected is not None and not hmac.compare_digest(request.access_token.encode("utf-8"), expected):
+            self.log.info("{peer} sent a wrong access token", peer=self.connection.peer)
+            self.connection.close(self._framed(self._response(request.id, General, "access token refused")))
+            return
+        if request.version not in (0, API_VERSION):
+            self._reply(request.id, Version, f"version {request.version} not supported: {API_VERSION} is")
+        elif request.type == Ping:
+            self._reply(request.id, Ok)
+        elif request.type == Lock:
+            self._lock(request)
+        elif request.type == Unlock:
+            self._unlock(request)
+        else:
+            self._reply(request.id, InvalidType, f"unknown request type {request.type}")
+
+    def _keys(self, request: Request) -> Union[List[str], Response]:
+        """The request's keys, or the error response that refuses them."""
+        keys = list(dict.fromkeys(request.lock.keys))
+        if not keys:
+            return self._response(request.id, General, "no keys given")
+        if len(keys) > self.factory.max_keys:
+            return self._response(request.id, TooManyKeys, f"more than {self.factory.max_keys} keys")
+        max_length = self.connection.policy.max_key_length
+        for key in keys:
+            problem = key_problem(key, max_length)
+            if problem is not None:
+                return self._response(request.id, General, problem)
+        return keys
+
+    def _lock(self, request: Request) -> None:
+        keys = self._keys(request)
+        if isinstance(keys, Response):
+            self._send(keys)
+            return
+        wait_micro = request.lock.wait_micro
+        release_micro = request.lock.release_micro
+        timeout = wait_micro / 1e6 if wait_micro else WAIT_FOREVER  # 0: no limit, as the reference
+        if not self.connection.may_wait:
+            timeout = 0
+        if release_micro:
+            owner: object = self._timed()
+            other: object = self.connection
+            expires = release_micro / 1e6
+        else:
+            owner, other, expires = self.connection, self.timed, 0
+        # A key this connection holds the other way takes this request's way.
+        if other is not None:
+            for key in keys:
+                self.service.reassign(key, other, owner, expires)
+        try:
+            result = self.service.request_many(keys, owner, timeout, expires)
+        except LimitReached as error:
+            self._reply(request.id, General, str(error))
+            return
+        except ValueError as error:
+            self._reply(request.id, General, str(error))
+            return
+        if isinstance(result, Deferred):
+            self._owed_id = request.id
+            result.addCallbacks(self._granted, self._not_granted, (request.id,), errbackArgs=(request.id,))
+            self.connection.await_reply(result)
+        else:
+            self._granted(result, request.id)
+
+    def _granted(self, grants: Sequence[IGrant], request_id: int) -> None:
+        self._owed_id = None
+        response = self._response(request_id, Ok)
+        response.fencing_tokens.extend(grant.token for grant in grants)
+        self._send(response)
+
+    def _not_granted(self, failure: Failure, request_id: int) -> None:
+        self._owed_id = None
+        if failure.check(LockTimeout):
+            self.factory.timeouts += 1
+            response = self._response(request_id, AcquireTimeout)
+            response.keys.extend(failure.value.busy)
+            self._send(response)
+        elif failure.check(CancelledError):
+            pass  # the connection is closing: nothing is sent
+        elif failure.check(AlreadyWaiting):  # pragma: no cover - one request at a time
+            self._reply(request_id, General, str(failure.value))
+        else:
+            self.log.failure("lock request failed", failure)
+
+    def _unlock(self, request: Request) -> None:
+        """Release the listed keys this connection holds, either way; keys it does not hold are ignored."""
+        keys = self._keys(request)
+        if isinstance(keys, Response):
+            self._send(keys)
+            return
+        for key in keys:
+            if not self.service.release(key, self.connection) and self.timed is not None:
+                self.service.release(key, self.timed)
+        self._reply(request.id, Ok)
+
+    def _timed(self) -> TimedGrants:
+        if self.timed is None:
+            self.timed = TimedGrants(self.connection)
+        return self.timed
+
+    # -- responses ----------------------------------------------------------------
+
+    def _response(self, request_id: int, status: int, error_text: str = "") -> Response:
+        return Response(
+            version=API_VERSION,
+            request_id=request_id,
+            status=status,
+            error_text=error_text,
+            server_unix_time=int(self.service.clock.seconds() * 1e9),
+        )
+
+    def _reply(self, request_id: int, status: int, error_text: str = "") -> None:
+        self._send(self._response(request_id, status, error_text))
+
+    def _send(self, response: Response) -> None:
+        if self.connection.verbose:
+            self.log.debug("{peer} answered {response}", peer=self.connection.peer, response=_described(response))
+        self.connection.write(self._framed(response))
+
+    @staticmethod
+    def _framed(response: Response) -> bytes:
+        body = response.SerializeToString()
+        return len(body).to_bytes(4, "big") + body
+
+    # -- what the connection layer says through us ---------------------------------
+
+    def refusal(self, error: LimitReached) -> bytes:
+        # A waiting Lock (idle timeout) is answered; otherwise request id 0.
+        return self._framed(self._response(self._owed_id or 0, General, str(error)))
+
+    def auth_refused(self) -> bytes:  # pragma: no cover - dlock has no auth handshake
+        return self._framed(self._response(0, General, "access token refused"))
+
+    def frame_too_long(self) -> bytes:
+        return self._framed(self._response(0, General, f"message longer than {self.max_frame} bytes"))
+
+
+def _described(message: object) -> str:
+    """A message on one line, for the verbose log (never the access token)."""
+    text = " ".join(str(message).split())
+    if isinstance(message, Request) and message.access_token:
+        text = text.replace(repr(message.access_token)[1:-1], "(token)")
+    return text
+
+
+class DlockFactory(LockServerFactory):
+    """
+    Serves the dlock protocol over a lock service; listen on it with any
+    stream endpoint.
+
+    @param policy: the server's policy; dlock connections keep its limits
+        and registry, but not its authentication handshake or idle timeout:
+        they carry C{access_token} in every request (checked against the
+        policy's token) and close after C{idle_timeout} seconds of silence.
+    @param max_message: the longest message, in bytes (a longer one closes
+        the connection).
+    @param max_keys: the most keys one request may name.
+    @ivar requests: requests received, by type (C{ping}, C{lock}, C{unlock},
+        C{invalid}, C{malformed}).
+    @ivar timeouts: Lock requests answered C{AcquireTimeout}.
+    """
+
+    grammar = DlockProtocol
+
+    def __init__(
+        self,
+        service: ILockService,
+        verbose: bool = False,
+        policy: Optional[ConnectionPolicy] = None,
+        max_message: int = DEFAULT_MAX_MESSAGE,
+        max_keys: int = DEFAULT_MAX_KEYS,
+        idle_timeout: Optional[float] = DEFAULT_IDLE_TIMEOUT,
+    ) -> None:
+        shared = policy if policy is not None else ConnectionPolicy()
+        self.access_token = shared.auth_token
+        own = replace(shared, auth_token=None, auth_timeout=None, idle_timeout=idle_timeout)
+        super().__init__(service, verbose, own)
+        self.max_message = max_message
+        self.max_keys = max_keys
+        self.requests: Counter[str] = Counter()
+        self.timeouts = 0

@@ -742,3 +742,25 @@ class LoggingTests(ELockTestCase):
                 (LogLevel.info, "127.0.0.1:40001 disconnected"),
             ],
         )
+
+
+class FencingTests(ELockTestCase):
+    """C{fencing on}: C{200 Acquired} carries the grant's fencing token."""
+
+    def test_off_by_default_then_on(self) -> None:
+        client = self.elock()
+        self.assertEqual(client.ask(b"lock a\r\n"), b"200 Acquired\r\n")
+        self.assertEqual(client.ask(b"fencing on\r\n"), b"200 fencing on\r\n")
+        a_token = self.service.holders("a")[0].token
+        self.assertEqual(client.ask(b"lock a\r\n"), b"200 Acquired %d\r\n" % a_token)
+        self.assertEqual(client.ask(b"lock b\r\n"), b"200 Acquired %d\r\n" % (a_token + 1))
+        self.assertEqual(client.ask(b"fencing off\r\nlock c\r\n"), b"200 fencing off\r\n200 Acquired\r\n")
+        self.assertEqual(client.ask(b"fencing maybe\r\n"), b"400 fencing is on or off\r\n")
+
+    def test_waited_for_grant(self) -> None:
+        holder, waiter = self.elock(), self.elock()
+        holder.ask(b"lock k\r\n")
+        self.assertEqual(waiter.ask(b"fencing on\r\nlock k 5000\r\n"), b"200 fencing on\r\n")
+        holder.ask(b"unlock k\r\n")
+        self.turn()
+        self.assertEqual(waiter.take(), b"200 Acquired %d\r\n" % self.service.holders("k")[0].token)

@@ -761,3 +761,114 @@ class EmbeddingTests(SynchronousTestCase):
         protocol.makeConnection(transport)
         protocol.dataReceived(b"lock k\n")
         self.assertEqual(transport.value(), b"GRANTED 1 0 k 120\n")
+
+
+class LockManyTests(ServerTestCase):
+    """C{lock-many <timeout> <expires> <key>...}: all or nothing, a mutex on each key."""
+
+    def test_granted_at_once(self) -> None:
+        client = self.connect()
+        self.assertEqual(client.ask(b"lock-many -1 30 a b c\n"), b"GRANTED-MANY 3 30 a b c\n")
+        self.assertEqual(client.ask(b"status b\n"), b"STATUS 1 0 b\n")
+        # a key given twice counts once; keys held already are renewed
+        self.assertEqual(client.ask(b"lock-many 0 60 c c d\n"), b"GRANTED-MANY 2 60 c d\n")
+        self.clock.advance(45)
+        self.assertEqual(client.ask(b"status a\nstatus c\n"), b"STATUS 0 0 a\nSTATUS 1 0 c\n")
+
+    def test_all_or_nothing_wait(self) -> None:
+        holder, many, other = self.connect(), self.connect(), self.connect()
+        holder.ask(b"lock b\n")
+        # b is held: nothing is taken; the answer comes later, other commands meanwhile
+        self.assertEqual(many.ask(b"lock-many -1 0 a b\nstatus a\n"), b"STATUS 0 1 a\n")
+        # a is free, but reserved for the earlier request: a later mutex waits behind it
+        self.assertEqual(other.ask(b"lock a 1 5\nstatus a\n"), b"STATUS 0 2 a\n")
+        self.assertEqual(holder.ask(b"release b\n"), b"RELEASED 1 0 b\n")
+        self.assertEqual(many.take(), b"GRANTED-MANY 2 0 a b\n")
+        self.clock.advance(5)
+        self.assertEqual(other.take(), b"TIMEOUT 1 0 a\n")
+
+    def test_timeout(self) -> None:
+        holder, many, other = self.connect(), self.connect(), self.connect()
+        holder.ask(b"lock b\n")
+        self.assertEqual(many.ask(b"lock-many 2 0 a b\n"), b"")
+        self.clock.advance(2.01)
+        self.assertEqual(many.take(), b"TIMEOUT-MANY 2 a b\n")
+        self.assertEqual(other.ask(b"lock a 1 0\n"), b"GRANTED 1 0 a 120\n")
+        self.assertEqual(many.ask(b"lock-many 0 0 a b\n"), b"TIMEOUT-MANY 2 a b\n")
+
+    def test_fin_ends_the_wait(self) -> None:
+        holder, many = self.connect(), self.connect()
+        holder.ask(b"lock b\n")
+        self.assertEqual(many.ask(b"lock-many -1 0 a b\n"), b"")
+        many.protocol.readConnectionLost()
+        self.assertEqual(many.take(), b"TIMEOUT-MANY 2 a b\n")
+        self.assertEqual(holder.ask(b"status a\n"), b"STATUS 0 0 a\n")
+
+    def test_disconnect_gives_everything_back(self) -> None:
+        holder, many, waiter = self.connect(), self.connect(), self.connect()
+        many.ask(b"lock-many -1 0 a b\n")
+        self.assertEqual(waiter.ask(b"lock b\nstatus b\n"), b"STATUS 1 1 b\n")
+        many.lose()
+        self.assertEqual(waiter.take(), b"GRANTED 1 0 b 120\n")
+        self.assertEqual(holder.ask(b"status a\n"), b"STATUS 0 0 a\n")
+
+    def test_bad_requests(self) -> None:
+        client = self.connect()
+        for line, error in [
+            (b"lock-many\n", b"lock-many takes a timeout, an expiry and at least one key"),
+            (b"lock-many -1 0\n", b"lock-many takes a timeout, an expiry and at least one key"),
+            (b"lock-many x 0 a\n", b"timeout is not an integer"),
+            (b"lock-many -1 y a\n", b"expires is not an integer"),
+            (b"lock-many -2 0 a\n", b"Timeout should be greater or equal than -1"),
+            (b"lock-many -1 -1 a\n", b"Expire timeout should be greater or equal than 0"),
+            (b"lock-many -1 0 a " + b"k" * 1025 + b"\n", b"max-key-length exceeded (1024)"),
+        ]:
+            self.assertEqual(client.ask(line), b"INVALID_PARAMETER: " + error + b"\n", line)
+        self.assertEqual(client.ask(b"status a\n"), b"STATUS 0 0 a\n")
+
+
+class FencingTests(ServerTestCase):
+    """C{fencing on}: every GRANTED carries the grant's fencing token."""
+
+    def test_off_by_default_then_on(self) -> None:
+        client, other = self.connect(), self.connect()
+        self.assertEqual(client.ask(b"lock a\n"), b"GRANTED 1 0 a 120\n")
+        self.assertEqual(client.ask(b"fencing on\n"), b"FENCING ON\n")
+        a_token = self.service.holders("a")[0].token
+        # a renewal keeps its token
+        self.assertEqual(client.ask(b"lock a\n"), b"GRANTED 1 0 a 120 %d\n" % a_token)
+        self.assertEqual(client.ask(b"lock b\n"), b"GRANTED 1 0 b 120 %d\n" % (a_token + 1))
+        self.assertEqual(other.ask(b"lock b 1 0\nlock c\n"), b"TIMEOUT 1 0 b\nGRANTED 1 0 c 120\n")
+        self.assertEqual(
+            client.ask(b"lock-many -1 0 d e\n"), b"GRANTED-MANY 2 0 d e %d %d\n" % (a_token + 3, a_token + 4)
+        )
+        self.assertEqual(client.ask(b"fencing off\nlock f\n"), b"FENCING OFF\nGRANTED 1 0 f 120\n")
+
+    def test_tokens_increase_with_the_clock_and_per_key(self) -> None:
+        client, other = self.connect(), self.connect()
+        client.ask(b"fencing on\n")
+        other.ask(b"fencing on\n")
+        tokens = []
+        for second in range(3):
+            self.clock.advance(1.5)
+            tokens.append(int(client.ask(b"lock k 2\n").split()[-1]))
+            tokens.append(int(other.ask(b"lock k 2\n").split()[-1]))  # a semaphore: each holder its own
+            client.ask(b"release k\n")
+            other.ask(b"release k\n")
+        self.assertEqual(tokens, sorted(set(tokens)))
+        self.assertGreaterEqual(tokens[-1], int(self.clock.seconds() * 1e6))
+
+    def test_holders_show_tokens(self) -> None:
+        client, other = self.connect(), self.connect()
+        client.ask(b"lock k 2\n")
+        other.ask(b"lock k 2 -1 0\n")
+        first, second = self.service.holders("k")
+        lines = other.ask(b"holders k\n").splitlines()
+        self.assertEqual([line.split()[-1] for line in lines[:2]], [b"%d" % first.token, b"%d" % second.token])
+        self.assertEqual(lines[2], b"END")
+
+    def test_bad_setting(self) -> None:
+        client = self.connect()
+        self.assertEqual(client.ask(b"fencing\n"), b"INVALID_PARAMETER: missing on or off\n")
+        self.assertEqual(client.ask(b"fencing yes\n"), b"INVALID_PARAMETER: fencing is on or off\n")
+        self.assertEqual(client.ask(b"fencing on off\n"), b"INVALID_PARAMETER: too many arguments\n")

@@ -158,8 +158,8 @@ class LockMetrics:
         timeouts = CounterMetricFamily("jesync_dlock_timeouts", "dlock Lock requests answered AcquireTimeout.")
         if not describing:
             connections.add_metric([], dlock.clients)
-            for kind in ("ping", "lock", "unlock", "invalid", "malformed"):
-                requests.add_metric([kind], dlock.requests[kind])
+            for kind, count in dlock.request_counts():
+                requests.add_metric([kind], count)
             timeouts.add_metric([], dlock.timeouts)
         return [connections, requests, timeouts]
 

@@ -139,6 +139,7 @@ def build_server(reactor: Any, settings: ServerSettings) -> LockServer:
             max_keys=settings.dlock_max_keys,
             idle_timeout=settings.dlock_idle_timeout or None,
         )
+        elock.dlock = dlock
         for description in settings.dlock_ports:
             server.listen(description, dlock)
     server.factories = {"jesync": jesync, "elock": elock, "dlock": dlock}

@@ -24,7 +24,7 @@ import hmac
 import unicodedata
 from collections import Counter
 from dataclasses import replace
-from typing import List, Optional, Sequence, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 from google.protobuf.message import DecodeError
 from twisted.internet.defer import CancelledError, Deferred
@@ -58,8 +58,10 @@ DEFAULT_MAX_MESSAGE = 16384
 DEFAULT_IDLE_TIMEOUT = 60.0
 DEFAULT_MAX_KEYS = 1000
 
-#: The request types, by name, for counting.
+#: The request types, by name, for counting (and "invalid": another type;
+#: "malformed": not a Request at all).
 TYPE_NAMES = {Ping: "ping", Lock: "lock", Unlock: "unlock"}
+COUNTED = (*TYPE_NAMES.values(), "invalid", "malformed")
 
 
 def key_problem(key: str, max_length: int) -> Optional[str]:
@@ -306,3 +308,7 @@ class DlockFactory(LockServerFactory):
         self.max_keys = max_keys
         self.requests: Counter[str] = Counter()
         self.timeouts = 0
+
+    def request_counts(self) -> List[Tuple[str, int]]:
+        """Requests received by type, every type named (for C{stats} and metrics)."""
+        return [(kind, self.requests[kind]) for kind in COUNTED]

@@ -15,7 +15,7 @@ reverse.
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Any, List, Optional
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
@@ -182,15 +182,19 @@ class ELockProtocol(CommandGrammar):
     def do_stats(self, args: List[bytes]) -> None:
         no_arguments(args)
         factory = self.connection.factory
-        self.reply_lines(
-            [
-                b"200 STATS",
-                b"STAT clients %d" % factory.clients,
-                b"STAT locks %d" % self.service.totals().granted,
-                b"STAT monitoring %d" % factory.sessions.detached_count(),
-                b"END",
-            ]
-        )
+        lines = [
+            b"200 STATS",
+            b"STAT clients %d" % factory.clients,
+            b"STAT locks %d" % self.service.totals().granted,
+            b"STAT monitoring %d" % factory.sessions.detached_count(),
+        ]
+        dlock = factory.dlock
+        if dlock is not None:
+            lines.append(b"STAT dlock_clients %d" % dlock.clients)
+            lines.extend(b"STAT dlock_requests_%s %d" % (kind.encode(), count) for kind, count in dlock.request_counts())
+            lines.append(b"STAT dlock_timeouts %d" % dlock.timeouts)
+        lines.append(b"END")
+        self.reply_lines(lines)
 
     def do_quit(self, args: List[bytes]) -> None:
         no_arguments(args)
@@ -220,6 +224,8 @@ class ELockFactory(LockServerFactory):
 
     grammar = ELockProtocol
     stopped = False
+    # The server's dlock listener, whose counts `stats` shows too (None: none).
+    dlock: Optional[Any] = None
 
     def __init__(
         self,

@@ -153,9 +153,20 @@ class _Lock:
         return min((h.max_concurrent for h in self.holders), default=float("inf"))
 
 
+class _ManyGranted:
+    """A multi-key waiter's new grants, and what its answer lists (its renewals too)."""
+
+    __slots__ = ("grants", "owner", "asked")
+
+    def __init__(self, grants: List[Grant], owner: Hashable, asked: Tuple[str, ...]) -> None:
+        self.grants = grants
+        self.owner = owner
+        self.asked = asked
+
+
 _Held = Union[Grant, _Waiter]
 # What _admit hands to _deliver: a Deferred and the grant (or grants) it is owed.
-_Granted = List[Tuple[Deferred, Union[Grant, List[Grant]]]]
+_Granted = List[Tuple[Deferred, Union[Grant, _ManyGranted]]]
 
 
 def check_request(max_concurrent: int, timeout: float, expires: float) -> None:
@@ -326,7 +337,9 @@ class LockService:
         free = all(key in new_keys or not (self._locks[key].holders or self._locks[key].waiting) for key in wanted)
         if not free:
             if timeout == 0:
-                return fail(LockTimeout(asked[0]))
+                locks = self._locks
+                busy = [key for key in wanted if key in locks and (locks[key].holders or locks[key].waiting)]
+                return fail(LockTimeout(asked[0], busy))
             self._check_waits([self._locks[key] for key in wanted if key not in new_keys])
         for grant in renewals:
             self._renew(grant, expires)
@@ -545,17 +558,17 @@ class LockService:
             limit = min(limit, waiter.max_concurrent)
         return granted
 
-    def _grant_many(self, waiter: _Waiter) -> tuple[Deferred, List[Grant]]:
-        """Grant a multi-key waiter every key it waits for; what it asked for, in its order."""
+    def _grant_many(self, waiter: _Waiter) -> tuple[Deferred, _ManyGranted]:
+        """Grant a multi-key waiter every key it waits for."""
         deferred = self._leave(waiter)
         assert waiter.keys is not None and waiter.asked is not None
+        grants = []
         for key in waiter.keys:
             grant = self._grant(self._locks[key], key, waiter.owner, 1, waiter.expires)
             if self.observer is not None:
                 self.observer.granted(grant, grant.granted_at - waiter.requested_at)
-        # (a key it held already and has given up since is not in the answer)
-        entries = self._owners[waiter.owner]
-        return deferred, [entries[key] for key in waiter.asked if isinstance(entries.get(key), Grant)]  # type: ignore[misc]
+            grants.append(grant)
+        return deferred, _ManyGranted(grants, waiter.owner, waiter.asked)
 
     def _leave(self, waiter: _Waiter, lock: _Lock | None = None) -> Deferred:
         """
@@ -620,7 +633,7 @@ class LockService:
     def _deliver(self, granted: _Granted) -> None:
         """Fire the Deferreds of new grants, once the table is final."""
         for deferred, given in granted:
-            grants = given if isinstance(given, list) else [given]
+            grants = given.grants if isinstance(given, _ManyGranted) else [given]
             if deferred.called:
                 # An earlier callback cancelled it after it was granted but
                 # before it was told: give the grant back.
@@ -632,6 +645,11 @@ class LockService:
                 for grant in grants:
                     grant.release()
                 deferred.cancel()
+            elif isinstance(given, _ManyGranted):
+                # The answer lists the keys asked for, in their order, with
+                # those held already (unless given up since).
+                entries = self._owners[given.owner]
+                deferred.callback([entries[key] for key in given.asked if isinstance(entries.get(key), Grant)])
             else:
                 deferred.callback(given)
 

@@ -38,6 +38,9 @@ EXIT_CANNOT_RUN = 126  # COMMAND is not executable (as in a shell)
 EXIT_NOT_FOUND = 127  # COMMAND was not found (as in a shell)
 SIGNAL_BASE = 128  # 128+N: killed by (or, before COMMAND ran, interrupted by) signal N
 
+#: The environment variable that gives COMMAND the grant's fencing token.
+FENCING_TOKEN_VARIABLE = "JESYNC_FENCING_TOKEN"
+
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 EXIT_STATUSES = f"""\
@@ -85,6 +88,12 @@ If the lock is lost while COMMAND runs (the server went away or stopped
 answering), jesync says so on stderr at once and, after COMMAND ends, exits
 with status 70.  COMMAND is left running unless --terminate-on-loss is given,
 which sends it SIGTERM.
+
+COMMAND gets the grant's fencing token in $JESYNC_FENCING_TOKEN: a number
+larger than that of every earlier grant of KEY, to pass along with its writes
+so that whatever it writes to can refuse a write from an older holder that
+lost the lock without knowing.  It is not set if the server gives no tokens
+(a server without fencing).
 """
 
 LOCK_EXAMPLES = f"""\
@@ -92,6 +101,7 @@ examples:
   jesync lock nightly-report -- ./make-report.sh --daily
   jesync lock --wait 10 --conflict-exit-code 0 backup -- rsync -a /data /backup
   jesync lock --max-concurrent 3 encoder-slots -- ffmpeg -i in.mkv out.mp4
+  jesync lock deploy -- sh -c './deploy.sh --fencing-token "$JESYNC_FENCING_TOKEN"'
 
 {EXIT_STATUSES}"""
 
@@ -165,6 +175,15 @@ class SignalRelay:
         self.child.send_signal(signum)
 
 
+def child_environment(lock: Lock) -> dict[str, str]:
+    """jesync's environment, with the lock's fencing token in L{FENCING_TOKEN_VARIABLE} (unset if it has none)."""
+    env = dict(os.environ)
+    env.pop(FENCING_TOKEN_VARIABLE, None)  # an outer jesync lock's
+    if lock.token is not None:
+        env[FENCING_TOKEN_VARIABLE] = str(lock.token)
+    return env
+
+
 def exit_status(returncode: int) -> int:
     """A child's status as a shell reports it: 128+N if signal N killed it."""
     return SIGNAL_BASE - returncode if returncode < 0 else returncode
@@ -206,7 +225,7 @@ def run_holding(args: argparse.Namespace, lock: Lock, relay: SignalRelay) -> int
             return EXIT_LOCK_LOST
         lock.add_lost_callback(lost)
         try:
-            child = subprocess.Popen(args.command)
+            child = subprocess.Popen(args.command, env=child_environment(lock))
         except FileNotFoundError:
             say(f"{program}: command not found")
             return EXIT_NOT_FOUND

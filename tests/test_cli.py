@@ -28,6 +28,7 @@ from jesync.cli import (
     EXIT_REFUSED,
     EXIT_TIMEOUT,
     EXIT_UNAVAILABLE,
+    FENCING_TOKEN_VARIABLE,
     main,
     parse_arguments,
 )
@@ -148,6 +149,45 @@ class LockCommandTests(CLITestCase):
         result = jesync("--server", f"127.0.0.1:{free_port()}", "lock", "report", "--", "true")
         self.assertEqual(result.returncode, EXIT_UNAVAILABLE)
         self.assertIn("cannot connect", result.stderr)
+
+
+class FencingTokenTests(CLITestCase):
+    PRINT_TOKEN = ["sh", "-c", 'echo "${JESYNC_FENCING_TOKEN-unset}"']
+
+    def test_token_in_the_environment(self) -> None:
+        """
+        COMMAND gets the grant's fencing token in $JESYNC_FENCING_TOKEN (not
+        an outer one): each grant's is larger than the one before.
+        """
+        address = self.start_server()
+        self.assertEqual(FENCING_TOKEN_VARIABLE, "JESYNC_FENCING_TOKEN")
+        nested = cli_environment(JESYNC_FENCING_TOKEN="stale")
+        first = jesync("--server", address, "lock", "report", "--", *self.PRINT_TOKEN, env=nested)
+        between = self.client(address).lock("report")
+        between.release()
+        second = jesync("--server", address, "lock", "report", "--", *self.PRINT_TOKEN)
+        self.assertEqual((first.returncode, second.returncode), (0, 0), first.stderr + second.stderr)
+        tokens = [int(first.stdout), between.token, int(second.stdout)]
+        self.assertTrue(tokens[0] < tokens[1] < tokens[2], tokens)
+
+    def test_no_token_from_an_older_server(self) -> None:
+        """A server without fencing (INVALID_COMMAND): COMMAND runs as before, the variable unset."""
+
+        def older(line: bytes) -> bytes:
+            word, *args = line.split()
+            if word == b"lock":
+                return b"GRANTED 1 0 %s 120\n" % args[0]
+            if word == b"release":
+                return b"RELEASED 0 0 %s\n" % args[0]
+            if word == b"status":
+                return b"STATUS 1 0 %s\n" % args[0]
+            return b"INVALID_COMMAND\n"
+
+        server = fake_server(self, older)
+        nested = cli_environment(JESYNC_FENCING_TOKEN="stale")
+        result = jesync("--server", server.address, "lock", "report", "--", *self.PRINT_TOKEN, env=nested)
+        self.assertEqual((result.returncode, result.stdout, result.stderr), (0, "unset\n", ""))
+        self.assertIn(b"fencing on", server.received)
 
 
 class SignalTests(CLITestCase):

@@ -210,7 +210,9 @@ class MisbehavingServerTests(SynchronousTestCase):
         def respond(line: bytes) -> bytes:
             if line.startswith(b"lock"):
                 return b"INVALID_PARAMETER: no thanks\n"
-            return b"STATUS 0 0 %s\n" % line.split()[1]
+            if line.startswith(b"status"):
+                return b"STATUS 0 0 %s\n" % line.split()[1]
+            return b"INVALID_COMMAND\n"  # fencing: an older server
 
         server = fake_server(self, respond)
 

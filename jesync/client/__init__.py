@@ -6,9 +6,11 @@ Clients of JESync lock servers (jesync, or any JESync-compatible one).
  - L{TwistedClient}: Twisted, returning Deferreds.
 
 All three take the same arguments and offer the same operations: C{lock}
-(returning a lock handle with C{release}, C{renew}, automatic renewal and
-loss notification), C{status}, C{listing} and C{ping}, over one or several
-servers.  A timed-out wait raises L{LockTimeout}; every other failed request
+(returning a lock handle with C{release}, C{renew}, automatic renewal, loss
+notification and the grant's fencing C{token}), C{lock_many} (several keys,
+all or nothing, as one handle with a C{tokens} dict), C{status}, C{listing}
+and C{ping}, over one or several servers.  A timed-out wait raises
+L{LockTimeout}; every other failed request
 raises a L{ClientError} (bad arguments raise ValueError or TypeError before
 anything is sent).
 """
@@ -22,6 +24,7 @@ from jesync.client.errors import (
     ConnectionLost,
     KeyBusy,
     LockLost,
+    LockManyTimeout,
     LockTimeout,
     ServerError,
 )
@@ -43,6 +46,7 @@ __all__ = [
     "KeyStatus",
     "Lock",
     "LockLost",
+    "LockManyTimeout",
     "LockTimeout",
     "PHPPlacement",
     "ServerError",

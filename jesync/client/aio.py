@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Awaitable, Callable, Generator, Optional, Sequence
+from typing import Any, Awaitable, Callable, Generator, Iterable, Optional, Sequence
 
 from jesync.client.address import DEFAULT_SERVER, Address, UNIXAddress
 from jesync.client.errors import ConnectFailed, LockLost, describe
@@ -21,21 +21,20 @@ from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
 from jesync.client.pipeline import discard
 from jesync.client.session import Session
-from jesync.client.wire import PING_KEY, LineSplitter, Reply, UnexpectedReply, lock_arguments
+from jesync.client.wire import PING_KEY, LineSplitter, Reply, UnexpectedReply, lock_arguments, lock_many_arguments
 from jesync.listing import sort_listing
 from jesync.wire import KeyStatus, ListingOrder
 
 
 class AsyncLock(LockState):
     """
-    A lock held through an L{AsyncClient}: C{async with} it, or C{await
-    lock.release()}.  Lost-lock callbacks run in the event loop.
+    A lock held through an L{AsyncClient}, on one key or several
+    (C{lock_many}): C{async with} it, or C{await lock.release()}.  Lost-lock
+    callbacks run in the event loop.
     """
 
     def __init__(self, connection: _Connection, reply: Reply, max_concurrent: int, expires: int) -> None:
-        assert reply.key is not None
-        loop = connection.loop
-        super().__init__(reply.key, str(connection.address), max_concurrent, expires, reply.seconds_left or 0, loop.time)
+        super().__init__(reply, str(connection.address), max_concurrent, expires, connection.loop.time)
         self._connection = connection
         self._renewer: Optional[asyncio.Task[None]] = None
 
@@ -111,6 +110,9 @@ class _Connection:
         except (OSError, asyncio.TimeoutError) as error:
             raise ConnectFailed(str(address), f"cannot connect: {describe(error)}") from error
         connection._transport = transport
+        # Pipelined: nothing waits for its answer (an older server refuses it, and then grants have no tokens).
+        connection.session.enable_fencing(discard, discard)
+        connection._watch_silence()
         return connection
 
     def _make_lock(self, reply: Reply, max_concurrent: int, expires: int) -> AsyncLock:
@@ -143,7 +145,14 @@ class _Connection:
         return await self.start(operation, *args)
 
     async def lock(self, key: str, max_concurrent: int, timeout: int, expires: int) -> AsyncLock:
-        future = self.start(self.session.lock, key, max_concurrent, timeout, expires)
+        return await self._acquire(key, self.session.lock, key, max_concurrent, timeout, expires)
+
+    async def lock_many(self, keys: tuple[str, ...], timeout: int, expires: int) -> AsyncLock:
+        return await self._acquire(keys[0], self.session.lock_many, keys, timeout, expires)
+
+    async def _acquire(self, key: str, operation: Callable[..., None], *args: Any) -> AsyncLock:
+        """Make a lock request (for C{key}, and others with it) and wait for the lock."""
+        future = self.start(operation, *args)
         try:
             return await future
         except asyncio.CancelledError:
@@ -198,7 +207,7 @@ class _Connection:
 
 
 class _LockRequest:
-    """What L{AsyncClient.lock} returns: await it for the lock, or C{async with} it."""
+    """What L{AsyncClient.lock} and L{AsyncClient.lock_many} return: await it for the lock, or C{async with} it."""
 
     def __init__(self, acquire: Callable[[], Awaitable[AsyncLock]]) -> None:
         self._acquire = acquire
@@ -285,6 +294,33 @@ class AsyncClient:
         async def acquire() -> AsyncLock:
             connection = await self._connection(index)
             lock = await connection.lock(key, *arguments)
+            if auto_renew:
+                lock.start_renewing()
+            return lock
+
+        return _LockRequest(acquire)
+
+    def lock_many(
+        self,
+        keys: Iterable[str],
+        wait: Optional[float] = None,
+        expires: Optional[float] = 120,
+        *,
+        auto_renew: bool = False,
+    ) -> _LockRequest:
+        """
+        Acquire every one of C{keys}, all or nothing, as
+        L{jesync.client.Client.lock_many} does: C{lock = await
+        client.lock_many([...])}, or C{async with client.lock_many([...]) as
+        lock:}; C{lock.tokens} has each key's fencing token.  Cancelling the
+        wait is as for L{lock}.
+        """
+        distinct, timeout, expires_ = lock_many_arguments(keys, wait, expires)
+        index = self._fleet.index_for_all(distinct)
+
+        async def acquire() -> AsyncLock:
+            connection = await self._connection(index)
+            lock = await connection.lock_many(distinct, timeout, expires_)
             if auto_renew:
                 lock.start_renewing()
             return lock

@@ -15,14 +15,15 @@ import socket
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from jesync.client.address import DEFAULT_SERVER, Address, UNIXAddress
 from jesync.client.errors import ConnectFailed, LockLost, describe
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
+from jesync.client.pipeline import discard
 from jesync.client.session import Session
-from jesync.client.wire import PING_KEY, LineSplitter, Reply, UnexpectedReply, lock_arguments
+from jesync.client.wire import PING_KEY, LineSplitter, Reply, UnexpectedReply, lock_arguments, lock_many_arguments
 from jesync.listing import sort_listing
 from jesync.wire import KeyStatus, ListingOrder
 
@@ -71,8 +72,10 @@ def start_background(target: Callable[..., None], name: str, *args: Any) -> None
 
 class Lock(LockState):
     """
-    A lock held through a L{Client}.  Use it as a context manager (the lock is
-    released when the block ends), or call L{release} yourself.
+    A lock held through a L{Client}, on one key (L{Client.lock}) or several
+    (L{Client.lock_many}).  Use it as a context manager (the lock is
+    released when the block ends), or call L{release} yourself.  Its fencing
+    token is C{token} (C{tokens} for each key of a C{lock_many} lock).
 
     If the lock is lost while held (see L{LockState}), C{lost} becomes true,
     the callbacks given to C{add_lost_callback} are called (from a background
@@ -81,16 +84,15 @@ class Lock(LockState):
     """
 
     def __init__(self, connection: _Connection, reply: Reply, max_concurrent: int, expires: int) -> None:
-        assert reply.key is not None
-        super().__init__(reply.key, str(connection.address), max_concurrent, expires, reply.seconds_left or 0, time.monotonic)
+        super().__init__(reply, str(connection.address), max_concurrent, expires, time.monotonic)
         self._connection = connection
         self._renewal_stopped = threading.Event()
 
     def release(self) -> bool:
         """
-        Give the lock back.  True if it was held until now; False if it had
-        been lost (connection dropped, expired, renewal refused) or was
-        already released.  Never raises for a lost lock.
+        Give the lock back (every key of it).  True if it was held until
+        now; False if it had been lost (connection dropped, expired, renewal
+        refused) or was already released.  Never raises for a lost lock.
         """
         return self._connection.call(self._connection.session.release, self)
 
@@ -145,6 +147,9 @@ class _Connection:
         self.session = Session(str(address), self._send, self._make_lock)
         self._quiet_since = time.monotonic()
         self._send_error: Optional[str] = None
+        with self._mutex:
+            # Pipelined: nothing waits for its answer (an older server refuses it, and then grants have no tokens).
+            self.session.enable_fencing(discard, discard)
         start_background(self._read_until_closed, f"jesync reader {address}")
 
     def _make_lock(self, reply: Reply, max_concurrent: int, expires: int) -> Lock:
@@ -174,7 +179,14 @@ class _Connection:
         return self.start(operation, *args).result()
 
     def lock(self, key: str, max_concurrent: int, timeout: int, expires: int) -> Lock:
-        future = self.start(self.session.lock, key, max_concurrent, timeout, expires)
+        return self._acquire(key, self.session.lock, key, max_concurrent, timeout, expires)
+
+    def lock_many(self, keys: tuple[str, ...], timeout: int, expires: int) -> Lock:
+        return self._acquire(keys[0], self.session.lock_many, keys, timeout, expires)
+
+    def _acquire(self, key: str, operation: Callable[..., None], *args: Any) -> Lock:
+        """Make a lock request (for C{key}, and others with it) and wait for the lock."""
+        future = self.start(operation, *args)
         try:
             return future.result()
         except BaseException:
@@ -338,6 +350,8 @@ class Client:
             happens to this process.  None (or 0): never.
         @param auto_renew: renew in a background thread every third of
             C{expires}, until released or lost.
+        @return: the L{Lock}; its C{token} is the grant's fencing token
+            (None from a server that gives none).
         @raise LockTimeout: the wait ran out.
         @raise KeyBusy: this client already holds or is asking for C{key}.
         @raise ServerError: the server refused the request.
@@ -346,6 +360,41 @@ class Client:
         """
         arguments = lock_arguments(max_concurrent, wait, expires)
         lock = self._connection_for(key).lock(key, *arguments)
+        if auto_renew:
+            lock.start_renewing()
+        return lock
+
+    def lock_many(
+        self,
+        keys: Iterable[str],
+        wait: Optional[float] = None,
+        expires: Optional[float] = 120,
+        *,
+        auto_renew: bool = False,
+    ) -> Lock:
+        """
+        Acquire every one of C{keys}, all or nothing, a mutex on each (a key
+        given twice counts once).  The server grants them together when all
+        are free, so two clients asking for overlapping sets in different
+        orders cannot deadlock.  The returned lock holds them all: it is
+        released, renewed and lost as one, and C{lock.tokens} has each
+        key's fencing token.
+
+        The keys must live on one server (with one server they always do).
+        The server must support C{lock-many} (an older one refuses it with
+        L{ServerError}).  C{wait}, C{expires} and C{auto_renew} are
+        L{lock}'s.
+
+        @raise LockTimeout: the wait ran out (a L{LockManyTimeout}, naming
+            all the keys); none of the keys was granted.
+        @raise KeyBusy: this client already holds or is asking for one of them.
+        @raise ServerError: the server refused the request.
+        @raise ConnectionLost: as L{lock}.
+        @raise ValueError: no keys, keys on several servers, or too many
+            keys for one request line.
+        """
+        distinct, timeout, expires_ = lock_many_arguments(keys, wait, expires)
+        lock = self._connection(self._fleet.index_for_all(distinct)).lock_many(distinct, timeout, expires_)
         if auto_renew:
             lock.start_renewing()
         return lock

@@ -9,6 +9,7 @@ client raises is a L{ClientError}.
 from __future__ import annotations
 
 import socket
+from typing import Optional, Sequence
 
 from jesync.errors import LockTimeout
 
@@ -18,6 +19,7 @@ __all__ = [
     "ConnectionLost",
     "KeyBusy",
     "LockLost",
+    "LockManyTimeout",
     "LockTimeout",
     "ServerError",
 ]
@@ -71,17 +73,37 @@ class KeyBusy(ClientError):
         self.key = key
 
 
+class LockManyTimeout(LockTimeout):
+    """
+    A C{lock_many} wait ran out before every key could be granted (so none
+    was).  C{keys} are all its keys, in the order asked; C{key} is the first.
+    """
+
+    def __init__(self, keys: Sequence[str]) -> None:
+        super().__init__(keys[0])
+        self.keys = list(keys)
+        self.args = (f"timed out waiting for {_names(self.keys)}",)
+
+
 class LockLost(ClientError):
     """
     A lock is no longer held although its handle was not released: its
     connection dropped, its failsafe expiry released it, or a renewal was
     refused.  Another client may hold it now.
+
+    C{key} is its key; C{keys} all its keys (a C{lock_many} lock's keys are
+    lost together, and C{key} is the first of them).
     """
 
-    def __init__(self, key: str, reason: str) -> None:
-        super().__init__(f"lost the lock on {key!r}: {reason}")
+    def __init__(self, key: str, reason: str, keys: Optional[Sequence[str]] = None) -> None:
+        self.keys = [key] if keys is None else list(keys)
+        super().__init__(f"lost the {'lock' if len(self.keys) == 1 else 'locks'} on {_names(self.keys)}: {reason}")
         self.key = key
         self.reason = reason
+
+
+def _names(keys: Sequence[str]) -> str:
+    return ", ".join(repr(key) for key in keys)
 
 
 def describe(error: BaseException) -> str:

@@ -27,5 +27,16 @@ class Fleet:
         check_key(key)
         return self._placement.server_for(key)
 
+    def index_for_all(self, keys: Sequence[str]) -> int:
+        """
+        The index of the one server all of C{keys} live on; raise ValueError
+        if they live on several (a multi-key lock is granted by one server).
+        """
+        indexes = {key: self.index_for(key) for key in keys}
+        if len(set(indexes.values())) > 1:
+            where = ", ".join(f"{key!r} on {self.servers[index]}" for key, index in indexes.items())
+            raise ValueError(f"the keys of one lock_many must live on one server: {where}")
+        return indexes[keys[0]]
+
     def server_for(self, key: str) -> Address:
         return self.servers[self.index_for(key)]

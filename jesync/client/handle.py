@@ -1,8 +1,8 @@
 """
-What every client's lock handle knows: its key, whether it is still held,
-when its grant expires, and who to tell if it is lost.  Each client adds the
-operations (C{release}, C{renew}) in its own style: blocking, Twisted or
-asyncio.
+What every client's lock handle knows: its key (or keys), its fencing
+tokens, whether it is still held, when its grant expires, and who to tell if
+it is lost.  Each client adds the operations (C{release}, C{renew}) in its
+own style: blocking, Twisted or asyncio.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import logging
 from typing import Callable, Optional
 
 from jesync.client.errors import LockLost
+from jesync.client.wire import Reply
 
 log = logging.getLogger("jesync.client")
 
@@ -23,24 +24,38 @@ RENEWALS_PER_EXPIRY = 3
 
 class LockState:
     """
-    A lock granted through one connection.
+    A lock granted through one connection: by C{lock()} on one key, or by
+    C{lock_many()} on several (all granted together, and released, renewed
+    and lost together).
 
     It is C{held} until C{release()} (then C{released}) or until it is lost
     (then C{lost}, with C{lost_reason} saying why): its connection dropped, a
     renewal was refused, or it had expired when it was released.  A lost lock
     stays lost; reconnecting does not bring it back.
+
+    @ivar keys: its keys, in the order asked (one for C{lock()}).
+    @ivar key: its key (a C{lock_many()} lock's first key).
+    @ivar tokens: each key's fencing token, or None for a key whose grant
+        came without one (from a server without fencing tokens).  The server
+        gives every grant of a key a larger token than the grants before it;
+        a renewal keeps the token.
+    @ivar many: whether it was granted by C{lock_many()} (so it is renewed
+        the same way).
     """
 
     def __init__(
         self,
-        key: str,
+        reply: Reply,
         server: str,
         max_concurrent: int,
         expires: int,
-        seconds_left: int,
         clock: Callable[[], float],
     ) -> None:
-        self.key = key
+        """Build it from its C{GRANTED} or C{GRANTED-MANY} reply."""
+        self.keys: tuple[str, ...] = reply.keys
+        self.key = reply.keys[0]
+        self.tokens: dict[str, Optional[int]] = dict(zip(reply.keys, reply.tokens or (None,) * len(reply.keys)))
+        self.many = reply.word == "GRANTED-MANY"
         #: the server it is held on, as C{host:port} or C{unix:/path}
         self.server = server
         self.max_concurrent = max_concurrent
@@ -51,10 +66,25 @@ class LockState:
         self._state = "held"
         self._lost_callbacks: list[LostCallback] = []
         self._expires_at: Optional[float] = None
-        self._granted(seconds_left)
+        self._granted(reply.seconds_left)
 
     def __repr__(self) -> str:
-        return f"<{type(self).__name__} {self.key!r} on {self.server} {self._state}>"
+        keys = " ".join(repr(key) for key in self.keys)
+        return f"<{type(self).__name__} {keys} on {self.server} {self._state}>"
+
+    @property
+    def token(self) -> Optional[int]:
+        """
+        The grant's fencing token: pass it along with every write the lock
+        protects, so that the resource can refuse a write carrying a smaller
+        token than one it has seen (from a holder that lost the lock without
+        knowing).  None if the server gave none (a server without fencing
+        tokens).  A lock on several keys has one per key, in C{tokens}:
+        asking it for C{token} raises TypeError.
+        """
+        if len(self.keys) != 1:
+            raise TypeError(f"a lock on {len(self.keys)} keys has a fencing token per key: see its tokens")
+        return self.tokens[self.key]
 
     @property
     def held(self) -> bool:
@@ -117,14 +147,14 @@ class LockState:
         lost before it was released.  Its lost callbacks are not called.
         """
         self._state = "lost"
-        self.lost_reason = LockLost(self.key, reason)
+        self.lost_reason = self._lost(reason)
 
     def _lose(self, reason: str) -> bool:
         """Held -> lost; False if it was not held.  Call L{_notify_lost} afterwards."""
         if self._state != "held":
             return False
         self._state = "lost"
-        self.lost_reason = LockLost(self.key, reason)
+        self.lost_reason = self._lost(reason)
         self._stop_renewing()
         return True
 
@@ -151,4 +181,8 @@ class LockState:
         """
         if released or body_raised:
             return None
-        return self.lost_reason or LockLost(self.key, "it was not held when released")
+        return self.lost_reason or self._lost("it was not held when released")
+
+    def _lost(self, reason: str) -> LockLost:
+        """The L{LockLost} for this lock."""
+        return LockLost(self.key, reason, self.keys)

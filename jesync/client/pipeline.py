@@ -24,12 +24,23 @@ owes exactly one immediate reply, in order, and each line is read thus:
    nothing means the connection cannot be trusted any more, and
    L{UnexpectedReply} is raised for the client to close it.
 
-This needs one rule, which L{Pipeline.lock} enforces by raising L{KeyBusy}:
-a connection never has two C{lock} requests for the same key outstanding
-when either of them may wait.  (The server does not answer a second C{lock}
-from a connection already waiting for that key, and two late answers for one
-key could not be told apart.)  Renewals are sent with a timeout of 0, never
-wait, and so may overlap.
+A C{lock-many k1 k2 ...} (an extension: all or nothing, a mutex on each key)
+is read the same way, with C{status k1} as its fence: C{GRANTED-MANY} and
+C{TIMEOUT-MANY} name all its keys, in the order asked, and answer the
+C{lock-many} at the head of the queue with exactly those keys if it is still
+unanswered, or else the one waiting with them.
+
+This needs one rule, which L{Pipeline.lock} and L{Pipeline.lock_many}
+enforce by raising L{KeyBusy}: a connection never has two lock requests
+(C{lock} or C{lock-many}) sharing a key outstanding when either of them may
+wait.  (The server does not answer a second request from a connection
+already waiting for that key, and two late answers for one key could not be
+told apart.)  Renewals are sent with a timeout of 0, never wait, and so may
+overlap.
+
+C{fencing on} (an extension) is answered C{FENCING ON}, or C{INVALID_COMMAND}
+by a server without fencing; from then on a C{GRANTED} carries the grant's
+fencing token, and a C{GRANTED-MANY} one per key.
 
 Since every request owes an immediate reply, a client can also tell a
 server that has stopped answering (L{Pipeline.owes_reply}) from a lock that
@@ -45,11 +56,13 @@ from __future__ import annotations
 from collections import deque
 from typing import Any, Callable, Optional
 
-from jesync.client.errors import ConnectionLost, KeyBusy, ServerError
+from jesync.client.errors import ConnectionLost, KeyBusy, LockManyTimeout, ServerError
 from jesync.client.wire import (
     ERROR_WORDS,
     Reply,
     UnexpectedReply,
+    fencing_request,
+    lock_many_request,
     lock_request,
     listing_request,
     parse_reply,
@@ -67,14 +80,19 @@ def discard(result: object) -> None:
     """A callback for a reply nobody waits for."""
 
 
+#: The lock commands, and the reply words that answer each.
+_LOCK_ANSWERS = {"GRANTED": "lock", "TIMEOUT": "lock", "GRANTED-MANY": "lock-many", "TIMEOUT-MANY": "lock-many"}
+_GRANTS = frozenset({"GRANTED", "GRANTED-MANY"})
+
+
 class _Request:
     """One request awaiting its reply."""
 
-    __slots__ = ("command", "key", "on_result", "on_error", "may_wait", "answered", "abandoned", "rows")
+    __slots__ = ("command", "keys", "on_result", "on_error", "may_wait", "answered", "abandoned", "rows")
 
-    def __init__(self, command: str, key: str | None, on_result: OnResult, on_error: OnError) -> None:
+    def __init__(self, command: str, keys: tuple[str, ...], on_result: OnResult, on_error: OnError) -> None:
         self.command = command
-        self.key = key
+        self.keys = keys
         self.on_result = on_result
         self.on_error = on_error
         self.may_wait = False
@@ -82,6 +100,18 @@ class _Request:
         self.answered = False
         self.abandoned = False
         self.rows: list[KeyStatus] = []
+
+    @property
+    def key(self) -> Optional[str]:
+        """The key (a lock-many's first key: the one its fence asks about)."""
+        return self.keys[0] if self.keys else None
+
+    @property
+    def is_lock(self) -> bool:
+        return self.command in ("lock", "lock-many")
+
+    def describe(self) -> str:
+        return " ".join((self.command,) + self.keys)
 
 
 class Pipeline:
@@ -92,11 +122,13 @@ class Pipeline:
 
     Each request takes an C{on_result} and an C{on_error} callable, exactly one
     of which is called, once: C{lock} results in the C{GRANTED} L{Reply} (a
-    timed-out wait is a L{LockTimeout} error), C{release} in a C{bool}
+    timed-out wait is a L{LockTimeout} error), C{lock_many} in the
+    C{GRANTED-MANY} L{Reply} (L{LockManyTimeout}), C{release} in a C{bool}
     (whether the connection held the key), C{status} in a L{KeyStatus},
-    C{listing} in a list of them.  A refused request errs with L{ServerError}.
-    The pipeline's state is consistent whenever it calls them, so they may
-    make new requests.
+    C{listing} in a list of them, C{fencing} in a C{bool} (the server's
+    setting).  A refused request errs with L{ServerError}.  The pipeline's
+    state is consistent whenever it calls them, so they may make new
+    requests.
 
     @param on_expired: called with the key of an unsolicited C{EXPIRED} line
         (sent by JESync 0.8.1, never by jesync, when a grant expires).
@@ -106,8 +138,8 @@ class Pipeline:
         self._send = send
         self._on_expired = on_expired
         self._queue: deque[_Request] = deque()  # owed an immediate reply, in order
-        self._waiting: dict[str, _Request] = {}  # locks past their fence, by key
-        self._locks: dict[str, list[_Request]] = {}  # unsettled lock requests, by key
+        self._waiting: dict[str, _Request] = {}  # lock requests past their fence, by (first) key
+        self._locks: dict[str, list[_Request]] = {}  # unsettled lock requests, by each of their keys
         self.closed: Optional[Exception] = None
 
     @property
@@ -132,28 +164,54 @@ class Pipeline:
     ) -> None:
         """Send C{lock} (and its fence); the arguments are the protocol's, already checked."""
         line = lock_request(key, max_concurrent, timeout, expires) + status_request(key)
+        self._lock(_Request("lock", (key,), on_result, on_error), timeout, line)
+
+    def lock_many(
+        self,
+        keys: tuple[str, ...],
+        timeout: int,
+        expires: int,
+        on_result: OnResult,
+        on_error: OnError,
+    ) -> None:
+        """
+        Send C{lock-many} (and its fence, a C{status} of its first key); the
+        arguments are the protocol's, already checked
+        (L{jesync.client.wire.lock_many_arguments}).
+        """
+        keys = tuple(dict.fromkeys(keys))  # as the server counts them, so that its answer names the same keys
+        line = lock_many_request(keys, timeout, expires) + status_request(keys[0])
+        self._lock(_Request("lock-many", keys, on_result, on_error), timeout, line)
+
+    def _lock(self, request: _Request, timeout: int, line: bytes) -> None:
         self._check_open()
-        pending = self._locks.get(key)
-        if pending and (timeout != 0 or any(request.may_wait for request in pending)):
-            raise KeyBusy(key, "a lock request for it is already outstanding on this connection")
-        request = _Request("lock", key, on_result, on_error)
+        for key in request.keys:
+            pending = self._locks.get(key)
+            if pending and (timeout != 0 or any(other.may_wait for other in pending)):
+                raise KeyBusy(key, "a lock request for it is already outstanding on this connection")
         request.may_wait = timeout != 0
-        self._locks.setdefault(key, []).append(request)
+        for key in request.keys:
+            self._locks.setdefault(key, []).append(request)
         self._enqueue(request, line)
 
     def release(self, key: str, on_result: OnResult, on_error: OnError) -> None:
-        self._enqueue(_Request("release", key, on_result, on_error), release_request(key))
+        self._enqueue(_Request("release", (key,), on_result, on_error), release_request(key))
 
     def status(self, key: str, on_result: OnResult, on_error: OnError) -> None:
-        self._enqueue(_Request("status", key, on_result, on_error), status_request(key))
+        self._enqueue(_Request("status", (key,), on_result, on_error), status_request(key))
 
     def listing(self, order: ListingOrder, on_result: OnResult, on_error: OnError) -> None:
-        self._enqueue(_Request("listing", None, on_result, on_error), listing_request(order))
+        self._enqueue(_Request("listing", (), on_result, on_error), listing_request(order))
+
+    def fencing(self, on: bool, on_result: OnResult, on_error: OnError) -> None:
+        """C{fencing on} or C{off}: C{on_result} gets the server's setting; an older server errs (INVALID_COMMAND)."""
+        self._enqueue(_Request("fencing", (), on_result, on_error), fencing_request(on))
 
     def abandon(self, key: str) -> None:
         """
-        The caller of the unanswered C{lock} for C{key} has given up on it:
-        drop its callbacks, and release the lock if the server grants it.
+        The caller of the unanswered lock request for C{key} (a C{lock-many}:
+        any of its keys) has given up on it: drop its callbacks, and release
+        what the server grants.
         """
         for request in self._locks.get(key, ()):
             request.abandoned = True
@@ -177,14 +235,16 @@ class Pipeline:
         reply = parse_reply(line)
         word = reply.word
         head = self._queue[0] if self._queue else None
-        if word in ("GRANTED", "TIMEOUT"):
-            if head is not None and head.command == "lock" and head.key == reply.key and not head.answered:
+        command = _LOCK_ANSWERS.get(word)
+        if command is not None:
+            if head is not None and head.command == command and head.keys == reply.keys and not head.answered:
                 head.answered = True
                 self._settle_lock(head, reply)
                 return
-            request = self._waiting.pop(reply.key, None)  # type: ignore[arg-type]
-            if request is None:
+            request = self._waiting.get(reply.key)  # type: ignore[arg-type]
+            if request is None or request.command != command or request.keys != reply.keys:
                 raise UnexpectedReply(f"{reply.text!r} answers no lock request")
+            del self._waiting[request.key]  # type: ignore[arg-type]
             self._settle_lock(request, reply)
             return
         if word == "EXPIRED":
@@ -192,7 +252,7 @@ class Pipeline:
             return
         if head is None:
             raise UnexpectedReply(f"{reply.text!r} answers no request")
-        if head.command == "lock":
+        if head.is_lock:
             self._fence_or_error(head, reply)
         elif word in ERROR_WORDS:
             self._queue.popleft()
@@ -205,8 +265,11 @@ class Pipeline:
         elif head.command == "status" and word == "STATUS" and reply.key == head.key:
             self._queue.popleft()
             head.on_result(reply.status)
+        elif head.command == "fencing" and word == "FENCING":
+            self._queue.popleft()
+            head.on_result(reply.fencing)
         else:
-            raise UnexpectedReply(f"{reply.text!r} does not answer {head.command} {head.key or ''}")
+            raise UnexpectedReply(f"{reply.text!r} does not answer {head.describe()}")
 
     def _fence_or_error(self, head: _Request, reply: Reply) -> None:
         if reply.word == "STATUS" and reply.key == head.key:
@@ -219,7 +282,7 @@ class Pipeline:
             if not head.abandoned:
                 head.on_error(ServerError(reply.text))
         else:
-            raise UnexpectedReply(f"{reply.text!r} does not answer lock {head.key}")
+            raise UnexpectedReply(f"{reply.text!r} does not answer {head.describe()}")
 
     def _listing_line(self, head: _Request, reply: Reply) -> None:
         if reply.word == "STATUS":
@@ -231,22 +294,24 @@ class Pipeline:
             raise UnexpectedReply(f"{reply.text!r} in a listing")
 
     def _settle_lock(self, request: _Request, reply: Reply) -> None:
-        key = request.key
-        assert key is not None
         self._forget_lock(request)
         if request.abandoned:
-            if reply.word == "GRANTED":
-                self.release(key, discard, discard)
-        elif reply.word == "GRANTED":
+            if reply.word in _GRANTS:
+                for key in request.keys:
+                    self.release(key, discard, discard)
+        elif reply.word in _GRANTS:
             request.on_result(reply)
+        elif request.command == "lock":
+            request.on_error(LockTimeout(request.keys[0]))
         else:
-            request.on_error(LockTimeout(key))
+            request.on_error(LockManyTimeout(request.keys))
 
     def _forget_lock(self, request: _Request) -> None:
-        pending = self._locks[request.key]  # type: ignore[index]
-        pending.remove(request)
-        if not pending:
-            del self._locks[request.key]  # type: ignore[arg-type]
+        for key in request.keys:
+            pending = self._locks[key]
+            pending.remove(request)
+            if not pending:
+                del self._locks[key]
 
     # -- the end ---------------------------------------------------------
 
@@ -255,7 +320,7 @@ class Pipeline:
         if self.closed is not None:
             return
         self.closed = error
-        unsettled = [r for r in self._queue if not (r.command == "lock" and r.answered)]
+        unsettled = [r for r in self._queue if not (r.is_lock and r.answered)]
         unsettled.extend(self._waiting.values())
         self._queue.clear()
         self._waiting.clear()

@@ -3,14 +3,17 @@ One connection's state, shared by the three clients: the L{Pipeline} of its
 requests and the locks held through it, with the rules that keep the two
 consistent.
 
- - A lock is registered as held the moment its C{GRANTED} is read, so a
-   connection that fails from then on loses it.
- - A connection holds a key at most once: asking for a key it holds raises
-   L{KeyBusy}.
+ - A lock is registered as held the moment its C{GRANTED} (or
+   C{GRANTED-MANY}) is read, so a connection that fails from then on loses it.
+ - A connection holds a key at most once: asking for a key it holds (alone
+   or in a C{lock_many}) raises L{KeyBusy}.
+ - A C{lock_many} lock is one handle for all its keys: they are released,
+   renewed (with C{lock-many}) and lost together.
  - When the connection fails, every held lock is lost (before any
    outstanding request fails, so their callers already see the locks lost).
  - A renewal refused (C{TIMEOUT}: the grant had expired and another client
-   took the key) loses the lock; a release answered C{NOT_RELEASED} (it had
+   took the key) loses the lock (a C{lock_many} lock's keys are then all
+   released); a release answered C{NOT_RELEASED} (it had
    expired) or cut off by the connection returns False and leaves the handle
    lost.
 
@@ -23,16 +26,16 @@ it is safe to.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable, Optional
 
-from jesync.client.errors import ConnectionLost, KeyBusy, LockLost, ServerError
+from jesync.client.errors import ConnectionLost, KeyBusy, ServerError
 from jesync.client.handle import LockState
-from jesync.client.pipeline import OnError, OnResult, Pipeline
+from jesync.client.pipeline import OnError, OnResult, Pipeline, discard
 from jesync.client.wire import Reply
 from jesync.errors import LockTimeout
 from jesync.wire import ListingOrder
 
-#: Builds a client's lock handle from its GRANTED reply, max_concurrent and expires.
+#: Builds a client's lock handle from its GRANTED (or GRANTED-MANY) reply, max_concurrent and expires.
 MakeLock = Callable[[Reply, int, int], LockState]
 
 
@@ -40,7 +43,9 @@ class Session:
     def __init__(self, address: str, send: Callable[[bytes], None], make_lock: MakeLock) -> None:
         self.address = address
         self.pipeline = Pipeline(send, self._expired)
-        self.held: dict[str, LockState] = {}
+        self.held: dict[str, LockState] = {}  # by each of its keys
+        #: whether the server gives fencing tokens: None until it has answered C{fencing on}
+        self.fencing: Optional[bool] = None
         self._make_lock = make_lock
         self._just_lost: list[LockState] = []
 
@@ -49,6 +54,27 @@ class Session:
         return self.pipeline.closed is not None
 
     # -- requests --------------------------------------------------------
+
+    def enable_fencing(self, on_result: OnResult, on_error: OnError) -> None:
+        """
+        Ask for fencing tokens (the clients do, first thing on every
+        connection, without waiting for the answer: the requests after it
+        are answered after it).  A server without them refuses
+        (C{INVALID_COMMAND}): then grants carry none, and C{on_result} gets
+        False as well.
+        """
+
+        def answered(on: bool) -> None:
+            self.fencing = on
+            on_result(on)
+
+        def refused(error: Exception) -> None:
+            if isinstance(error, ServerError):
+                answered(False)
+            else:
+                on_error(error)
+
+        self.pipeline.fencing(True, answered, refused)
 
     def lock(
         self,
@@ -60,47 +86,85 @@ class Session:
         on_error: OnError,
     ) -> None:
         """Ask for C{key}; C{on_result} gets the new lock handle."""
-        if key in self.held:
-            raise KeyBusy(key, "this client already holds it")
-
-        def granted(reply: Reply) -> None:
-            lock = self.held[key] = self._make_lock(reply, max_concurrent, expires)
-            on_result(lock)
-
+        self._check_free((key,))
+        granted = self._granted(max_concurrent, expires, on_result)
         self.pipeline.lock(key, max_concurrent, timeout, expires, granted, on_error)
 
+    def lock_many(self, keys: tuple[str, ...], timeout: int, expires: int, on_result: OnResult, on_error: OnError) -> None:
+        """Ask for all of C{keys} (distinct, checked), a mutex on each; C{on_result} gets one handle for them all."""
+        self._check_free(keys)
+        self.pipeline.lock_many(keys, timeout, expires, self._granted(1, expires, on_result), on_error)
+
+    def _check_free(self, keys: Iterable[str]) -> None:
+        for key in keys:
+            if key in self.held:
+                raise KeyBusy(key, "this client already holds it")
+
+    def _granted(self, max_concurrent: int, expires: int, on_result: OnResult) -> OnResult:
+        def granted(reply: Reply) -> None:
+            lock = self._make_lock(reply, max_concurrent, expires)
+            for key in lock.keys:
+                self.held[key] = lock
+            on_result(lock)
+
+        return granted
+
     def give_up(self, key: str) -> None:
-        """The caller of an unanswered C{lock} for C{key} stopped waiting: release it if granted."""
+        """
+        The caller of an unanswered lock request for C{key} (a C{lock_many}:
+        its first key) stopped waiting: release what it is granted.
+        """
         self.pipeline.abandon(key)
 
     def release(self, lock: LockState, on_result: OnResult, on_error: OnError) -> None:
-        """C{on_result} gets True if the lock was held until now, False if it had been lost."""
+        """
+        Release every key of C{lock}; C{on_result} gets True if it was held
+        until now, False if it had been lost.
+        """
         if not lock._mark_released():
             on_result(False)
             return
-        self.held.pop(lock.key, None)
+        for key in lock.keys:
+            if self.held.get(key) is lock:
+                del self.held[key]
+        failures: list[str] = []
+        errors: list[Exception] = []
+        unanswered = [len(lock.keys)]
+
+        def settled() -> None:
+            unanswered[0] -= 1
+            if unanswered[0]:
+                return
+            if errors:
+                on_error(errors[0])
+            elif failures:
+                lock._release_failed(failures[0])
+                on_result(False)
+            else:
+                on_result(True)
 
         def answered(released: bool) -> None:
             if not released:
-                lock._release_failed("it had expired before it was released")
-            on_result(released)
+                failures.append("it had expired before it was released")
+            settled()
 
         def failed(error: Exception) -> None:
             if isinstance(error, ConnectionLost):
-                lock._release_failed(f"the connection dropped while releasing it ({error.reason})")
-                on_result(False)
+                failures.append(f"the connection dropped while releasing it ({error.reason})")
             else:
-                on_error(error)
+                errors.append(error)
+            settled()
 
-        self.pipeline.release(lock.key, answered, failed)
+        for key in lock.keys:
+            self.pipeline.release(key, answered, failed)
 
     def renew(self, lock: LockState, on_result: OnResult, on_error: OnError) -> None:
         """
-        Send the lock's C{lock} again (with timeout 0, so it never waits);
-        C{on_result} gets None, C{on_error} a L{LockLost}.
+        Send the lock's C{lock} (or C{lock-many}) again, with timeout 0, so it
+        never waits; C{on_result} gets None, C{on_error} a L{LockLost}.
         """
         if not lock.held:
-            on_error(lock.lost_reason or LockLost(lock.key, "it was released"))
+            on_error(lock.lost_reason or lock._lost("it was released"))
             return
 
         def renewed(reply: Reply) -> None:
@@ -113,12 +177,19 @@ class Session:
                 self._lose(lock, "a renewal found it expired and taken by another client")
             elif isinstance(error, ServerError):
                 self._lose(lock, f"a renewal was refused: {error}")
-            on_error(lock.lost_reason or LockLost(lock.key, str(error)))
+            if lock.many and lock.lost:
+                # Not all of its keys were free: whichever this connection still holds go back.
+                for key in lock.keys:
+                    self.pipeline.release(key, discard, discard)
+            on_error(lock.lost_reason or lock._lost(str(error)))
 
         try:
-            self.pipeline.lock(lock.key, lock.max_concurrent, 0, lock.expires, renewed, refused)
+            if lock.many:
+                self.pipeline.lock_many(lock.keys, 0, lock.expires, renewed, refused)
+            else:
+                self.pipeline.lock(lock.key, lock.max_concurrent, 0, lock.expires, renewed, refused)
         except ConnectionLost as error:
-            on_error(lock.lost_reason or LockLost(lock.key, error.reason))
+            on_error(lock.lost_reason or lock._lost(error.reason))
 
     def status(self, key: str, on_result: OnResult, on_error: OnError) -> None:
         self.pipeline.status(key, on_result, on_error)
@@ -136,7 +207,7 @@ class Session:
         """The connection is gone: its locks are lost and its requests fail with L{ConnectionLost}."""
         if self.closed:
             return
-        for lock in list(self.held.values()):
+        for lock in dict.fromkeys(self.held.values()):
             self._lose(lock, f"the connection to {self.address} was lost ({reason})")
         self.pipeline.fail_all(ConnectionLost(self.address, reason))
 
@@ -147,7 +218,9 @@ class Session:
 
     def _lose(self, lock: LockState, reason: str) -> None:
         if lock._lose(reason):
-            self.held.pop(lock.key, None)
+            for key in lock.keys:
+                if self.held.get(key) is lock:
+                    del self.held[key]
             self._just_lost.append(lock)
 
     def _expired(self, key: str) -> None:

@@ -16,7 +16,7 @@ the Deferred it answers (see L{jesync.client.pipeline} for how).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
 from twisted.internet import defer, endpoints
 from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint, ITCPTransport
@@ -28,19 +28,21 @@ from jesync.client.address import DEFAULT_SERVER, Address, UNIXAddress
 from jesync.client.errors import ConnectFailed, LockLost, describe
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
+from jesync.client.pipeline import discard
 from jesync.client.session import Session
-from jesync.client.wire import PING_KEY, LineSplitter, Reply, UnexpectedReply, lock_arguments
+from jesync.client.wire import PING_KEY, LineSplitter, Reply, UnexpectedReply, lock_arguments, lock_many_arguments
 from jesync.listing import sort_listing
 from jesync.wire import KeyStatus, ListingOrder
 
 
 class TwistedLock(LockState):
-    """A lock held through a L{TwistedClient}.  Lost-lock callbacks run in the reactor."""
+    """
+    A lock held through a L{TwistedClient}, on one key or several
+    (C{lock_many}).  Lost-lock callbacks run in the reactor.
+    """
 
     def __init__(self, connection: _Connection, reply: Reply, max_concurrent: int, expires: int) -> None:
-        assert reply.key is not None
-        clock = connection.reactor.seconds
-        super().__init__(reply.key, str(connection.address), max_concurrent, expires, reply.seconds_left or 0, clock)
+        super().__init__(reply, str(connection.address), max_concurrent, expires, connection.reactor.seconds)
         self._connection = connection
         self._next_renewal: Optional[IDelayedCall] = None
 
@@ -121,6 +123,9 @@ class _Connection:
 
         def connected(protocol: _Protocol) -> _Connection:
             connection._transport = protocol.transport
+            # Pipelined: nothing waits for its answer (an older server refuses it, and then grants have no tokens).
+            connection.session.enable_fencing(discard, discard)
+            connection._watch_silence()
             return connection
 
         def failed(failure: Failure) -> Failure:
@@ -163,11 +168,19 @@ class _Connection:
         return deferred
 
     def lock(self, key: str, max_concurrent: int, timeout: int, expires: int) -> defer.Deferred[TwistedLock]:
+        return self._acquire(key, self.session.lock, key, max_concurrent, timeout, expires)
+
+    def lock_many(self, keys: tuple[str, ...], timeout: int, expires: int) -> defer.Deferred[TwistedLock]:
+        return self._acquire(keys[0], self.session.lock_many, keys, timeout, expires)
+
+    def _acquire(self, key: str, operation: Callable[..., None], *args: Any) -> defer.Deferred[TwistedLock]:
+        """Make a lock request (for C{key}, and others with it); the Deferred fires with the lock."""
+
         def give_up(_: defer.Deferred[Any]) -> None:
             # The server cannot be told: whatever it grants later is released at once.
             self.session.give_up(key)
 
-        return self.start(self.session.lock, key, max_concurrent, timeout, expires, canceller=give_up)
+        return self.start(operation, *args, canceller=give_up)
 
     # -- the transport ---------------------------------------------------
 
@@ -293,12 +306,39 @@ class TwistedClient:
         except Exception:
             return defer.fail()
 
-        def renewing(lock: TwistedLock) -> TwistedLock:
-            if auto_renew:
-                lock.start_renewing()
-            return lock
+        return self._call(index, lambda connection: connection.lock(key, *arguments)).addCallback(
+            self._renewing, auto_renew
+        )
 
-        return self._call(index, lambda connection: connection.lock(key, *arguments)).addCallback(renewing)
+    def lock_many(
+        self,
+        keys: Iterable[str],
+        wait: Optional[float] = None,
+        expires: Optional[float] = 120,
+        *,
+        auto_renew: bool = False,
+    ) -> defer.Deferred[TwistedLock]:
+        """
+        Acquire every one of C{keys}, all or nothing, as
+        L{jesync.client.Client.lock_many} does; the Deferred fires with one
+        L{TwistedLock} for them all (C{lock.tokens} has each key's fencing
+        token) or fails with the same exceptions.  Cancelling it is as for
+        L{lock}.
+        """
+        try:
+            distinct, timeout, expires_ = lock_many_arguments(keys, wait, expires)
+            index = self._fleet.index_for_all(distinct)
+        except Exception:
+            return defer.fail()
+        return self._call(index, lambda connection: connection.lock_many(distinct, timeout, expires_)).addCallback(
+            self._renewing, auto_renew
+        )
+
+    @staticmethod
+    def _renewing(lock: TwistedLock, auto_renew: bool) -> TwistedLock:
+        if auto_renew:
+            lock.start_renewing()
+        return lock
 
     def status(self, key: str) -> defer.Deferred[KeyStatus]:
         """How many hold C{key} and how many wait for it."""

@@ -7,7 +7,7 @@ reply answers which request is L{jesync.client.pipeline}'s business.
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
+from typing import Iterable, NamedTuple, Optional
 
 from jesync.wire import (
     ERROR_WORDS,
@@ -16,6 +16,7 @@ from jesync.wire import (
     LISTING_COMMANDS,
     MAX_DIGITS,
     MAX_LINE,
+    MAX_TOKEN,
     NEVER_EXPIRES,
     WAIT_FOREVER,
     KeyStatus,
@@ -26,8 +27,10 @@ from jesync.wire import (
 
 # The longest request is "lock KEY N N N" with three numbers of a sign and MAX_DIGITS digits.
 MAX_KEY_BYTES = MAX_LINE - len("lock ") - 3 * len(" -") - 3 * MAX_DIGITS
-# Listing lines are at most a key plus a few numbers; anything far longer is not JESync.
-MAX_REPLY_LINE = 2 * MAX_LINE
+# The longest reply is a GRANTED-MANY naming the keys of a lock-many (which fit
+# in one request line, so there are at most MAX_LINE // 2 of them), each with
+# its fencing token; anything longer is not JESync.
+MAX_REPLY_LINE = 2 * MAX_LINE + (MAX_LINE // 2) * len(" %d" % MAX_TOKEN)
 
 _WHITESPACE = frozenset(b" \t\n\r\x0b\x0c")
 
@@ -87,6 +90,33 @@ def lock_arguments(max_concurrent: int, wait: float | None, expires: float | Non
     return check_max_concurrent(max_concurrent), wire_timeout(wait), wire_expires(expires)
 
 
+def lock_many_arguments(
+    keys: Iterable[str], wait: float | None, expires: float | None
+) -> tuple[tuple[str, ...], int, int]:
+    """
+    A C{lock_many()} call's arguments as the distinct keys in the order given
+    (as the server counts them: a key given twice counts once), the
+    protocol's C{timeout} and C{expires}; raise ValueError for no keys, or
+    for more than one C{lock-many} line can carry.
+    """
+    distinct = distinct_keys(keys)
+    timeout, expires_ = wire_timeout(wait), wire_expires(expires)
+    lock_many_request(distinct, timeout, expires_)  # checks that the line fits
+    return distinct, timeout, expires_
+
+
+def distinct_keys(keys: Iterable[str]) -> tuple[str, ...]:
+    """The keys of a multi-key lock, each once, in the order given; each checked (L{check_key})."""
+    if isinstance(keys, (str, bytes)):
+        raise TypeError("keys must be a list (or any iterable) of keys, not one key")
+    distinct = tuple(dict.fromkeys(keys))
+    if not distinct:
+        raise ValueError("lock_many needs at least one key")
+    for key in distinct:
+        check_key(key)
+    return distinct
+
+
 def check_max_concurrent(max_concurrent: int) -> int:
     if isinstance(max_concurrent, bool) or not isinstance(max_concurrent, int):
         raise TypeError(f"max_concurrent must be an int, not {max_concurrent!r}")
@@ -100,6 +130,22 @@ def check_max_concurrent(max_concurrent: int) -> int:
 
 def lock_request(key: str, max_concurrent: int, timeout: int, expires: int) -> bytes:
     return b"lock %s %d %d %d\n" % (check_key(key), max_concurrent, timeout, expires)
+
+
+def lock_many_request(keys: tuple[str, ...], timeout: int, expires: int) -> bytes:
+    """C{lock-many <timeout> <expires> <key>...}; ValueError if the line is longer than a server reads."""
+    line = b"lock-many %d %d %s" % (timeout, expires, b" ".join(check_key(key) for key in keys))
+    if len(line) > MAX_LINE:
+        raise ValueError(f"too many keys, or keys too long, for one lock-many request ({MAX_LINE} bytes at most)")
+    return line + b"\n"
+
+
+def fencing_request(on: bool) -> bytes:
+    """
+    C{fencing on} asks for a fencing token on every grant; C{fencing off}
+    stops (an extension: a server without it answers C{INVALID_COMMAND}).
+    """
+    return b"fencing on\n" if on else b"fencing off\n"
 
 
 def release_request(key: str) -> bytes:
@@ -124,21 +170,42 @@ def listing_request(order: ListingOrder) -> bytes:
 # -- replies ---------------------------------------------------------------
 
 
+#: The replies to a C{lock-many}, which name its keys.
+MANY_REPLIES = frozenset({"GRANTED-MANY", "TIMEOUT-MANY"})
+
+
 class Reply(NamedTuple):
     """
     One reply line.  C{word} is its first field (C{GRANTED}, C{STATUS},
     C{INVALID_PARAMETER:}, ...); C{status} is the key's status for the words
-    that carry one; C{seconds_left} only for C{GRANTED}; C{text} the line.
+    that carry one; C{seconds_left} only for C{GRANTED} and C{GRANTED-MANY};
+    C{text} the line.
+
+    C{keys} are the keys the line names, in order: its one key, or a
+    C{lock-many}'s keys for C{GRANTED-MANY} and C{TIMEOUT-MANY}.  C{tokens}
+    are the fencing tokens of a C{GRANTED} (one) or C{GRANTED-MANY} (one per
+    key), None where the server sent none (fencing off, or a server without
+    fencing); empty for every other word.  C{fencing} is C{FENCING}'s
+    setting (True for C{ON}).
     """
 
     word: str
-    status: KeyStatus | None
-    seconds_left: int | None
+    status: Optional[KeyStatus]
+    seconds_left: Optional[int]
     text: str
+    keys: tuple[str, ...] = ()
+    tokens: tuple[Optional[int], ...] = ()
+    fencing: Optional[bool] = None
 
     @property
-    def key(self) -> str | None:
-        return None if self.status is None else self.status.key
+    def key(self) -> Optional[str]:
+        """The key the line names (a C{lock-many} reply's first key)."""
+        return self.keys[0] if self.keys else None
+
+    @property
+    def token(self) -> Optional[int]:
+        """A C{GRANTED}'s fencing token (None if it has none)."""
+        return self.tokens[0] if self.tokens else None
 
 
 def parse_reply(line: bytes) -> Reply:
@@ -148,19 +215,57 @@ def parse_reply(line: bytes) -> Reply:
     text = line.decode("utf-8", "replace")
     fields = line.split()
     word = fields[0].decode("ascii", "replace") if fields else ""
-    if word == "END" and len(fields) == 1:
-        return Reply(word, None, None, text)
-    if word in ERROR_WORDS:
-        return Reply(word, None, None, text)
-    shape = KEYED_REPLIES.get(word)
-    if shape is None or not shape[0] <= len(fields) - 1 <= shape[1]:
-        raise UnexpectedReply(f"not a JESync reply: {text!r}")
     try:
-        granted, waiting = int(fields[1]), int(fields[2])
-        seconds_left = int(fields[4]) if word == "GRANTED" else None
+        if word == "END" and len(fields) == 1:
+            return Reply(word, None, None, text)
+        if word in ERROR_WORDS:
+            return Reply(word, None, None, text)
+        if word in MANY_REPLIES:
+            return _many_reply(word, fields[1:], text)
+        if word == "FENCING" and len(fields) == 2 and fields[1] in (b"ON", b"OFF"):
+            return Reply(word, None, None, text, fencing=fields[1] == b"ON")
+        shape = KEYED_REPLIES.get(word)
+        if shape is None or not shape[0] <= len(fields) - 1 <= shape[1]:
+            raise ValueError(word)
+        key = decode_key(fields[3])
+        status = KeyStatus(key, int(fields[1]), int(fields[2]))
+        if word != "GRANTED":
+            return Reply(word, status, None, text, (key,))
+        token = _token(fields[5]) if len(fields) == 6 else None
+        return Reply(word, status, int(fields[4]), text, (key,), (token,))
     except ValueError:
         raise UnexpectedReply(f"not a JESync reply: {text!r}") from None
-    return Reply(word, KeyStatus(decode_key(fields[3]), granted, waiting), seconds_left, text)
+
+
+def _many_reply(word: str, fields: list[bytes], text: str) -> Reply:
+    """
+    C{GRANTED-MANY <n> <seconds_left> <key>... [<token>...]} or
+    C{TIMEOUT-MANY <n> <key>...} (C{fields} after the word); ValueError if
+    it is not one.
+    """
+    count = int(fields[0]) if fields else 0
+    if count < 1:
+        raise ValueError(word)
+    if word == "TIMEOUT-MANY":
+        if len(fields) != 1 + count:
+            raise ValueError(word)
+        return Reply(word, None, None, text, tuple(decode_key(field) for field in fields[1:]))
+    seconds_left = int(fields[1]) if len(fields) > 1 else None
+    keys = tuple(decode_key(field) for field in fields[2 : 2 + count])
+    if len(fields) == 2 + count:
+        tokens: tuple[Optional[int], ...] = (None,) * count
+    elif len(fields) == 2 + 2 * count:
+        tokens = tuple(_token(field) for field in fields[2 + count :])
+    else:
+        raise ValueError(word)
+    return Reply(word, None, seconds_left, text, keys, tokens)
+
+
+def _token(field: bytes) -> int:
+    """A fencing token: a non-negative 64-bit integer in decimal (ValueError if not)."""
+    if not field.isdigit() or len(field) > len(str(MAX_TOKEN)) or int(field) > MAX_TOKEN:
+        raise ValueError(field)
+    return int(field)
 
 
 class LineSplitter:

@@ -60,8 +60,7 @@ class ServiceTokenTests(SynchronousTestCase):
 
 class TokenMarkTests(SynchronousTestCase):
     def setUp(self) -> None:
-        self.directory = self.mktemp()
-        os.mkdir(self.directory)
+        self.directory = short_temp_dir(self)
         self.mark = TokenMark(self.directory)
 
     def test_absent_is_zero(self) -> None:

@@ -107,8 +107,10 @@ class ILockService(Interface):
         the one arrival order of all requests, and is granted when it is the
         first request the grant rule admits in each of those queues (see
         L{jesync.service}); no request of equal C{max_concurrent} that came
-        later passes it.  Keys C{owner} holds already are renewed at once and
-        are part of the answer; a key given twice counts once.
+        later passes it.  Keys C{owner} holds already are part of the
+        answer, renewed with C{expires} when the request is granted (one that
+        times out or is refused leaves them as they were); a key given twice
+        counts once.
 
         @param keys: a non-empty sequence of keys.
         @raise ValueError: for no keys, or a parameter out of range.

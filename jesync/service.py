@@ -154,14 +154,20 @@ class _Lock:
 
 
 class _ManyGranted:
-    """A multi-key waiter's new grants, and what its answer lists (its renewals too)."""
+    """
+    A multi-key waiter's new grants, and what its answer lists: every key it
+    asked for, those its owner held already too (renewed with C{expires}
+    when it is granted).
+    """
 
-    __slots__ = ("grants", "owner", "asked")
+    __slots__ = ("grants", "owner", "asked", "expires")
 
-    def __init__(self, grants: List[Grant], owner: Hashable, asked: Tuple[str, ...]) -> None:
+    def __init__(self, grants: List[Grant], waiter: _Waiter) -> None:
+        assert waiter.asked is not None
         self.grants = grants
-        self.owner = owner
-        self.asked = asked
+        self.owner = waiter.owner
+        self.asked = waiter.asked
+        self.expires = waiter.expires
 
 
 _Held = Union[Grant, _Waiter]
@@ -341,9 +347,9 @@ class LockService:
                 busy = [key for key in wanted if key in locks and (locks[key].holders or locks[key].waiting)]
                 return fail(LockTimeout(asked[0], busy))
             self._check_waits([self._locks[key] for key in wanted if key not in new_keys])
-        for grant in renewals:
-            self._renew(grant, expires)
         if free:
+            for grant in renewals:
+                self._renew(grant, expires)
             for key in wanted:
                 lock = self._locks.get(key)
                 if lock is None:
@@ -568,7 +574,7 @@ class LockService:
             if self.observer is not None:
                 self.observer.granted(grant, grant.granted_at - waiter.requested_at)
             grants.append(grant)
-        return deferred, _ManyGranted(grants, waiter.owner, waiter.asked)
+        return deferred, _ManyGranted(grants, waiter)
 
     def _leave(self, waiter: _Waiter, lock: _Lock | None = None) -> Deferred:
         """
@@ -647,9 +653,14 @@ class LockService:
                 deferred.cancel()
             elif isinstance(given, _ManyGranted):
                 # The answer lists the keys asked for, in their order, with
-                # those held already (unless given up since).
+                # those held already (unless given up since), renewed now.
                 entries = self._owners[given.owner]
-                deferred.callback([entries[key] for key in given.asked if isinstance(entries.get(key), Grant)])
+                answer = [entry for entry in map(entries.get, given.asked) if isinstance(entry, Grant)]
+                new = {id(grant) for grant in given.grants}
+                for grant in answer:
+                    if id(grant) not in new:
+                        self._renew(grant, given.expires)
+                deferred.callback(answer)
             else:
                 deferred.callback(given)
 

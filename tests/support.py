@@ -230,6 +230,51 @@ class LineClient(Protocol):
         return self.wait_closed()
 
 
+def dlock_frame(message) -> bytes:
+    """A dlock message as it travels: a 4-byte big-endian length and the encoded message."""
+    body = message.SerializeToString()
+    return len(body).to_bytes(4, "big") + body
+
+
+class DlockClient(LineClient):
+    """
+    A dlock client for tests: a L{LineClient} whose "lines" are the server's
+    length-prefixed frames, parsed as C{Response} messages
+    (L{jesync.protocols.dlock_pb2}).  L{send} takes raw bytes;
+    L{send_requests} frames C{Request} messages; reads time out as
+    L{LineClient}'s do.
+    """
+
+    def dataReceived(self, data: bytes) -> None:
+        from jesync.protocols.dlock_pb2 import Response
+
+        data = self._buffer + data if self._buffer else data
+        start = 0
+        while len(data) - start >= 4:
+            end = start + 4 + int.from_bytes(data[start : start + 4], "big")
+            if len(data) < end:
+                break
+            self._lines.append(Response.FromString(data[start + 4 : end]))
+            start = end
+        self._buffer = data[start:]
+        self._serve()
+
+    def send_requests(self, *requests) -> None:
+        """Send C{requests} (C{Request} messages), framed, in one write."""
+        self.send(b"".join(dlock_frame(request) for request in requests))
+
+    def ask(self, *requests, timeout: float = TIMEOUT) -> Deferred:
+        """Send C{requests}; then the next response (one request) or a list of as many responses."""
+        self.send_requests(*requests)
+        if len(requests) == 1:
+            return self.read_line(timeout)
+        return self.read_lines(len(requests), timeout)
+
+    def unread(self) -> list:
+        """Responses received but not read yet."""
+        return list(self._lines)
+
+
 @implementer(IPullProducer)
 class Flood:
     """

@@ -42,7 +42,7 @@ from jesync.connections.policy import KEEPALIVE_PROBES, Connections, enable_keep
 from jesync.protocols.elock import ELockFactory
 from jesync.protocols.jesync import JESyncFactory
 from jesync.server import LockServer
-from tests.support import TIMEOUT, ConnectionTracker, Flood, LineClient, UnitServer, without_tokens
+from tests.support import TIMEOUT, ConnectionTracker, DlockClient, Flood, LineClient, UnitServer, without_tokens
 from tests.test_twistd import parse, short_temp_dir
 
 LOCAL = "tcp:0:interface=127.0.0.1"
@@ -132,10 +132,13 @@ class Server:
 
     @classmethod
     @inlineCallbacks
-    def start(cls, test, *argv: str, port: str = LOCAL, elock: bool = True):
+    def start(cls, test, *argv: str, port: str = LOCAL, elock: bool = True, dlock: bool = False):
         args = ["--port", port, "--shutdown-grace", "1"]
         if elock:
             args += ["--elock-port", LOCAL]
+        if dlock:
+            # dlock too (tests.test_dlock): connect("dlock") gives a DlockClient.
+            args += ["--dlock-port", LOCAL]
         service = tap.makeService(parse(*args, *argv))
         server = cls(test, service)
         children = {}
@@ -144,6 +147,9 @@ class Server:
                 kind = "jesync" if isinstance(child.factory, JESyncFactory) else "elock"
                 children[kind] = child
                 server._watch(kind, child.factory)
+            elif dlock and child.factory is service.factories["dlock"]:
+                children["dlock"] = child
+                server._watch("dlock", child.factory)
         service.startService()
         test.addCleanup(server.shutdown)
         for kind, child in children.items():
@@ -180,7 +186,9 @@ class Server:
             endpoint = TCP4ClientEndpoint(reactor, address.host, address.port, timeout=int(TIMEOUT))
         else:
             endpoint = UNIXClientEndpoint(reactor, address.name, timeout=int(TIMEOUT))
-        client = yield connectProtocol(endpoint, LineClient()).addTimeout(TIMEOUT, reactor)
+        client = yield connectProtocol(endpoint, DlockClient() if kind == "dlock" else LineClient()).addTimeout(
+            TIMEOUT, reactor
+        )
         self.clients.append(client)
         client.kind = kind
         client.served = None
@@ -195,6 +203,10 @@ class Server:
 
     def elock(self) -> Deferred:
         return self.connect("elock")
+
+    def dlock(self) -> Deferred:
+        """A L{DlockClient} (a server started with C{dlock=True})."""
+        return self.connect("dlock")
 
     @inlineCallbacks
     def connect_many(self, count: int, kind: str = "jesync"):

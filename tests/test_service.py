@@ -1199,3 +1199,40 @@ class HoldersTests(ServiceTestCase):
         self.assertEqual([(g.owner, g.granted_at) for g in self.service.holders("k")], [("a", 0), ("b", 5)])
         self.assertEqual(self.service.holders("unused"), [])
         self.assertNotIn("unused", self.service._locks)
+
+
+class ManyKeysRenewalTests(ServiceTestCase):
+    """Keys a multi-key request's owner holds already are renewed when it is granted, not before."""
+
+    def test_renewed_when_granted(self) -> None:
+        held = self.grant("a", "me", expires=10)
+        self.grant("b", "other")
+        waiting = self.service.acquire_many(["a", "b"], "me", timeout=-1, expires=60)
+        self.clock.advance(5)
+        self.assertEqual(held.seconds_left, 5)  # not yet
+        self.service.release("b", "other")
+        grants = self.successResultOf(waiting)
+        self.assertEqual([g.key for g in grants], ["a", "b"])
+        self.assertIs(grants[0], held)
+        self.assertEqual(held.seconds_left, 60)
+
+    def test_left_alone_by_a_request_that_times_out_or_is_refused(self) -> None:
+        held = self.grant("a", "me", expires=10)
+        self.grant("b", "other")
+        timing_out = self.service.acquire_many(["a", "b"], "me", timeout=2, expires=60)
+        self.clock.advance(2.01)
+        self.assertEqual(self.failureResultOf(timing_out, LockTimeout).value.busy, ["b"])
+        self.assertAlmostEqual(held.seconds_left, 7.99)
+        self.failureResultOf(self.service.acquire_many(["a", "b"], "me", timeout=0, expires=60), LockTimeout)
+        self.assertAlmostEqual(held.seconds_left, 7.99)
+        self.service.max_waiters = 0
+        self.assertRaises(LimitReached, self.service.request_many, ["a", "b"], "me", -1, 60)
+        self.assertAlmostEqual(held.seconds_left, 7.99)
+
+    def test_a_held_key_given_up_while_waiting_is_not_in_the_answer(self) -> None:
+        self.grant("a", "me")
+        self.grant("b", "other")
+        waiting = self.service.acquire_many(["a", "b"], "me")
+        self.service.release("a", "me")
+        self.service.release("b", "other")
+        self.assertEqual([g.key for g in self.successResultOf(waiting)], ["b"])

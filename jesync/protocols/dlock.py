@@ -172,24 +172,46 @@ class DlockProtocol(Grammar):
             expires = release_micro / 1e6
         else:
             owner, other, expires = self.connection, self.timed, 0
-        # A key this connection holds the other way takes this request's way.
-        if other is not None:
-            for key in keys:
-                self.service.reassign(key, other, owner, expires)
+        switched = self._switch(keys, other, owner, expires)
         try:
             result = self.service.request_many(keys, owner, timeout, expires)
-        except LimitReached as error:
-            self._reply(request.id, General, str(error))
-            return
-        except ValueError as error:
+        except (LimitReached, ValueError) as error:
+            self._switch_back(switched, owner, other)
             self._reply(request.id, General, str(error))
             return
         if isinstance(result, Deferred):
             self._owed_id = request.id
-            result.addCallbacks(self._granted, self._not_granted, (request.id,), errbackArgs=(request.id,))
+            result.addCallbacks(
+                self._granted, self._not_granted, (request.id,), errbackArgs=(request.id, keys, switched, owner, other)
+            )
             self.connection.await_reply(result)
         else:
             self._granted(result, request.id)
+
+    def _switch(self, keys: List[str], other: object, owner: object, expires: float) -> List[Tuple[str, Optional[float]]]:
+        """
+        Keys this connection holds the other way (timed, or until disconnect)
+        take this request's way: hand them to C{owner}, renewed.  Returns
+        what they were, for L{_switch_back} if the request fails.
+        """
+        if other is None:
+            return []
+        wanted = set(keys)
+        switched = [(grant.key, grant.expires_at) for grant in self.service.grants_of(other) if grant.key in wanted]
+        for key, _ in switched:
+            self.service.reassign(key, other, owner, expires)
+        return switched
+
+    def _switch_back(self, switched: List[Tuple[str, Optional[float]]], owner: object, other: object) -> None:
+        """A Lock that failed leaves the keys it held as they were (a timed one with the time it had left)."""
+        now = self.service.clock.seconds()
+        for key, expires_at in switched:
+            if expires_at is None:
+                self.service.reassign(key, owner, other, 0)
+            elif expires_at > now:
+                self.service.reassign(key, owner, other, expires_at - now)
+            else:
+                self.service.release(key, owner)
 
     def _granted(self, grants: Sequence[IGrant], request_id: int) -> None:
         self._owed_id = None
@@ -197,19 +219,37 @@ class DlockProtocol(Grammar):
         response.fencing_tokens.extend(grant.token for grant in grants)
         self._send(response)
 
-    def _not_granted(self, failure: Failure, request_id: int) -> None:
+    def _not_granted(
+        self,
+        failure: Failure,
+        request_id: int,
+        keys: List[str],
+        switched: List[Tuple[str, Optional[float]]],
+        owner: object,
+        other: object,
+    ) -> None:
         self._owed_id = None
-        if failure.check(LockTimeout):
-            self.factory.timeouts += 1
+        self._switch_back(switched, owner, other)
+        if failure.check(LockTimeout, CancelledError):
+            # CancelledError: the client sent FIN while it waited (once the
+            # connection is closing, nothing is sent).
+            if failure.check(LockTimeout):
+                self.factory.timeouts += 1
+                busy = failure.value.busy
+            else:
+                held = {grant.key for grant in self.service.grants_of(owner)}
+                busy = [key for key in keys if key not in held and self._in_use(key)]
             response = self._response(request_id, AcquireTimeout)
-            response.keys.extend(failure.value.busy)
+            response.keys.extend(busy)
             self._send(response)
-        elif failure.check(CancelledError):
-            pass  # the connection is closing: nothing is sent
         elif failure.check(AlreadyWaiting):  # pragma: no cover - one request at a time
             self._reply(request_id, General, str(failure.value))
         else:
             self.log.failure("lock request failed", failure)
+
+    def _in_use(self, key: str) -> bool:
+        status = self.service.status(key)
+        return bool(status.granted or status.waiting)
 
     def _unlock(self, request: Request) -> None:
         """Release the listed keys this connection holds, either way; keys it does not hold are ignored."""

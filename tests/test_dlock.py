@@ -1,0 +1,1008 @@
+"""
+The dlock listener (L{jesync.protocols.dlock}): length-prefixed protocol
+buffers (L{jesync.protocols.dlock_pb2}), requests answered in request order,
+all-or-nothing multi-key locks held until disconnect or for a time, fencing
+tokens, and the operating options (--dlock-port, --dlock-max-message,
+--dlock-max-keys, --dlock-idle-timeout, the shared --auth-token-file and
+--max-key-length).
+
+Most tests run C{twistd jesync}'s service in this process
+(L{tests.test_operations.Server}, started with C{dlock=True}) and talk to it
+over real TCP with L{tests.support.DlockClient}, alongside JESync and elock
+clients on the same lock table.  Where time is the point (wait_micro,
+release_micro, the idle timeout) the factory runs on a L{Clock} over a
+L{StringTransport} instead.
+
+Nothing sleeps: every step waits for a response, a close, or the server
+having read what was sent, with a bounded timeout.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+import warnings
+from collections import Counter
+
+from google.protobuf.message import DecodeError
+from twisted.internet import reactor
+from twisted.internet.address import IPv4Address
+from twisted.internet.defer import inlineCallbacks
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.error import ConnectionDone
+from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
+from twisted.python import usage
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+
+from jesync import tap
+from jesync.connections.policy import ConnectionPolicy
+from jesync.protocols import dlock_pb2
+from jesync.protocols.dlock import DlockFactory
+from jesync.server import CountedFactory
+from jesync.service import LockService
+from tests import test_twistd
+from tests.support import TIMEOUT, DlockClient, dlock_frame
+from tests.test_operations import TOKEN, Server, ServerTestCase, listening_port, write_file
+
+Request = dlock_pb2.Request
+Response = dlock_pb2.Response
+RequestLock = dlock_pb2.RequestLock
+
+MAX_UINT64 = 2**64 - 1
+SECOND_NS = 10**9
+# Wait timeouts and expiries fire at most one tick (10 ms) after their time, never before it.
+TICK = 0.01
+
+
+# -- messages ---------------------------------------------------------------------
+
+
+def ping(id: int = 1, **fields) -> Request:
+    fields.setdefault("version", 2)
+    return Request(id=id, type=dlock_pb2.Ping, **fields)
+
+
+def lock(keys, id: int = 1, wait_micro: int = 0, release_micro: int = 0, **fields) -> Request:
+    """A Lock request (C{wait_micro} 0: wait without limit; C{release_micro} 0: held until disconnect)."""
+    fields.setdefault("version", 2)
+    body = RequestLock(keys=list(keys), wait_micro=wait_micro, release_micro=release_micro)
+    return Request(id=id, type=dlock_pb2.Lock, lock=body, **fields)
+
+
+def unlock(keys, id: int = 1, **fields) -> Request:
+    fields.setdefault("version", 2)
+    return Request(id=id, type=dlock_pb2.Unlock, lock=RequestLock(keys=list(keys)), **fields)
+
+
+def status_name(response: Response) -> str:
+    return dlock_pb2.ResponseStatus.Name(response.status)
+
+
+def outcome(response: Response) -> tuple:
+    """What a test compares first: (status, request_id, keys)."""
+    return (status_name(response), response.request_id, list(response.keys))
+
+
+def parse_responses(data: bytes) -> list[Response]:
+    """Every response in C{data}, which must be whole frames."""
+    responses = []
+    while data:
+        assert len(data) >= 4, data
+        end = 4 + int.from_bytes(data[:4], "big")
+        assert len(data) >= end, data
+        responses.append(Response.FromString(data[4:end]))
+        data = data[end:]
+    return responses
+
+
+def junk() -> bytes:
+    """Random bytes (always the same) that are no Request."""
+    for seed in range(100):
+        data = random.Random(seed).randbytes(64)
+        try:
+            Request.FromString(data)
+        except DecodeError:
+            return data
+    raise AssertionError("every random string parsed")
+
+
+def dlock_frame_of(body: bytes) -> bytes:
+    return len(body).to_bytes(4, "big") + body
+
+
+def sized_ping(size: int) -> bytes:
+    """A framed Ping whose body is exactly C{size} bytes (padded with its access token)."""
+    for padding in range(max(0, size - 32), size):
+        body = ping(id=7, access_token="x" * padding).SerializeToString()
+        if len(body) == size:
+            return len(body).to_bytes(4, "big") + body
+    raise AssertionError(f"no ping of {size} bytes")
+
+
+# -- unit: the factory on a Clock -------------------------------------------------
+
+
+class UnitDlockClient:
+    """One dlock connection to a L{UnitDlock}, driven by hand."""
+
+    def __init__(self, protocol, transport: StringTransport) -> None:
+        self.protocol = protocol
+        self.transport = transport
+
+    def send(self, *requests: Request) -> None:
+        self.protocol.dataReceived(b"".join(dlock_frame(request) for request in requests))
+
+    def take(self) -> list[Response]:
+        """The responses written since the last take."""
+        data = self.transport.value()
+        self.transport.clear()
+        return parse_responses(data)
+
+    def ask(self, *requests: Request) -> list[Response]:
+        self.send(*requests)
+        return self.take()
+
+    @property
+    def closing(self) -> bool:
+        return bool(self.transport.disconnecting)
+
+    def lose(self) -> None:
+        """The connection went away (as the reactor reports it)."""
+        self.protocol.connectionLost(None)
+
+
+class UnitDlock:
+    """A lock service on a L{Clock} and a L{DlockFactory} serving it."""
+
+    def __init__(self, dlock_idle_timeout: float | None = 60.0, **policy) -> None:
+        self.clock = Clock()
+        self.service = LockService(self.clock)
+        self.factory = DlockFactory(self.service, policy=ConnectionPolicy(**policy), idle_timeout=dlock_idle_timeout)
+        self._port = 50000
+
+    def connect(self) -> UnitDlockClient:
+        self._port += 1
+        peer = IPv4Address("TCP", "127.0.0.1", self._port)
+        transport = StringTransport(peerAddress=peer)
+        protocol = self.factory.buildProtocol(peer)
+        protocol.makeConnection(transport)
+        return UnitDlockClient(protocol, transport)
+
+    def holders(self, key: str) -> int:
+        return self.service.status(key).granted
+
+
+class ClockTests(SynchronousTestCase):
+    """
+    wait_micro, release_micro and the idle timeout on a L{Clock}: never
+    before their time, and at most one L{TICK} after it (the idle timeout:
+    exactly).
+    """
+
+    def test_wait_micro_times_out_then_acquire_timeout(self) -> None:
+        unit = UnitDlock()
+        holder, waiter = unit.connect(), unit.connect()
+        self.assertEqual(outcome(holder.ask(lock(["k"]))[0]), ("Ok", 1, []))
+        self.assertEqual(waiter.ask(lock(["k"], id=5, wait_micro=1_234_567)), [])
+        unit.clock.advance(1.234566)
+        self.assertEqual(waiter.take(), [])
+        unit.clock.advance(TICK + 0.000001)
+        (response,) = waiter.take()
+        self.assertEqual(outcome(response), ("AcquireTimeout", 5, ["k"]))
+        self.assertEqual(list(response.fencing_tokens), [])
+        self.assertEqual(unit.factory.timeouts, 1)
+        self.assertEqual(unit.service.status("k"), ("k", 1, 0))
+
+    def test_multi_key_timeout_names_only_the_busy_keys_and_takes_nothing(self) -> None:
+        unit = UnitDlock()
+        holder, waiter, other = unit.connect(), unit.connect(), unit.connect()
+        holder.ask(lock(["b", "d"]))
+        self.assertEqual(waiter.ask(lock(["a", "b", "c", "d"], id=2, wait_micro=2_000_000)), [])
+        # Nothing taken while it waits: a and c have no holder.
+        self.assertEqual((unit.holders("a"), unit.holders("c")), (0, 0))
+        unit.clock.advance(2)
+        self.assertEqual(outcome(waiter.take()[0]), ("AcquireTimeout", 2, ["b", "d"]))
+        self.assertEqual(unit.service.owned(waiter.protocol), 0)
+        # The free keys are free: another client takes them at once.
+        (response,) = other.ask(lock(["c", "a"], id=3, wait_micro=1))
+        self.assertEqual(outcome(response), ("Ok", 3, []))
+        self.assertEqual(len(response.fencing_tokens), 2)
+
+    def test_wait_micro_zero_waits_without_limit(self) -> None:
+        unit = UnitDlock(dlock_idle_timeout=None)
+        holder, waiter = unit.connect(), unit.connect()
+        (held,) = holder.ask(lock(["k"]))
+        self.assertEqual(waiter.ask(lock(["k"], id=9, wait_micro=0)), [])
+        unit.clock.advance(10**6)
+        self.assertEqual(waiter.take(), [])
+        holder.lose()
+        (granted,) = waiter.take()
+        self.assertEqual(outcome(granted), ("Ok", 9, []))
+        self.assertGreater(granted.fencing_tokens[0], held.fencing_tokens[0])
+
+    def test_release_micro_grant_survives_the_close_and_ends_on_time(self) -> None:
+        unit = UnitDlock(dlock_idle_timeout=None)
+        holder, waiter = unit.connect(), unit.connect()
+        (held,) = holder.ask(lock(["k"], release_micro=5_000_000))
+        self.assertEqual(status_name(held), "Ok")
+        holder.lose()
+        self.assertEqual(unit.holders("k"), 1)
+        self.assertEqual(waiter.ask(lock(["k"], id=4)), [])
+        unit.clock.advance(4.999999)
+        self.assertEqual(waiter.take(), [])
+        self.assertEqual(unit.holders("k"), 1)
+        unit.clock.advance(TICK + 0.000001)
+        (granted,) = waiter.take()
+        self.assertEqual(outcome(granted), ("Ok", 4, []))
+        self.assertGreater(granted.fencing_tokens[0], held.fencing_tokens[0])
+
+    def test_release_micro_grant_ends_on_time_while_connected_too(self) -> None:
+        unit = UnitDlock(dlock_idle_timeout=None)
+        holder = unit.connect()
+        holder.ask(lock(["k"], release_micro=1_000))
+        unit.clock.advance(0.000999)
+        self.assertEqual(unit.holders("k"), 1)
+        unit.clock.advance(TICK + 0.000001)
+        self.assertEqual(unit.holders("k"), 0)
+
+    def test_relock_timed_then_until_disconnect(self) -> None:
+        """A re-lock takes the latest request's release_micro (0: until disconnect), and keeps its token."""
+        unit = UnitDlock(dlock_idle_timeout=None)
+        holder = unit.connect()
+        (timed,) = holder.ask(lock(["k"], release_micro=10_000_000))
+        (bound,) = holder.ask(lock(["k"], id=2, release_micro=0))
+        self.assertEqual(outcome(bound), ("Ok", 2, []))
+        self.assertEqual(list(bound.fencing_tokens), list(timed.fencing_tokens))
+        self.assertEqual(unit.service.holders("k")[0].expires_at, None)
+        unit.clock.advance(20)
+        self.assertEqual(unit.holders("k"), 1)  # no longer timed
+        holder.lose()
+        self.assertEqual(unit.service.totals(), (0, 0, 0))
+
+    def test_relock_until_disconnect_then_timed(self) -> None:
+        unit = UnitDlock(dlock_idle_timeout=None)
+        holder = unit.connect()
+        (bound,) = holder.ask(lock(["k"]))
+        (timed,) = holder.ask(lock(["k"], id=2, release_micro=3_000_000))
+        self.assertEqual(outcome(timed), ("Ok", 2, []))
+        self.assertEqual(list(timed.fencing_tokens), list(bound.fencing_tokens))
+        holder.lose()
+        self.assertEqual(unit.holders("k"), 1)
+        unit.clock.advance(2.999999)
+        self.assertEqual(unit.holders("k"), 1)
+        unit.clock.advance(TICK + 0.000001)
+        self.assertEqual(unit.service.totals(), (0, 0, 0))
+
+    def test_unlock_releases_either_kind_and_only_its_own(self) -> None:
+        unit = UnitDlock(dlock_idle_timeout=None)
+        client, other = unit.connect(), unit.connect()
+        other.ask(lock(["theirs"]))
+        client.ask(lock(["bound"]), lock(["timed"], id=2, release_micro=60_000_000))
+        (response,) = client.ask(unlock(["bound", "timed", "never-held", "theirs"], id=3))
+        self.assertEqual(outcome(response), ("Ok", 3, []))
+        self.assertEqual([unit.holders(key) for key in ("bound", "timed", "theirs")], [0, 0, 1])
+        self.assertEqual(unit.service.owned(other.protocol), 1)
+
+    def test_the_largest_wait_micro_and_release_micro(self) -> None:
+        unit = UnitDlock(dlock_idle_timeout=None)
+        holder, waiter = unit.connect(), unit.connect()
+        self.assertEqual(outcome(holder.ask(lock(["k"], release_micro=MAX_UINT64))[0]), ("Ok", 1, []))
+        self.assertEqual(waiter.ask(lock(["k"], id=2, wait_micro=MAX_UINT64)), [])
+        holder.lose()
+        unit.clock.advance(10**9)
+        self.assertEqual((waiter.take(), unit.service.status("k")), ([], ("k", 1, 1)))
+        holder2 = unit.connect()
+        holder2.ask(unlock(["k"]))  # not its key: nothing changes
+        self.assertEqual(unit.service.status("k"), ("k", 1, 1))
+
+    def test_a_lock_that_times_out_leaves_the_keys_it_held_as_they_were(self) -> None:
+        """
+        All or nothing: a Lock that is not granted changes nothing, not even
+        how the keys its connection already holds are held.
+        """
+        unit = UnitDlock(dlock_idle_timeout=None)
+        client, other = unit.connect(), unit.connect()
+        other.ask(lock(["busy"]))
+        client.ask(lock(["mine"]))
+        client.send(lock(["mine", "busy"], id=2, wait_micro=1_000, release_micro=600_000_000))
+        unit.clock.advance(1)
+        self.assertEqual(outcome(client.take()[0]), ("AcquireTimeout", 2, ["busy"]))
+        client.lose()
+        self.assertEqual(
+            unit.service.status("mine"),
+            ("mine", 0, 0),
+            "BUG: the timed-out Lock (release_micro 600 s) still made 'mine', held until disconnect, a timed "
+            "grant that outlives the connection (DlockProtocol._lock reassigns before request_many)",
+        )
+
+    def test_a_lock_refused_for_a_limit_leaves_the_keys_it_held_as_they_were(self) -> None:
+        unit = UnitDlock(dlock_idle_timeout=None)
+        unit.service.max_keys = 2
+        client = unit.connect()
+        client.ask(lock(["mine"]))
+        (response,) = client.ask(lock(["mine", "new1", "new2"], id=2, release_micro=600_000_000))
+        self.assertEqual((outcome(response), response.error_text), (("General", 2, []), "max-keys exceeded (2)"))
+        client.lose()
+        self.assertEqual(
+            unit.service.status("mine"),
+            ("mine", 0, 0),
+            "BUG: the refused Lock (General, max-keys; 'nothing taken') still made 'mine', held until "
+            "disconnect, a timed grant that outlives the connection (DlockProtocol._lock reassigns first)",
+        )
+
+    def test_server_unix_time_is_the_clock_in_nanoseconds(self) -> None:
+        unit = UnitDlock()
+        unit.clock.advance(1234.5)
+        (response,) = unit.connect().ask(ping())
+        self.assertEqual(response.server_unix_time, 1234_500_000_000)
+
+    def test_idle_timeout_pings_keep_it_alive(self) -> None:
+        unit = UnitDlock(dlock_idle_timeout=60)
+        client = unit.connect()
+        for _ in range(5):
+            unit.clock.advance(59.9)
+            self.assertFalse(client.closing)
+            self.assertEqual(status_name(client.ask(ping())[0]), "Ok")
+        unit.clock.advance(59.9)
+        self.assertFalse(client.closing)
+        unit.clock.advance(0.1)
+        self.assertTrue(client.closing)
+
+    def test_idle_timeout_closes_a_holder_releasing_only_its_bound_locks(self) -> None:
+        unit = UnitDlock(dlock_idle_timeout=60)
+        client = unit.connect()
+        client.ask(lock(["bound"]), lock(["timed"], id=2, release_micro=600_000_000))
+        unit.clock.advance(59.999)
+        self.assertFalse(client.closing)
+        unit.clock.advance(0.001)
+        self.assertTrue(client.closing)
+        (last,) = client.take()
+        self.assertEqual(outcome(last), ("General", 0, []))
+        self.assertIn("idle-timeout", last.error_text)
+        self.assertEqual((unit.holders("bound"), unit.holders("timed")), (0, 1))
+        client.lose()
+        self.assertEqual(unit.holders("timed"), 1)
+
+    def test_idle_timeout_answers_the_waiting_lock(self) -> None:
+        unit = UnitDlock(dlock_idle_timeout=60)
+        holder, waiter = unit.connect(), unit.connect()
+        holder.ask(lock(["k"], release_micro=600_000_000))
+        unit.clock.advance(1)
+        self.assertEqual(waiter.ask(lock(["k"], id=77), ping(id=78)), [])
+        unit.clock.advance(59.999)
+        self.assertFalse(waiter.closing)
+        unit.clock.advance(0.001)
+        self.assertTrue(waiter.closing)
+        (last,) = waiter.take()
+        self.assertEqual(outcome(last), ("General", 77, []))
+        self.assertEqual(last.error_text, "idle-timeout exceeded (60)")
+        self.assertEqual(unit.service.status("k"), ("k", 1, 0))
+
+    def test_neither_idle_timeout_nor_auth_timeout_of_the_policy_applies(self) -> None:
+        """--idle-timeout and --auth-timeout govern JESync and elock; --dlock-idle-timeout 0 is never."""
+        unit = UnitDlock(dlock_idle_timeout=None, auth_token=TOKEN, auth_timeout=1, idle_timeout=1)
+        client = unit.connect()
+        unit.clock.advance(1000)
+        self.assertFalse(client.closing)
+        self.assertEqual(outcome(client.ask(ping(access_token=TOKEN.decode()))[0]), ("Ok", 1, []))
+
+    def test_half_close_answers_the_waiting_lock_and_what_follows(self) -> None:
+        """
+        A FIN while a Lock waits ends the wait with the protocol's not-granted
+        reply (AcquireTimeout, PROTOCOL.md "Half-close"), and the requests
+        behind it are answered in order; then the connection closes.
+        """
+        unit = UnitDlock()
+        holder, client = unit.connect(), unit.connect()
+        holder.ask(lock(["k"]))
+        self.assertEqual(client.ask(lock(["k"], id=5), ping(id=6)), [])
+        client.protocol.readConnectionLost()
+        unit.clock.advance(0)
+        responses = [(status_name(response), response.request_id) for response in client.take()]
+        self.assertEqual(
+            responses,
+            [("AcquireTimeout", 5), ("Ok", 6)],
+            "BUG: after a FIN the waiting dlock Lock gets no AcquireTimeout "
+            "(DlockProtocol._not_granted drops CancelledError), so the peer gets the Ping's answer "
+            "with no answer to the Lock before it",
+        )
+        self.assertTrue(client.closing)
+
+    def test_after_half_close_a_lock_that_would_wait_names_its_busy_keys(self) -> None:
+        unit = UnitDlock()
+        holder, client = unit.connect(), unit.connect()
+        holder.ask(lock(["busy"]))
+        # The second Lock is read after the FIN: it may not wait.
+        client.send(lock(["busy"], id=1), lock(["free", "busy"], id=2))
+        client.protocol.readConnectionLost()
+        unit.clock.advance(0)
+        responses = client.take()
+        # (the keys in the way, not the request's first key)
+        self.assertEqual(outcome(responses[-1]), ("AcquireTimeout", 2, ["busy"]))
+        self.assertEqual(unit.holders("free"), 0)
+
+    def test_requests_counted_by_type(self) -> None:
+        unit = UnitDlock()
+        holder, client = unit.connect(), unit.connect()
+        holder.ask(lock(["k"]))
+        client.ask(ping(), ping(id=2), unlock(["x"], id=3), Request(id=4, type=7), Request(id=5, type=dlock_pb2.Invalid))
+        client.ask(lock(["k"], id=6, wait_micro=10))
+        unit.clock.advance(1)
+        client.protocol.dataReceived(b"\x00\x00\x00\x01\x0f")
+        self.assertEqual(unit.factory.requests, Counter(ping=2, lock=2, unlock=1, invalid=2, malformed=1))
+        self.assertEqual(unit.factory.timeouts, 1)
+
+
+class OptionsTests(SynchronousTestCase):
+    """The dlock options, as far as the service makeService builds."""
+
+    def dlock_factory(self, *argv: str) -> DlockFactory:
+        server = tap.makeService(test_twistd.parse("--dlock-port", "tcp:0", *argv))
+        factory = server.factories["dlock"]
+        self.assertIsInstance(factory, DlockFactory)
+        return factory
+
+    def test_defaults(self) -> None:
+        factory = self.dlock_factory()
+        self.assertEqual((factory.max_message, factory.max_keys, factory.policy.idle_timeout), (16384, 1000, 60.0))
+        self.assertEqual((factory.policy.auth_token, factory.policy.auth_timeout, factory.access_token), (None, None, None))
+        self.assertIsNone(tap.makeService(test_twistd.parse()).factories["dlock"])
+
+    def test_given(self) -> None:
+        factory = self.dlock_factory(
+            "--dlock-max-message", "100", "--dlock-max-keys", "5", "--dlock-idle-timeout", "2.5", "--idle-timeout", "9"
+        )
+        self.assertEqual((factory.max_message, factory.max_keys, factory.policy.idle_timeout), (100, 5, 2.5))
+        self.assertIsNone(self.dlock_factory("--dlock-idle-timeout", "0").policy.idle_timeout)
+
+    def test_bad_values(self) -> None:
+        for argv in (["--dlock-max-message", "3"], ["--dlock-max-keys", "0"], ["--dlock-idle-timeout", "-1"]):
+            with self.assertRaises(usage.UsageError, msg=argv):
+                test_twistd.parse("--dlock-port", "tcp:0", *argv)
+
+
+# -- integration: real TCP ------------------------------------------------------------
+
+
+class DlockTestCase(ServerTestCase):
+    timeout = 20
+
+    def start(self, *argv: str, elock: bool = False):
+        return Server.start(self, *argv, elock=elock, dlock=True)
+
+    @inlineCallbacks
+    def assertStatus(self, jesync, key: bytes, granted: int, waiting: int):
+        """JESync's C{status key} says so."""
+        self.assertEqual((yield jesync.ask(b"status %s\n" % key)), b"STATUS %d %d %s\n" % (granted, waiting, key))
+
+    @inlineCallbacks
+    def assertClosedWith(self, client: DlockClient, expected: tuple) -> Response:
+        """C{client} is closed, having been sent one last response (checked against C{expected}, an outcome)."""
+        reason = yield client.wait_closed()
+        self.assertIsInstance(reason, ConnectionDone)
+        responses = client.unread()
+        self.assertEqual([outcome(response) for response in responses], [expected])
+        return responses[0]
+
+    def release_timed(self, server: Server, key: str) -> None:
+        """Let go of a grant with release_micro (it outlives its connection), for the cleanup's check."""
+        for grant in server.locks.holders(key):
+            grant.release()
+
+
+class FramingTests(DlockTestCase):
+    @inlineCallbacks
+    def test_ping_echoes_ids_with_version_2_and_the_time_in_nanoseconds(self):
+        server = yield self.start()
+        client = yield server.dlock()
+        before = time.time_ns()
+        responses = yield client.ask(ping(id=0), ping(id=1), ping(id=MAX_UINT64), ping(id=42, version=0))
+        after = time.time_ns()
+        self.assertEqual([outcome(r) for r in responses], [("Ok", i, []) for i in (0, 1, MAX_UINT64, 42)])
+        for response in responses:
+            self.assertEqual((response.version, response.error_text, list(response.fencing_tokens)), (2, "", []))
+            self.assertGreater(response.server_unix_time, before - 5 * SECOND_NS)
+            self.assertLess(response.server_unix_time, after + 5 * SECOND_NS)
+
+    @inlineCallbacks
+    def test_a_request_in_pieces_and_requests_in_one_write(self):
+        server = yield self.start()
+        client = yield server.dlock()
+        frame = dlock_frame(ping(id=3))
+        for piece in (frame[:2], frame[2:5], frame[5:-1]):
+            yield server.send(client, piece)
+        self.assertEqual(client.unread(), [])
+        client.send(frame[-1:])
+        self.assertEqual(outcome((yield client.read_line())), ("Ok", 3, []))
+        responses = yield client.ask(lock(["a"], id=4), unlock(["a"], id=5), ping(id=6))
+        self.assertEqual([outcome(r) for r in responses], [("Ok", 4, []), ("Ok", 5, []), ("Ok", 6, [])])
+
+    @inlineCallbacks
+    def test_a_message_over_max_message_closes_only_its_connection(self):
+        server = yield self.start()
+        holder = yield server.dlock()
+        jesync = yield server.jesync()
+        self.assertEqual(status_name((yield holder.ask(lock(["held"])))), "Ok")
+        self.assertEqual((yield jesync.ask(b"lock mine\n")), b"GRANTED 1 0 mine 120\n")
+        # At the limit (16 KiB): served.
+        client = yield server.dlock()
+        client.send(sized_ping(16384))
+        self.assertEqual(outcome((yield client.read_line())), ("Ok", 7, []))
+        # One byte over: the length alone is enough.
+        client.send((16385).to_bytes(4, "big") + b"\x08")
+        last = yield self.assertClosedWith(client, ("General", 0, []))
+        self.assertIn("16384", last.error_text)
+        yield server.wait_lost(client)
+        # Nothing else is lost, and the server serves on.
+        yield self.assertStatus(jesync, b"held", 1, 0)
+        yield self.assertStatus(jesync, b"mine", 1, 0)
+        self.assertEqual(outcome((yield holder.ask(ping(id=8)))), ("Ok", 8, []))
+        fresh = yield server.dlock()
+        self.assertEqual(outcome((yield fresh.ask(lock(["held"], id=9, wait_micro=1)))), ("AcquireTimeout", 9, ["held"]))
+
+    @inlineCallbacks
+    def test_max_message_option(self):
+        server = yield self.start("--dlock-max-message", "64")
+        client = yield server.dlock()
+        client.send(sized_ping(64))
+        self.assertEqual(outcome((yield client.read_line())), ("Ok", 7, []))
+        client.send(sized_ping(65))
+        last = yield self.assertClosedWith(client, ("General", 0, []))
+        self.assertIn("64", last.error_text)
+
+    @inlineCallbacks
+    def test_a_malformed_body_is_answered_then_closes_only_its_connection(self):
+        server = yield self.start()
+        holder = yield server.dlock()
+        jesync = yield server.jesync()
+        yield holder.ask(lock(["held"]))
+        client = yield server.dlock()
+        self.assertEqual(outcome((yield client.ask(ping(id=1)))), ("Ok", 1, []))
+        client.send(dlock_frame_of(junk()))
+        last = yield self.assertClosedWith(client, ("General", 0, []))
+        self.assertTrue(last.error_text.startswith("malformed request"), last.error_text)
+        yield server.wait_lost(client)
+        yield self.assertStatus(jesync, b"held", 1, 0)
+        self.assertEqual(outcome((yield holder.ask(ping(id=2)))), ("Ok", 2, []))
+        self.assertEqual(server.factories["dlock"].requests["malformed"], 1)
+
+    @inlineCallbacks
+    def test_an_empty_body_is_a_request_of_type_0(self):
+        server = yield self.start()
+        client = yield server.dlock()
+        client.send(b"\x00\x00\x00\x00")
+        response = yield client.read_line()
+        self.assertEqual(outcome(response), ("InvalidType", 0, []))
+        self.assertEqual(response.version, 2)
+        # The connection goes on.
+        self.assertEqual(outcome((yield client.ask(ping(id=2)))), ("Ok", 2, []))
+
+
+class OrderTests(DlockTestCase):
+    @inlineCallbacks
+    def test_a_ping_behind_a_waiting_lock_waits_its_turn(self):
+        server = yield self.start()
+        holder = yield server.dlock()
+        client = yield server.dlock()
+        yield holder.ask(lock(["k"]))
+        # Both arrive together; the server has read them before the holder lets go.
+        yield server.send(client, dlock_frame(lock(["k"], id=10)) + dlock_frame(ping(id=11)))
+        self.assertEqual(outcome((yield holder.ask(unlock(["k"], id=1)))), ("Ok", 1, []))
+        responses = yield client.read_lines(2)
+        self.assertEqual([outcome(r) for r in responses], [("Ok", 10, []), ("Ok", 11, [])])
+        self.assertEqual(len(responses[0].fencing_tokens), 1)
+
+    @inlineCallbacks
+    def test_a_ping_behind_a_lock_that_times_out(self):
+        server = yield self.start()
+        holder = yield server.dlock()
+        client = yield server.dlock()
+        yield holder.ask(lock(["k"]))
+        sent = time.time_ns()
+        responses = yield client.ask(lock(["k"], id=20, wait_micro=200_000), ping(id=21))
+        self.assertEqual([outcome(r) for r in responses], [("AcquireTimeout", 20, ["k"]), ("Ok", 21, [])])
+        self.assertEqual((responses[0].error_text, list(responses[0].fencing_tokens)), ("", []))
+        # The Ping was answered once the Lock's wait was over, not when it arrived.
+        self.assertGreaterEqual(responses[1].server_unix_time - sent, 150_000_000)
+        self.assertEqual(server.factories["dlock"].timeouts, 1)
+
+
+class LockTests(DlockTestCase):
+    @inlineCallbacks
+    def test_all_or_nothing_across_protocols(self):
+        """
+        A JESync holder of K: a dlock Lock of [L, K, M] takes nothing (L and M
+        have no holder; as documented, it keeps its place in their queues
+        while it waits), times out naming K only, and then L and M are free:
+        a JESync waiter queued behind it for L gets L at once.
+        """
+        server = yield self.start()
+        jesync, other = yield server.connect_many(2)
+        client = yield server.dlock()
+        self.assertEqual((yield jesync.ask(b"lock K\n")), b"GRANTED 1 0 K 120\n")
+        yield server.send(client, dlock_frame(lock(["L", "K", "M"], id=1, wait_micro=500_000)))
+        yield self.assertStatus(other, b"L", 0, 1)
+        yield self.assertStatus(other, b"K", 1, 1)
+        other.send(b"lock L 1 5\n")
+        response = yield client.read_line()
+        self.assertEqual(outcome(response), ("AcquireTimeout", 1, ["K"]))
+        self.assertEqual(list(response.fencing_tokens), [])
+        self.assertEqual((yield other.read_line()), b"GRANTED 1 0 L 120\n")
+        yield self.assertStatus(other, b"M", 0, 0)
+        yield self.assertStatus(other, b"K", 1, 0)
+
+    @inlineCallbacks
+    def test_wait_micro_0_is_granted_when_the_holder_disconnects(self):
+        server = yield self.start()
+        holder = yield server.dlock()
+        client = yield server.dlock()
+        first = yield holder.ask(lock(["k", "j"]))
+        yield server.send(client, dlock_frame(lock(["j"], id=3, wait_micro=0)))
+        yield server.drop(holder)
+        granted = yield client.read_line()
+        self.assertEqual(outcome(granted), ("Ok", 3, []))
+        self.assertGreater(granted.fencing_tokens[0], max(first.fencing_tokens))
+
+    @inlineCallbacks
+    def test_release_micro_grant_outlives_its_connection(self):
+        server = yield self.start()
+        jesync = yield server.jesync()
+        holder = yield server.dlock()
+        granted_at = time.monotonic()
+        self.assertEqual(outcome((yield holder.ask(lock(["k"], release_micro=500_000)))), ("Ok", 1, []))
+        yield server.drop(holder)
+        yield self.assertStatus(jesync, b"k", 1, 0)
+        holders = yield jesync.ask(b"holders k\n", 2)
+        self.assertRegex(holders, rb"^HOLDER k 127\.0\.0\.1:\d+\(timed\) 0 0 \d+\nEND\n$")
+        waiter = yield server.dlock()
+        self.assertEqual(outcome((yield waiter.ask(lock(["k"], id=2, wait_micro=5_000_000)))), ("Ok", 2, []))
+        self.assertGreaterEqual(time.monotonic() - granted_at, 0.45)
+
+    @inlineCallbacks
+    def test_relock_switches_between_timed_and_until_disconnect(self):
+        server = yield self.start()
+        jesync = yield server.jesync()
+        # Timed, then until disconnect: the close frees it.
+        client = yield server.dlock()
+        timed = yield client.ask(lock(["k"], release_micro=60_000_000))
+        bound = yield client.ask(lock(["k"], id=2))
+        self.assertEqual(outcome(bound), ("Ok", 2, []))
+        self.assertEqual(list(bound.fencing_tokens), list(timed.fencing_tokens))
+        yield server.drop(client)
+        yield self.assertStatus(jesync, b"k", 0, 0)
+        # Until disconnect, then timed: it outlives the close, until its time runs out.
+        client = yield server.dlock()
+        bound = yield client.ask(lock(["k"]))
+        timed = yield client.ask(lock(["k"], id=2, release_micro=500_000))
+        self.assertEqual(list(timed.fencing_tokens), list(bound.fencing_tokens))
+        yield server.drop(client)
+        self.assertEqual((yield jesync.ask(b"lock k 1 0\n")), b"TIMEOUT 1 0 k\n")
+        self.assertEqual((yield jesync.ask(b"lock k 1 5\n")), b"GRANTED 1 0 k 120\n")
+
+    @inlineCallbacks
+    def test_keys_refused(self):
+        server = yield self.start("--max-key-length", "8", "--dlock-max-keys", "3")
+        jesync = yield server.jesync()
+        client = yield server.dlock()
+        bad = [[], [""], ["a b"], ["a\tb"], ["a\x00b"], ["a\nb"], ["a\u2028b"], ["123456789"], ["é" * 5]]
+        for number, keys in enumerate(bad, 1):
+            response = yield client.ask(lock(keys, id=number))
+            self.assertEqual(outcome(response), ("General", number, []), keys)
+            self.assertNotEqual(response.error_text, "", keys)
+        response = yield client.ask(lock(["a", "b", "c", "d"], id=20))
+        self.assertEqual(outcome(response), ("TooManyKeys", 20, []))
+        # Refused means nothing taken, even the good keys.
+        self.assertEqual(outcome((yield client.ask(lock(["good", "a b"], id=21)))), ("General", 21, []))
+        yield self.assertStatus(jesync, b"good", 0, 0)
+        # Three distinct keys (one given twice), and keys of 8 bytes, are fine.
+        response = yield client.ask(lock(["a", "b", "a", "c", "b"], id=22))
+        self.assertEqual((outcome(response), len(response.fencing_tokens)), (("Ok", 22, []), 3))
+        self.assertEqual(outcome((yield client.ask(lock(["12345678", "é" * 4], id=23)))), ("Ok", 23, []))
+        self.assertEqual(outcome((yield client.ask(unlock([], id=24)))), ("General", 24, []))
+        self.assertEqual(outcome((yield client.ask(unlock(["a b"], id=25)))), ("General", 25, []))
+        self.assertEqual(outcome((yield client.ask(unlock(["a", "b", "c", "d"], id=26)))), ("TooManyKeys", 26, []))
+        yield self.assertStatus(jesync, b"a", 1, 0)
+
+    @inlineCallbacks
+    def test_a_server_limit_is_general_and_takes_nothing(self):
+        server = yield self.start("--max-held", "2")
+        jesync = yield server.jesync()
+        client = yield server.dlock()
+        self.assertEqual(outcome((yield client.ask(lock(["a", "b"])))), ("Ok", 1, []))
+        response = yield client.ask(lock(["c", "d"], id=2))
+        self.assertEqual((outcome(response), response.error_text), (("General", 2, []), "max-held exceeded (2)"))
+        yield self.assertStatus(jesync, b"c", 0, 0)
+        # Renewing what it holds is no new grant.
+        self.assertEqual(outcome((yield client.ask(lock(["b", "a"], id=3)))), ("Ok", 3, []))
+
+    @inlineCallbacks
+    def test_max_connections(self):
+        server = yield self.start("--max-connections", "1")
+        jesync = yield server.jesync()
+        client = yield server.dlock()
+        last = yield self.assertClosedWith(client, ("General", 0, []))
+        self.assertEqual(last.error_text, "max-connections exceeded (1)")
+        yield jesync.disconnect()
+
+    @inlineCallbacks
+    def test_half_close_after_a_lock_of_free_keys(self):
+        """Like C{printf ... | nc -N}: the free keys are granted, then the close releases them."""
+        server = yield self.start()
+        jesync = yield server.jesync()
+        client = yield server.dlock()
+        client.send_requests(lock(["k", "j"], id=4), ping(id=5))
+        client.transport.loseWriteConnection()
+        self.assertEqual([outcome(r) for r in (yield client.read_lines(2))], [("Ok", 4, []), ("Ok", 5, [])])
+        self.assertIsInstance((yield client.wait_closed()), ConnectionDone)
+        yield server.wait_lost(client)
+        yield self.assertStatus(jesync, b"k", 0, 0)
+
+    @inlineCallbacks
+    def test_unlock(self):
+        server = yield self.start()
+        jesync = yield server.jesync()
+        client = yield server.dlock()
+        other = yield server.dlock()
+        yield other.ask(lock(["theirs"]))
+        yield client.ask(lock(["bound"]), lock(["timed"], id=2, release_micro=60_000_000))
+        response = yield client.ask(unlock(["bound", "timed", "never", "theirs"], id=3))
+        self.assertEqual((outcome(response), response.error_text), (("Ok", 3, []), ""))
+        yield self.assertStatus(jesync, b"bound", 0, 0)
+        yield self.assertStatus(jesync, b"timed", 0, 0)
+        yield self.assertStatus(jesync, b"theirs", 1, 0)
+        response = yield client.ask(unlock([], id=4))
+        self.assertEqual(outcome(response), ("General", 4, []))
+        self.assertNotEqual(response.error_text, "")
+
+    @inlineCallbacks
+    def test_types_and_versions(self):
+        server = yield self.start()
+        client = yield server.dlock()
+        responses = yield client.ask(
+            ping(id=1),
+            Request(version=2, id=2, type=7),
+            Request(version=2, id=3, type=dlock_pb2.Invalid),
+            ping(id=4, version=3),
+            ping(id=5, version=1),
+            lock(["k"], id=6, version=0),
+            unlock(["k"], id=7, version=0),
+            lock(["k"], id=8, version=99),
+        )
+        self.assertEqual(
+            [outcome(r) for r in responses],
+            [
+                ("Ok", 1, []),
+                ("InvalidType", 2, []),
+                ("InvalidType", 3, []),
+                ("Version", 4, []),
+                ("Version", 5, []),
+                ("Ok", 6, []),
+                ("Ok", 7, []),
+                ("Version", 8, []),
+            ],
+        )
+        self.assertEqual({response.version for response in responses}, {2})
+        self.assertEqual(len(responses[5].fencing_tokens), 1)
+        self.assertEqual(server.locks.totals(), (0, 0, 0))  # the version-99 Lock took nothing
+
+
+class AccessTokenTests(DlockTestCase):
+    @inlineCallbacks
+    def test_right_wrong_and_missing_token(self):
+        path = write_file(self, TOKEN + b"\n")
+        server = yield self.start("--auth-token-file", path)
+        jesync = yield server.jesync()
+        self.assertEqual((yield jesync.ask(b"auth %s\n" % TOKEN)), b"OK\n")
+        token = TOKEN.decode()
+        good = yield server.dlock()
+        self.assertEqual(outcome((yield good.ask(lock(["k"], access_token=token)))), ("Ok", 1, []))
+        for wrong in (token + "x", "", token[:-1]):
+            client = yield server.dlock()
+            response = yield client.ask(lock(["mine"], id=2, access_token=token))
+            self.assertEqual(outcome(response), ("Ok", 2, []))
+            client.send_requests(ping(id=3, access_token=wrong), ping(id=4, access_token=token))
+            last = yield self.assertClosedWith(client, ("General", 3, []))
+            self.assertEqual(last.error_text, "access token refused")
+            yield server.wait_lost(client)
+            # Its locks are released; the others' are not.
+            yield self.assertStatus(jesync, b"mine", 0, 0)
+        yield self.assertStatus(jesync, b"k", 1, 0)
+        self.assertEqual(outcome((yield good.ask(ping(id=5, access_token=token)))), ("Ok", 5, []))
+
+    @inlineCallbacks
+    def test_not_subject_to_the_auth_timeout(self):
+        path = write_file(self, TOKEN + b"\n")
+        server = yield self.start("--auth-token-file", path, "--auth-timeout", "0.2")
+        client = yield server.dlock()
+        jesync = yield server.jesync()
+        # The JESync connection, opened after it, is closed for not authenticating ...
+        self.assertIsInstance((yield jesync.wait_closed()), ConnectionDone)
+        self.assertEqual(jesync.unread(), b"INVALID_PARAMETER: auth-timeout exceeded (0.2)\n")
+        # ... the dlock one is not.
+        self.assertIsNone(client.lost_reason)
+        self.assertEqual(outcome((yield client.ask(ping(id=9, access_token=TOKEN.decode())))), ("Ok", 9, []))
+
+    @inlineCallbacks
+    def test_without_a_token_file_any_token_is_accepted(self):
+        server = yield self.start()
+        client = yield server.dlock()
+        responses = yield client.ask(ping(access_token="anything"), lock(["k"], id=2, access_token="\u00e9t\u00e9"))
+        self.assertEqual([outcome(r) for r in responses], [("Ok", 1, []), ("Ok", 2, [])])
+
+
+class IdleTimeoutTests(DlockTestCase):
+    @inlineCallbacks
+    def test_a_silent_holder_is_closed_and_its_bound_locks_released(self):
+        server = yield self.start("--dlock-idle-timeout", "0.5")
+        jesync = yield server.jesync()
+        client = yield server.dlock()
+        yield client.ask(lock(["bound"]), lock(["timed"], id=2, release_micro=60_000_000))
+        last = yield self.assertClosedWith(client, ("General", 0, []))
+        self.assertEqual(last.error_text, "idle-timeout exceeded (0.5)")
+        yield server.wait_lost(client)
+        yield self.assertStatus(jesync, b"bound", 0, 0)
+        yield self.assertStatus(jesync, b"timed", 1, 0)
+        self.release_timed(server, "timed")
+
+    @inlineCallbacks
+    def test_a_waiting_lock_is_answered_before_the_close(self):
+        server = yield self.start("--dlock-idle-timeout", "0.5")
+        jesync = yield server.jesync()
+        self.assertEqual((yield jesync.ask(b"lock k\n")), b"GRANTED 1 0 k 120\n")
+        client = yield server.dlock()
+        client.send_requests(lock(["k"], id=31), ping(id=32))
+        last = yield self.assertClosedWith(client, ("General", 31, []))
+        self.assertIn("idle-timeout", last.error_text)
+        yield server.wait_lost(client)
+        yield self.assertStatus(jesync, b"k", 1, 0)
+
+    @inlineCallbacks
+    def test_the_general_idle_timeout_does_not_govern_dlock(self):
+        server = yield self.start("--idle-timeout", "0.2", "--dlock-idle-timeout", "0")
+        client = yield server.dlock()
+        jesync = yield server.jesync()
+        self.assertIsInstance((yield jesync.wait_closed()), ConnectionDone)
+        self.assertEqual(jesync.unread(), b"INVALID_PARAMETER: idle-timeout exceeded (0.2)\n")
+        self.assertIsNone(client.lost_reason)
+        self.assertEqual(outcome((yield client.ask(ping(id=3)))), ("Ok", 3, []))
+
+
+class CrossProtocolTests(DlockTestCase):
+    @inlineCallbacks
+    def test_a_dlock_holder_and_jesync(self):
+        server = yield self.start()
+        jesync, waiter = yield server.connect_many(2)
+        client = yield server.dlock()
+        granted = yield client.ask(lock(["K"]))
+        (token,) = granted.fencing_tokens
+        self.assertEqual((yield jesync.ask(b"lock K 1 0\n")), b"TIMEOUT 1 0 K\n")
+        yield self.assertStatus(jesync, b"K", 1, 0)
+        holders = yield jesync.ask(b"holders K\n", 2)
+        peer = b"127.0.0.1:%d" % client.transport.getHost().port
+        self.assertEqual(holders, b"HOLDER K %s 0 0 %d\nEND\n" % (peer, token))
+        yield server.send(waiter, b"lock K\n")
+        yield self.assertStatus(jesync, b"K", 1, 1)
+        yield server.drop(client)
+        self.assertEqual((yield waiter.read_line()), b"GRANTED 1 0 K 120\n")
+
+    @inlineCallbacks
+    def test_elock(self):
+        server = yield self.start(elock=True)
+        elock = yield server.elock()
+        client = yield server.dlock()
+        yield client.ask(lock(["d"]))
+        self.assertEqual((yield elock.ask(b"lock d\r\n")), b"409 Unavailable\r\n")
+        self.assertEqual((yield elock.ask(b"lock e\r\n")), b"200 Acquired\r\n")
+        response = yield client.ask(lock(["e", "f"], id=2, wait_micro=50_000))
+        self.assertEqual(outcome(response), ("AcquireTimeout", 2, ["e"]))
+        self.assertEqual((yield elock.ask(b"unlock e\r\n")), b"200 Unlocked\r\n")
+        self.assertEqual(outcome((yield client.ask(lock(["e", "f"], id=3, wait_micro=50_000)))), ("Ok", 3, []))
+
+
+class FencingTests(DlockTestCase):
+    @inlineCallbacks
+    def test_tokens_per_distinct_key_increasing_kept_on_renewal(self):
+        server = yield self.start()
+        jesync = yield server.jesync()
+        client = yield server.dlock()
+        first = yield client.ask(lock(["a", "b", "a", "c"]))
+        tokens = list(first.fencing_tokens)
+        self.assertEqual(len(tokens), 3)
+        self.assertEqual(tokens, sorted(set(tokens)))  # distinct, in the request's order of keys
+        second = yield client.ask(lock(["d"], id=2))
+        self.assertGreater(second.fencing_tokens[0], tokens[-1])
+        # Renewals keep their tokens; a new key in the same request gets a new one.
+        renewed = yield client.ask(lock(["c", "e", "a"], id=3, release_micro=60_000_000))
+        c, e, a = renewed.fencing_tokens
+        self.assertEqual((c, a), (tokens[2], tokens[0]))
+        self.assertGreater(e, second.fencing_tokens[0])
+        for key, token in ((b"a", a), (b"e", e), (b"d", second.fencing_tokens[0])):
+            listing = yield jesync.ask(b"holders %s\n" % key, 2)
+            self.assertRegex(listing, rb"^HOLDER %s \S+ \d+ \d+ %d\nEND\n$" % (key, token))
+        yield client.ask(unlock(["a", "b", "c", "d", "e"], id=4))
+        # Granted again: a new, larger token.
+        again = yield client.ask(lock(["a"], id=5))
+        self.assertGreater(again.fencing_tokens[0], e)
+
+
+class CountTests(DlockTestCase):
+    @inlineCallbacks
+    def test_requests_and_timeouts_counted_and_in_metrics(self):
+        try:
+            import prometheus_client  # noqa: F401
+        except ImportError:
+            skip_metrics = True
+        else:
+            skip_metrics = False
+        argv = () if skip_metrics else ("--metrics", "tcp:0:interface=127.0.0.1")
+        server = yield self.start(*argv)
+        holder = yield server.dlock()
+        client = yield server.dlock()
+        yield holder.ask(lock(["k"]))
+        yield client.ask(
+            ping(),
+            lock(["k"], id=2, wait_micro=1_000),
+            unlock(["k"], id=3),
+            Request(id=4, type=9),
+        )
+        client.send(b"\x00\x00\x00\x01\x0f")
+        yield client.wait_closed()
+        factory = server.factories["dlock"]
+        self.assertEqual(factory.requests, Counter(ping=1, lock=2, unlock=1, invalid=1, malformed=1))
+        self.assertEqual(factory.timeouts, 1)
+        if skip_metrics:
+            return
+        yield server.wait_lost(client)
+        (child,) = [child for child in server.service if isinstance(child.factory, CountedFactory)]
+        port = yield listening_port(child)
+        body = yield self.scrape(b"http://127.0.0.1:%d/metrics" % port.getHost().port)
+        lines = body.decode().split("\n")
+        for sample in (
+            'jesync_dlock_requests_total{type="lock"} 2.0',
+            'jesync_dlock_requests_total{type="ping"} 1.0',
+            'jesync_dlock_requests_total{type="malformed"} 1.0',
+            "jesync_dlock_timeouts_total 1.0",
+            "jesync_dlock_connections 1.0",
+        ):
+            self.assertIn(sample, lines, body.decode())
+
+    @inlineCallbacks
+    def scrape(self, url: bytes):
+        from twisted.web.client import Agent, HTTPConnectionPool, readBody
+
+        pool = HTTPConnectionPool(reactor, persistent=False)
+        self.addCleanup(pool.closeCachedConnections)
+        agent = Agent(reactor, connectTimeout=TIMEOUT, pool=pool)
+        response = yield agent.request(b"GET", url).addTimeout(TIMEOUT, reactor)
+        self.assertEqual(response.code, 200)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", "Using readBody", DeprecationWarning)
+            body = readBody(response)
+        return (yield body.addTimeout(TIMEOUT, reactor))
+
+
+class TwistdTests(TestCase):
+    """C{twistd -n jesync --dlock-port ...} as a subprocess (L{tests.test_twistd}'s helpers)."""
+
+    timeout = 60
+    spawn = test_twistd.TwistdTests.spawn
+    run_server = test_twistd.TwistdTests.run_server
+    terminate = test_twistd.TwistdTests.terminate
+
+    @inlineCallbacks
+    def test_twistd_dlock_port(self):
+        local = "tcp:0:interface=127.0.0.1"
+        process = self.run_server("--port", local, "--dlock-port", local)
+        summary = yield process.wait_for(rb"\] jesync starting: ([^\n]*)\n")
+        self.assertIn(b"; dlock on tcp:0:interface=127.0.0.1;", summary.group(1))
+        match = yield process.wait_for(rb"DlockFactory starting on (\d+)\n")
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", int(match.group(1)), timeout=int(TIMEOUT))
+        client = yield connectProtocol(endpoint, DlockClient()).addTimeout(TIMEOUT, reactor)
+        self.addCleanup(lambda: client.abort() if client.lost_reason is None else None)
+        responses = yield client.ask(lock(["k"], id=1), ping(id=2), unlock(["k"], id=3))
+        self.assertEqual([outcome(r) for r in responses], [("Ok", 1, []), ("Ok", 2, []), ("Ok", 3, [])])
+        yield client.disconnect()
+        yield process.wait_for(rb"DlockProtocol#info\] [^\n]* disconnected\n")
+        yield self.terminate(process)
+        self.assertEqual(len(process.log_lines(rb"DlockProtocol#info\] .* connected$")), 1, process.text())

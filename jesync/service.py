@@ -117,7 +117,7 @@ class _Waiter:
         expires: float,
         requested_at: float,
         timeout_at: float | None,
-        deferred: Deferred[Grant],
+        deferred: Deferred,
     ) -> None:
         self.key = key
         self.owner = owner

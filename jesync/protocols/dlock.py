@@ -45,6 +45,7 @@ from jesync.protocols.dlock_pb2 import (
     Ping,
     Request,
     Response,
+    ResponseStatus,
     TooManyKeys,
     Unlock,
     Version,
@@ -106,7 +107,8 @@ class DlockProtocol(Grammar):
 
     def __init__(self, connection: LockConnection) -> None:
         super().__init__(connection)
-        factory: DlockFactory = connection.factory  # type: ignore[assignment]
+        factory = connection.factory
+        assert isinstance(factory, DlockFactory)
         self.factory = factory
         self.max_frame = factory.max_message
         self.timed: Optional[TimedGrants] = None
@@ -233,7 +235,7 @@ class DlockProtocol(Grammar):
         if failure.check(LockTimeout, CancelledError):
             # CancelledError: the client sent FIN while it waited (once the
             # connection is closing, nothing is sent).
-            if failure.check(LockTimeout):
+            if isinstance(failure.value, LockTimeout):
                 self.factory.timeouts += 1
                 busy = failure.value.busy
             else:
@@ -269,7 +271,7 @@ class DlockProtocol(Grammar):
 
     # -- responses ----------------------------------------------------------------
 
-    def _response(self, request_id: int, status: int, error_text: str = "") -> Response:
+    def _response(self, request_id: int, status: ResponseStatus, error_text: str = "") -> Response:
         return Response(
             version=API_VERSION,
             request_id=request_id,
@@ -278,7 +280,7 @@ class DlockProtocol(Grammar):
             server_unix_time=int(self.service.clock.seconds() * 1e9),
         )
 
-    def _reply(self, request_id: int, status: int, error_text: str = "") -> None:
+    def _reply(self, request_id: int, status: ResponseStatus, error_text: str = "") -> None:
         self._send(self._response(request_id, status, error_text))
 
     def _send(self, response: Response) -> None:

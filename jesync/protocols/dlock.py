@@ -24,7 +24,7 @@ import hmac
 import unicodedata
 from collections import Counter
 from dataclasses import replace
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
 
 from google.protobuf.message import DecodeError
 from twisted.internet.defer import CancelledError, Deferred
@@ -104,6 +104,8 @@ class DlockProtocol(Grammar):
     framing = LengthPrefixedFraming
     ordered = True
     idle_while_busy = True
+    #: The request types served, and their handlers.
+    handlers: ClassVar[Dict[int, Callable[[DlockProtocol, Request], None]]] = {}
 
     def __init__(self, connection: LockConnection) -> None:
         super().__init__(connection)
@@ -135,14 +137,15 @@ class DlockProtocol(Grammar):
             return
         if request.version not in (0, API_VERSION):
             self._reply(request.id, Version, f"version {request.version} not supported: {API_VERSION} is")
-        elif request.type == Ping:
-            self._reply(request.id, Ok)
-        elif request.type == Lock:
-            self._lock(request)
-        elif request.type == Unlock:
-            self._unlock(request)
-        else:
+            return
+        handler = self.handlers.get(request.type)
+        if handler is None:
             self._reply(request.id, InvalidType, f"unknown request type {request.type}")
+        else:
+            handler(self, request)
+
+    def _ping(self, request: Request) -> None:
+        self._reply(request.id, Ok)
 
     def _keys(self, request: Request) -> Union[List[str], Response]:
         """The request's keys, or the error response that refuses them."""
@@ -304,6 +307,9 @@ class DlockProtocol(Grammar):
 
     def frame_too_long(self) -> bytes:
         return self._framed(self._response(0, General, f"message longer than {self.max_frame} bytes"))
+
+
+DlockProtocol.handlers = {Ping: DlockProtocol._ping, Lock: DlockProtocol._lock, Unlock: DlockProtocol._unlock}
 
 
 def _described(message: object) -> str:

@@ -115,8 +115,14 @@ class Deadlines(Generic[Item]):
                 self._log.failure("deadline callback failed for {item!r}", item=item)
         if not self._buckets:
             # Nothing left: drop the ticks emptied earlier by discard(), and
-            # schedule nothing (an idle server sleeps).
+            # schedule nothing (an idle server sleeps) -- cancelling a timer
+            # an add() made while items were firing, for an item discarded
+            # since (discard() could not tell: the bucket being fired was
+            # still there, empty).
             self._ticks.clear()
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
         else:
             # (replacing any timer an add() made while items were firing)
             self._schedule(self._ticks[0])

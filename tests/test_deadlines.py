@@ -160,6 +160,20 @@ class DeadlinesTests(SynchronousTestCase):
         self.advance_to(7.0)
         self.assertEqual(self.fired_items(), ["fires", "later"])
 
+    def test_no_timer_for_an_item_added_and_discarded_while_firing(self) -> None:
+        """An expiry that hands a key on, whose new holder releases at once: nothing is left due, no timer."""
+
+        def hand_on() -> None:
+            self.deadlines.add("next holder", 3.0)
+            self.deadlines.discard("next holder", 3.0)
+
+        self.on_fire["expires"] = hand_on
+        self.deadlines.add("expires", 1.0)
+        self.advance_to(1.0)
+        self.assertEqual(self.fired_items(), ["expires"])
+        self.assertEqual(len(self.deadlines), 0)
+        self.assertEqual(self.clock.getDelayedCalls(), [])
+
     def test_a_failing_callback_does_not_stop_later_deadlines(self) -> None:
         """The failure is logged, and the items after it still fire on time."""
 

@@ -7,9 +7,10 @@ are larger than its earlier ones as long as the clock has moved on.  A clock
 set back (by hand, or a virtual machine restored from a snapshot) would break
 that.  With a state directory, the server keeps a high-water mark there: a
 number above every token given so far, a minute ahead of the clock (written
-at the start, again whenever the tokens or the clock come within half a
-minute of it, checked every 5 seconds, and at a clean stop the last token);
-a restarted service starts above it.  A crash loses nothing as long as the
+at the start, and again whenever the tokens or the clock come within half a
+minute of it, checked every 5 seconds and at the stop); a restarted service
+starts above it, so its tokens may run ahead of the clock by up to a minute
+until the clock catches up.  A crash loses nothing as long as the
 tokens did not run more than half a minute ahead of the clock within 5
 seconds (30 million grants in 5 seconds).
 """
@@ -101,5 +102,6 @@ class TokenMarkService(service.Service):
         if self._loop is not None and self._loop.running:
             self._loop.stop()
         self._loop = None
-        # A clean stop: the next start need not be ahead of anything but the last token.
-        self._write(self.locks.last_token)
+        # The mark stays ahead: the server is still closing its connections,
+        # and hands locks on (with new tokens) while it does.
+        self._keep_ahead()

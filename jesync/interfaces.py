@@ -31,8 +31,8 @@ class IGrant(Interface):
         "Seconds until the failsafe releases this grant (a float), or None if it never expires."
     )
     token = Attribute(
-        "Its fencing token: an int larger than every token given before it"
-        " (per key and across restarts); a renewal keeps it."
+        "Its fencing token: an int larger than every token the service gave before it"
+        " (across restarts too, under the clock assumption of jesync.service); a renewal keeps it."
     )
 
     def release() -> bool:
@@ -155,6 +155,9 @@ class ILockService(Interface):
 
     def grants_of(owner: Hashable) -> list:
         """C{owner}'s grants (not its waits)."""
+
+    def grant_of(key: str, owner: Hashable):
+        """C{owner}'s L{IGrant} of C{key}, or None if it does not hold it."""
 
     def owned(owner: Hashable) -> int:
         """How many grants plus waits C{owner} has (0 for an owner it does not know)."""

@@ -378,7 +378,8 @@ class LockService:
             lock.multi += 1
             entries[key] = waiter
         self._waiting += 1
-        self._spread[owner] = self._spread.get(owner, 0) + len(wanted) - 1
+        if len(wanted) > 1:
+            self._spread[owner] = self._spread.get(owner, 0) + len(wanted) - 1
         if timeout_at is not None:
             self._wait_timeouts.add(waiter, timeout_at)
         return deferred
@@ -453,6 +454,12 @@ class LockService:
         """C{owner}'s grants (not its waits)."""
         entries = self._owners.get(owner)
         return [entry for entry in entries.values() if isinstance(entry, Grant)] if entries else []
+
+    def grant_of(self, key: str, owner: Hashable) -> Grant | None:
+        """C{owner}'s grant of C{key}, if it holds it."""
+        entries = self._owners.get(owner)
+        entry = entries.get(key) if entries is not None else None
+        return entry if isinstance(entry, Grant) else None
 
     def totals(self) -> Totals:
         return Totals(len(self._locks), self._granted, self._waiting)
@@ -627,14 +634,18 @@ class LockService:
         """Release C{grant} if it is still its owner's hold on its key."""
         if not self._holds(grant):
             return False
+        self._deliver(self._take_back(grant, expired))
+        return True
+
+    def _take_back(self, grant: Grant, expired: bool = False) -> _Granted:
+        """Release a grant still held; return the grants it made room for, untold."""
         key, owner = grant.key, grant.owner
         self._forget_entry(owner, self._owners[owner], key)
         lock = self._locks[key]
         self._remove_holder(lock, grant, expired)
         granted = self._admit(key, lock)
         self._forget_if_idle(key)
-        self._deliver(granted)
-        return True
+        return granted
 
     def _deliver(self, granted: _Granted) -> None:
         """Fire the Deferreds of new grants, once the table is final."""
@@ -652,17 +663,32 @@ class LockService:
                     grant.release()
                 deferred.cancel()
             elif isinstance(given, _ManyGranted):
-                # The answer lists the keys asked for, in their order, with
-                # those held already (unless given up since), renewed now.
-                entries = self._owners[given.owner]
-                answer = [entry for entry in map(entries.get, given.asked) if isinstance(entry, Grant)]
-                new = {id(grant) for grant in given.grants}
-                for grant in answer:
-                    if id(grant) not in new:
-                        self._renew(grant, given.expires)
-                deferred.callback(answer)
+                self._answer_many(deferred, given)
             else:
                 deferred.callback(given)
+
+    def _answer_many(self, deferred: Deferred, given: _ManyGranted) -> None:
+        """
+        The answer lists every key asked for, in their order, those held
+        already renewed now.  All or nothing: if one of those was given up
+        (released, expired) while the request waited, the new grants are
+        given back and the request fails as timed out, naming the lost keys.
+        """
+        entries = self._owners[given.owner]
+        answer = [entries.get(key) for key in given.asked]
+        lost = [key for key, entry in zip(given.asked, answer) if not isinstance(entry, Grant)]
+        if lost:
+            granted: _Granted = []
+            for taken in given.grants:
+                granted.extend(self._take_back(taken))
+            deferred.errback(LockTimeout(given.asked[0], lost))
+            self._deliver(granted)
+            return
+        new = {id(grant) for grant in given.grants}
+        for entry in answer:
+            if id(entry) not in new:
+                self._renew(entry, given.expires)  # type: ignore[arg-type]
+        deferred.callback(answer)
 
     def _holds(self, grant: Grant) -> bool:
         """Whether C{grant} is still its owner's hold on its key."""
@@ -703,7 +729,8 @@ class LockService:
         self._withdraw(waiter)
         if self.observer is not None:
             self.observer.timed_out(waiter.key)
-        deferred.errback(error)
+        if not deferred.called:  # (a grant _withdraw handed on may have cancelled it)
+            deferred.errback(error)
 
     # -- bookkeeping -----------------------------------------------------
 

@@ -209,6 +209,23 @@ class ClockTests(SynchronousTestCase):
         self.assertEqual(outcome(response), ("Ok", 3, []))
         self.assertEqual(len(response.fencing_tokens), 2)
 
+    def test_a_timed_key_that_runs_out_while_switching_fails_the_lock(self) -> None:
+        """
+        All or nothing: a key held for a time, asked for again until
+        disconnect together with a busy key, runs out while the request
+        waits: the request fails naming it, and takes nothing.
+        """
+        unit = UnitDlock(dlock_idle_timeout=None)
+        client, holder, other = unit.connect(), unit.connect(), unit.connect()
+        self.assertEqual(outcome(client.ask(lock(["t"], release_micro=1_000_000))[0]), ("Ok", 1, []))
+        holder.ask(lock(["busy"]))
+        self.assertEqual(client.ask(lock(["t", "busy"], id=4)), [])
+        unit.clock.advance(1.5)  # t ran out
+        self.assertEqual(outcome(other.ask(lock(["t"], id=5))[0]), ("Ok", 5, []))
+        holder.lose()  # busy is free: the request could be granted, but t is gone
+        self.assertEqual(outcome(client.take()[0]), ("AcquireTimeout", 4, ["t"]))
+        self.assertEqual((unit.holders("busy"), unit.service.owned(client.protocol)), (0, 0))
+
     def test_wait_micro_zero_waits_without_limit(self) -> None:
         unit = UnitDlock(dlock_idle_timeout=None)
         holder, waiter = unit.connect(), unit.connect()

@@ -81,7 +81,7 @@ class TokenMarkTests(SynchronousTestCase):
         self.assertRaises(usage.UsageError, parse, "--state-dir", os.path.join(self.directory, "absent"))
         self.assertEqual(parse("--state-dir", self.directory)["state-dir"], self.directory)
 
-    def test_kept_ahead_while_running_exact_at_stop(self) -> None:
+    def test_kept_ahead_while_running_and_at_the_stop(self) -> None:
         clock = Clock()
         clock.advance(1000)
         service = LockService(clock)
@@ -97,8 +97,11 @@ class TokenMarkTests(SynchronousTestCase):
             clock.advance(EVERY)
             self.assertGreater(self.mark.read(), clock.seconds() * 1e6 + AHEAD // 2 - EVERY * 1e6)
         service.request("k", "a", expires=0)
+        written = self.mark.read()
         keeper.stopService()
-        self.assertEqual(self.mark.read(), service.last_token)
+        # still ahead at the stop (connections are still being closed then)
+        self.assertGreaterEqual(self.mark.read(), written)
+        self.assertGreater(self.mark.read(), service.last_token + AHEAD // 2)
         self.assertEqual(clock.getDelayedCalls(), [])
 
     def test_build_server_starts_above_the_mark(self) -> None:
@@ -109,7 +112,7 @@ class TokenMarkTests(SynchronousTestCase):
         server.startService()
         self.assertEqual(self.mark.read(), 4 * 10**18 + 1 + AHEAD)
         server.stopService()
-        self.assertEqual(self.mark.read(), 4 * 10**18 + 1)
+        self.assertEqual(self.mark.read(), 4 * 10**18 + 1 + AHEAD)
 
 
 class RestartTests(TwistdTestCase):
@@ -139,6 +142,6 @@ class RestartTests(TwistdTestCase):
         TokenMark(directory).write(ahead)
         first = yield self.granted_token("--state-dir", directory)
         self.assertEqual(first, ahead + 1)
-        self.assertEqual(TokenMark(directory).read(), first)
+        self.assertGreater(TokenMark(directory).read(), first + AHEAD // 2)
         second = yield self.granted_token("--state-dir", directory)
-        self.assertEqual(second, first + 1)
+        self.assertGreaterEqual(second, first + AHEAD)

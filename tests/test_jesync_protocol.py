@@ -812,6 +812,13 @@ class LockManyTests(ServerTestCase):
         self.assertEqual(waiter.take(), b"GRANTED 1 0 b 120\n")
         self.assertEqual(holder.ask(b"status a\n"), b"STATUS 0 0 a\n")
 
+    def test_already_waiting_for_one_of_its_keys(self) -> None:
+        holder, client = self.connect(), self.connect()
+        holder.ask(b"lock a\n")
+        self.assertEqual(client.ask(b"lock a\nstatus a\n"), b"STATUS 1 1 a\n")
+        self.assertEqual(client.ask(b"lock-many -1 0 b a\n"), b"INVALID_PARAMETER: already waiting for 'a'\n")
+        self.assertEqual(client.ask(b"status b\n"), b"STATUS 0 0 b\n")
+
     def test_bad_requests(self) -> None:
         client = self.connect()
         for line, error in [

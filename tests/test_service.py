@@ -1229,10 +1229,14 @@ class ManyKeysRenewalTests(ServiceTestCase):
         self.assertRaises(LimitReached, self.service.request_many, ["a", "b"], "me", -1, 60)
         self.assertAlmostEqual(held.seconds_left, 7.99)
 
-    def test_a_held_key_given_up_while_waiting_is_not_in_the_answer(self) -> None:
-        self.grant("a", "me")
+    def test_a_held_key_given_up_while_waiting_fails_the_request(self) -> None:
+        """All or nothing: the answer never lacks a key asked for."""
+        self.grant("a", "me", expires=5)
         self.grant("b", "other")
         waiting = self.service.acquire_many(["a", "b"], "me")
-        self.service.release("a", "me")
+        self.clock.advance(6)  # a expires while the request waits
+        self.grant("a", "third")
         self.service.release("b", "other")
-        self.assertEqual([g.key for g in self.successResultOf(waiting)], ["b"])
+        self.assertEqual(self.failureResultOf(waiting, LockTimeout).value.busy, ["a"])
+        self.assertEqual(self.service.status("b"), KeyStatus("b", 0, 0))  # given back
+        self.assertEqual([g.owner for g in self.service.holders("a")], ["third"])

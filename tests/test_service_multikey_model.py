@@ -240,11 +240,23 @@ class Model:
     def tell(self, rid: int, now: float) -> None:
         """
         A multi-key request granted is told, once the table is final: its
-        answer is the grants its owner holds of the keys it asked for (a key
-        given up since is left out), those it held already renewed now.
+        answer is the grants its owner holds of the keys it asked for, those
+        it held already renewed now -- or, if one of those was given up while
+        it waited, it fails as timed out naming them, its new grants given
+        back.
         """
         wait, new = self.untold.pop(rid)
-        answer = [h for h in (self.holder(key, wait.owner) for key in wait.asked) if h is not None]
+        holders = [self.holder(key, wait.owner) for key in wait.asked]
+        lost = [key for key, held in zip(wait.asked, holders) if held is None]
+        if lost:
+            # All or nothing: a key held when asked and given up while the
+            # request waited fails it; its new grants are given back.
+            for held in new:
+                if held in self.holders[held.key]:
+                    self.release(held, now)
+            self.verdicts[rid] = ("timeout", lost)
+            return
+        answer = [held for held in holders if held is not None]
         for held in answer:
             if held not in new:
                 self._renew(held, wait.expires, now)
@@ -474,6 +486,8 @@ class MultiKeyMachine(RuleBasedStateMachine):
             return value
 
         def failed(failure: Failure) -> None:
+            if request.rid in self.model.untold:
+                self.model.tell(request.rid, self.now())
             request.outcomes.append(("error", failure.value))
 
         if isinstance(result, Deferred):
@@ -1018,8 +1032,13 @@ class MultiKeyMachine(RuleBasedStateMachine):
             else:
                 raise AssertionError(f"requests {[w.rid for w in self.model.queue]} are never granted")
             for rid in left:
-                verdict = self.model.verdicts[rid][0]
-                assert verdict == "grant", f"request {rid} waited for ever and ended {verdict}"
+                verdict = self.model.verdicts[rid]
+                if verdict[0] == "timeout" and self.requests[rid].api.endswith("_many"):
+                    # All or nothing: a key it held when it asked was given
+                    # back (above) while it waited.
+                    assert set(verdict[1]) <= set(self.requests[rid].asked), f"request {rid}: {verdict}"
+                else:
+                    assert verdict[0] == "grant", f"request {rid} waited for ever and ended {verdict[0]}"
             # Everyone goes away: nothing is left, nothing is pending.
             for owner in OWNERS:
                 self.release_all(owner)

@@ -22,7 +22,7 @@ from twisted.logger import Logger
 
 from jesync.connections.framing import Framing, LineFraming
 from jesync.errors import LimitReached
-from jesync.wire import MAX_LINE, BadRequest, check_key_field, decode_key, split_fields
+from jesync.wire import MAX_LINE, BadRequest, check_key_field, decode_key, only_argument, split_fields
 
 if TYPE_CHECKING:
     from jesync.connections.connection import LockConnection
@@ -134,6 +134,13 @@ class CommandGrammar(Grammar):
         if len(field) > limit:
             raise LimitReached("max-key-length", limit)
         return decode_key(check_key_field(field))
+
+    def switch(self, args: List[bytes], name: str) -> bool:
+        """The one argument of a C{<name> on|off} command, as a bool."""
+        setting = only_argument(args, "on or off")
+        if setting not in (b"on", b"off"):
+            raise BadRequest(f"{name} is on or off")
+        return setting == b"on"
 
     def reply(self, line: bytes) -> None:
         """Send one line (without its terminator)."""

@@ -24,7 +24,7 @@ import hmac
 import re
 from collections import Counter
 from dataclasses import replace
-from typing import Callable, ClassVar, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, ClassVar, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 from google.protobuf.message import DecodeError
 from twisted.internet.defer import CancelledError, Deferred
@@ -34,7 +34,7 @@ from jesync.connections.connection import LockConnection, LockServerFactory
 from jesync.connections.framing import LengthPrefixedFraming
 from jesync.connections.grammar import Grammar
 from jesync.connections.policy import ConnectionPolicy
-from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout
+from jesync.errors import LimitReached, LockTimeout
 from jesync.interfaces import IGrant, ILockService
 from jesync.protocols.dlock_pb2 import (
     AcquireTimeout,
@@ -99,6 +99,14 @@ class TimedGrants:
 
     def __repr__(self) -> str:
         return f"<timed dlock grants of {self.peer}>"
+
+
+class _Way(NamedTuple):
+    """How a Lock holds its keys: for a time (its owner the connection's L{TimedGrants}) or until disconnect."""
+
+    owner: object
+    other: object  # the owner of the other way (None: no timed grants yet)
+    expires: float
 
 
 class DlockProtocol(Grammar):
@@ -178,91 +186,85 @@ class DlockProtocol(Grammar):
         if not self.connection.may_wait:
             timeout = 0
         if release_micro:
-            owner: object = self._timed()
-            other: object = self.connection
-            expires = release_micro / 1e6
+            way = _Way(self._timed(), self.connection, release_micro / 1e6)
         else:
-            owner, other, expires = self.connection, self.timed, 0
-        switched = self._switch(keys, other, owner, expires)
+            way = _Way(self.connection, self.timed, 0)
+        # Keys this connection holds the other way (timed, or until
+        # disconnect) are its own already: they take this request's way once
+        # it is granted, and are not asked for.
+        switching = [key for key in keys if way.other is not None and self.service.grant_of(key, way.other)]
+        wanted = [key for key in keys if key not in switching]
+        # (what it holds already this way is renewed, not taken: never given back)
+        kept = {key for key in wanted if self.service.grant_of(key, way.owner) is not None}
         try:
-            if len(keys) == 1:
+            if not wanted:
+                result: object = []
+            elif len(wanted) == 1:
                 # (the one-key path of the lock table is its fastest)
-                result = self.service.request(keys[0], owner, 1, timeout, expires)
+                result = self.service.request(wanted[0], way.owner, 1, timeout, way.expires)
             else:
-                result = self.service.request_many(keys, owner, timeout, expires)
+                result = self.service.request_many(wanted, way.owner, timeout, way.expires)
         except (LimitReached, ValueError) as error:
-            self._switch_back(switched, owner, other)
             self._reply(request.id, General, str(error))
             return
         if isinstance(result, Deferred):
-            if len(keys) == 1:
-                result.addCallback(lambda grant: [grant])
             self._owed_id = request.id
             result.addCallbacks(
-                self._granted, self._not_granted, (request.id,), errbackArgs=(request.id, keys, switched, owner, other)
+                self._granted,
+                self._not_granted,
+                (request.id, keys, switching, kept, way),
+                errbackArgs=(request.id, keys, way),
             )
             self.connection.await_reply(result)
         else:
-            self._granted(result if isinstance(result, list) else [result], request.id)
+            self._granted(result, request.id, keys, switching, kept, way)
 
-    def _switch(self, keys: List[str], other: object, owner: object, expires: float) -> List[Tuple[str, Optional[float]]]:
-        """
-        Keys this connection holds the other way (timed, or until disconnect)
-        take this request's way: hand them to C{owner}, renewed.  Returns
-        what they were, for L{_switch_back} if the request fails.
-        """
-        if other is None:
-            return []
-        wanted = set(keys)
-        switched = [(grant.key, grant.expires_at) for grant in self.service.grants_of(other) if grant.key in wanted]
-        for key, _ in switched:
-            self.service.reassign(key, other, owner, expires)
-        return switched
-
-    def _switch_back(self, switched: List[Tuple[str, Optional[float]]], owner: object, other: object) -> None:
-        """A Lock that failed leaves the keys it held as they were (a timed one with the time it had left)."""
-        now = self.service.clock.seconds()
-        for key, expires_at in switched:
-            if expires_at is None:
-                self.service.reassign(key, owner, other, 0)
-            elif expires_at > now:
-                self.service.reassign(key, owner, other, expires_at - now)
-            else:
-                self.service.release(key, owner)
-
-    def _granted(self, grants: Sequence[IGrant], request_id: int) -> None:
-        self._owed_id = None
-        response = self._response(request_id, Ok)
-        response.fencing_tokens.extend(grant.token for grant in grants)
-        self._send(response)
-
-    def _not_granted(
-        self,
-        failure: Failure,
-        request_id: int,
-        keys: List[str],
-        switched: List[Tuple[str, Optional[float]]],
-        owner: object,
-        other: object,
+    def _granted(
+        self, result: object, request_id: int, keys: List[str], switching: List[str], kept: Set[str], way: _Way
     ) -> None:
         self._owed_id = None
-        self._switch_back(switched, owner, other)
-        if failure.check(LockTimeout, CancelledError):
-            # CancelledError: the client sent FIN while it waited (once the
-            # connection is closing, nothing is sent).
-            if isinstance(failure.value, LockTimeout):
-                self.factory.timeouts += 1
-                busy = failure.value.busy
+        given: List[IGrant] = result if isinstance(result, list) else [result]  # type: ignore[list-item]
+        grants = {grant.key: grant for grant in given}
+        lost = []
+        for key in switching:
+            grant = self.service.reassign(key, way.other, way.owner, way.expires)
+            if grant is None:
+                lost.append(key)  # a timed grant that ran out while this request waited
             else:
-                held = {grant.key for grant in self.service.grants_of(owner)}
-                busy = [key for key in keys if key not in held and self._in_use(key)]
-            response = self._response(request_id, AcquireTimeout)
-            response.keys.extend(busy)
-            self._send(response)
-        elif failure.check(AlreadyWaiting):  # pragma: no cover - one request at a time
-            self._reply(request_id, General, str(failure.value))
+                grants[key] = grant
+        if lost:
+            # All or nothing: give back what this request took.
+            for key in grants:
+                if key not in kept and key not in switching:
+                    self.service.release(key, way.owner)
+            self._acquire_timeout(request_id, lost)
+            return
+        response = self._response(request_id, Ok)
+        response.fencing_tokens.extend(grants[key].token for key in keys)
+        self._send(response)
+
+    def _not_granted(self, failure: Failure, request_id: int, keys: List[str], way: _Way) -> None:
+        self._owed_id = None
+        if isinstance(failure.value, LockTimeout):
+            self._acquire_timeout(request_id, failure.value.busy)
+        elif failure.check(CancelledError):
+            # The client sent FIN while it waited (once the connection is
+            # closing, nothing is sent).
+            self._acquire_timeout(request_id, [key for key in keys if self._in_use(key) and not self._holds(key, way)])
         else:
+            # (AlreadyWaiting cannot happen: one request at a time)
             self.log.failure("lock request failed", failure)
+            self._reply(request_id, General, str(failure.value))
+
+    def _acquire_timeout(self, request_id: int, busy: Sequence[str]) -> None:
+        self.factory.timeouts += 1
+        response = self._response(request_id, AcquireTimeout)
+        response.keys.extend(busy)
+        self._send(response)
+
+    def _holds(self, key: str, way: _Way) -> bool:
+        """Whether this connection holds C{key}, either way."""
+        return any(owner is not None and self.service.grant_of(key, owner) for owner in (way.owner, way.other))
 
     def _in_use(self, key: str) -> bool:
         status = self.service.status(key)

@@ -147,11 +147,8 @@ class ELockProtocol(CommandGrammar):
 
     def do_fencing(self, args: List[bytes]) -> None:
         """An extension: C{fencing on|off}: whether C{200 Acquired} carries the grant's fencing token."""
-        setting = only_argument(args, "on or off")
-        if setting not in (b"on", b"off"):
-            raise BadRequest("fencing is on or off")
-        self.fencing = setting == b"on"
-        self.reply(b"200 fencing " + setting)
+        self.fencing = self.switch(args, "fencing")
+        self.reply(b"200 fencing on" if self.fencing else b"200 fencing off")
 
     def do_conn_id(self, args: List[bytes]) -> None:
         if not args:

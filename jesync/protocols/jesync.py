@@ -142,15 +142,15 @@ class JESyncProtocol(CommandGrammar):
     def _not_granted_many(self, failure: Failure, raw_keys: Sequence[bytes]) -> None:
         if failure.check(LockTimeout, CancelledError):
             self.reply(b"TIMEOUT-MANY %d %s" % (len(raw_keys), b" ".join(raw_keys)))
-        elif not failure.check(AlreadyWaiting):
+        elif failure.check(AlreadyWaiting):
+            # (unlike a second `lock`, no earlier request will answer it)
+            self.reply(self.bad_request(str(failure.value)))
+        else:
             self.log.failure("lock request failed", failure)
 
     def do_fencing(self, args: List[bytes]) -> None:
         """An extension: C{fencing on|off}: whether GRANTED carries the grant's fencing token."""
-        setting = only_argument(args, "on or off")
-        if setting not in (b"on", b"off"):
-            raise BadRequest("fencing is on or off")
-        self.fencing = setting == b"on"
+        self.fencing = self.switch(args, "fencing")
         self.reply(b"FENCING ON" if self.fencing else b"FENCING OFF")
 
     def do_release(self, args: List[bytes]) -> None:

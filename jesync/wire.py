@@ -84,6 +84,29 @@ def check_key_field(field: bytes, name: str = "key") -> bytes:
     return field
 
 
+# Whitespace (str.isspace's, which includes the line and paragraph
+# separators) and control characters (Unicode's Cc).
+_WHITESPACE_OR_CONTROL = re.compile(r"[\s\x00-\x1f\x7f-\x9f]")
+
+
+def key_problem(key: str, max_length: int) -> str | None:
+    """
+    Why C{key} is not a key of jesync's key space, or None: a key is a
+    non-empty string without whitespace or control characters, of at most
+    C{max_length} bytes in UTF-8 (what JESync's and elock's lines can carry
+    too, so every protocol can name every key).
+    """
+    if not key:
+        return "a key cannot be empty"
+    if (len(key) if key.isascii() else len(key.encode("utf-8", "surrogatepass"))) > max_length:
+        return f"max-key-length exceeded ({max_length})"
+    # (isprintable() is True for most keys and rules out both at once;
+    # it also refuses a few characters that are neither, hence the search)
+    if not (key.isprintable() and " " not in key) and _WHITESPACE_OR_CONTROL.search(key):
+        return f"a key cannot contain whitespace or control characters: {key!r}"
+    return None
+
+
 def parse_integer(field: bytes, name: str) -> int:
     """A number field (see the module's rules), or L{BadRequest} naming the field."""
     match = _NUMBER.fullmatch(field)
@@ -145,6 +168,7 @@ __all__ = [
     "ListingOrder",
     "check_key_field",
     "decode_key",
+    "key_problem",
     "encode_key",
     "parse_integer",
     "split_fields",

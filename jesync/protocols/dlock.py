@@ -21,7 +21,6 @@ closes the connection.
 from __future__ import annotations
 
 import hmac
-import re
 from collections import Counter
 from dataclasses import replace
 from typing import Callable, ClassVar, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
@@ -50,7 +49,7 @@ from jesync.protocols.dlock_pb2 import (
     Unlock,
     Version,
 )
-from jesync.wire import WAIT_FOREVER
+from jesync.wire import WAIT_FOREVER, key_problem
 
 #: The protocol version served (and the only one accepted besides 0, unset).
 API_VERSION = 2
@@ -63,29 +62,6 @@ DEFAULT_MAX_KEYS = 1000
 #: "malformed": not a Request at all).
 TYPE_NAMES = {Ping: "ping", Lock: "lock", Unlock: "unlock"}
 COUNTED = (*TYPE_NAMES.values(), "invalid", "malformed")
-
-
-# Whitespace (str.isspace's, which includes the line and paragraph
-# separators) and control characters (Unicode's Cc).
-_WHITESPACE_OR_CONTROL = re.compile(r"[\s\x00-\x1f\x7f-\x9f]")
-
-
-def key_problem(key: str, max_length: int) -> Optional[str]:
-    """
-    Why C{key} is not a key of jesync's key space, or None: a key is a
-    non-empty string without whitespace or control characters, of at most
-    C{max_length} bytes in UTF-8 (what JESync's and elock's lines can carry
-    too, so every protocol can name every key).
-    """
-    if not key:
-        return "a key cannot be empty"
-    if (len(key) if key.isascii() else len(key.encode("utf-8", "surrogatepass"))) > max_length:
-        return f"max-key-length exceeded ({max_length})"
-    # (isprintable() is True for most keys and rules out both at once;
-    # it also refuses a few characters that are neither, hence the search)
-    if not (key.isprintable() and " " not in key) and _WHITESPACE_OR_CONTROL.search(key):
-        return f"a key cannot contain whitespace or control characters: {key!r}"
-    return None
 
 
 class TimedGrants:

@@ -90,7 +90,6 @@ load-generator process (``--procs``), the messages jesync's generated
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import select
 import socket
@@ -108,17 +107,15 @@ from loadgen import (  # noqa: E402
     ProtocolError,
     Result,
     Server,
-    cpu_seconds,
     fmt_cpu,
     fmt_us,
     free_port,
-    machine_busy_seconds,
     median_result,
     quiet_rounds,
     raise_open_files,
     ratios,
-    receive,
     run_scenario,
+    run_workers,
     start_jesync,
     wait_for_port,
     wait_for_quiet,
@@ -302,62 +299,13 @@ def dlock_worker(address, workload: str, reference: bool, tag: str, indices: lis
 def run_dlock(server: Server, workload: str, reference: bool, connections: int, args, tag: str) -> Result:
     """loadgen.run_scenario for a dlock workload (the same timing and CPU accounting)."""
     procs = max(1, min(args.procs, connections))
-    context = multiprocessing.get_context("fork")
-    workers = []
-    for index in range(procs):
-        parent_end, child_end = context.Pipe()
-        process = context.Process(
-            target=dlock_worker,
-            args=(
-                server.address,
-                workload,
-                reference,
-                tag,
-                list(range(connections))[index::procs],
-                args.warmup,
-                args.seconds,
-                args.client_cpus,
-                child_end,
-            ),
-        )
-        process.start()
-        child_end.close()
-        workers.append((process, parent_end))
-    for _, pipe in workers:
-        if receive(pipe) != "ready":
-            raise SystemExit("a load generator failed to connect")
-    start = time.monotonic() + 0.1
-    for _, pipe in workers:
-        pipe.send(start)
-    time.sleep(max(0.0, start + args.warmup - time.monotonic()))
-    cpu_before, busy_before = cpu_seconds(server.pid), machine_busy_seconds()
-    time.sleep(max(0.0, start + args.warmup + args.seconds - time.monotonic()))
-    cpu_after, busy_after = cpu_seconds(server.pid), machine_busy_seconds()
-    cycles, latencies, loadgen_cpu = 0, [], 0.0
-    for process, pipe in workers:
-        n, lat, _, cpu = receive(pipe)
-        cycles += n
-        latencies += lat
-        loadgen_cpu += cpu
-        process.join()
-        if process.exitcode:
-            raise SystemExit(f"a load generator failed (exit code {process.exitcode})")
-    latencies.sort()
+    indices = list(range(connections))
 
-    def percentile(p: float) -> float:
-        return latencies[min(len(latencies) - 1, int(p * len(latencies)))] / 1000 if latencies else float("nan")
+    def worker(index: int, pipe) -> tuple:
+        share = indices[index::procs]
+        return dlock_worker, (server.address, workload, reference, tag, share, args.warmup, args.seconds, args.client_cpus, pipe)
 
-    server_cpu = None if cpu_before is None or cpu_after is None else (cpu_after - cpu_before) / args.seconds
-    busy = (busy_after - busy_before) / args.seconds
-    return Result(
-        cycles / args.seconds,
-        percentile(0.50),
-        percentile(0.99),
-        server_cpu,
-        loadgen_cpu / args.seconds,
-        0.0,
-        max(0.0, busy - (server_cpu or 0.0) - loadgen_cpu / args.seconds),
-    )
+    return run_workers(server, procs, worker, args)
 
 
 # -- servers -----------------------------------------------------------------------

@@ -531,15 +531,28 @@ def run_scenario(server: Server, kind: str, connections: int, args, tag: str) ->
     if kind == "contended":
         keys = [b"bench-%s-hot" % tag.encode()] * connections
     procs = max(1, min(args.procs, connections))
+
+    def worker(index: int, pipe) -> tuple:
+        share = keys[index::procs]
+        return run_worker, (server.address, server.protocol, share, args.warmup, args.seconds, args.client_cpus, pipe)
+
+    return run_workers(server, procs, worker, args)
+
+
+def run_workers(server: Server, procs: int, worker, args) -> Result:
+    """
+    Run C{procs} load-generator processes against C{server} and measure them
+    together: C{worker(index, pipe)} gives each one's target and arguments.
+    A worker sends "ready" once connected, waits for the start time, runs
+    C{args.warmup} then C{args.seconds}, and sends (cycles, latencies in ns,
+    retries, its CPU seconds) for the measured window.
+    """
     context = multiprocessing.get_context("fork")
     workers = []
     for index in range(procs):
         parent_end, child_end = context.Pipe()
-        share = keys[index::procs]
-        process = context.Process(
-            target=run_worker,
-            args=(server.address, server.protocol, share, args.warmup, args.seconds, args.client_cpus, child_end),
-        )
+        target, arguments = worker(index, child_end)
+        process = context.Process(target=target, args=arguments)
         process.start()
         child_end.close()  # so that recv() fails, rather than hangs, if the worker dies
         workers.append((process, parent_end))
@@ -570,7 +583,7 @@ def run_scenario(server: Server, kind: str, connections: int, args, tag: str) ->
             latencies[min(len(latencies) - 1, int(p * len(latencies)))] / 1000 if latencies else float("nan")
         )
 
-    server_cpu = None if cpu_before is None else (cpu_after - cpu_before) / args.seconds
+    server_cpu = None if cpu_before is None or cpu_after is None else (cpu_after - cpu_before) / args.seconds
     busy = (busy_after - busy_before) / args.seconds
     return Result(
         cycles / args.seconds,

@@ -334,31 +334,26 @@ class LockService:
                 renewals.append(current)
         if wanted and self.max_held is not None and held is not None:
             self._check_held(owner, held)
-        new_keys = [key for key in wanted if key not in self._locks]
-        if new_keys and self.max_keys is not None and len(self._locks) + len(new_keys) > self.max_keys:
+        locks = self._locks
+        new_keys = sum(key not in locks for key in wanted)
+        if new_keys and self.max_keys is not None and len(locks) + new_keys > self.max_keys:
             raise LimitReached("max-keys", self.max_keys)
         # A key with no holder and no waiter is free; a key with no holder and
         # a waiter has a candidate ahead of this request (anyone may join
         # no holders).
-        free = all(key in new_keys or not (self._locks[key].holders or self._locks[key].waiting) for key in wanted)
-        if not free:
-            if timeout == 0:
-                locks = self._locks
-                busy = [key for key in wanted if key in locks and (locks[key].holders or locks[key].waiting)]
-                return fail(LockTimeout(asked[0], busy))
-            self._check_waits([self._locks[key] for key in wanted if key not in new_keys])
-        if free:
+        busy = [key for key in wanted if key in locks and (locks[key].holders or locks[key].waiting)]
+        if not busy:
             for grant in renewals:
                 self._renew(grant, expires)
             for key in wanted:
-                lock = self._locks.get(key)
-                if lock is None:
-                    lock = self._locks[key] = _Lock()
-                grant = self._grant(lock, key, owner, 1, expires)
+                grant = self._grant(self._lock_of(key), key, owner, 1, expires)
                 if self.observer is not None:
                     self.observer.granted(grant, 0.0)
             entries = self._owners[owner]
             return [entries[key] for key in asked]  # type: ignore[misc]
+        if timeout == 0:
+            return fail(LockTimeout(asked[0], busy))
+        self._check_waits([locks[key] for key in wanted if key in locks])
 
         now = self.clock.seconds()
         timeout_at = None if timeout == WAIT_FOREVER else now + timeout
@@ -368,9 +363,7 @@ class LockService:
         waiter.asked = asked
         entries = self._owner_entries(owner)
         for key in wanted:
-            lock = self._locks.get(key)
-            if lock is None:
-                lock = self._locks[key] = _Lock()
+            lock = self._lock_of(key)
             if lock.waiters is None:
                 lock.waiters = deque()
             lock.waiters.append(waiter)
@@ -744,6 +737,13 @@ class LockService:
         del entries[key]
         if not entries:
             del self._owners[owner]
+
+    def _lock_of(self, key: str) -> _Lock:
+        """C{key}'s lock, made if it has none (the caller checked max-keys)."""
+        lock = self._locks.get(key)
+        if lock is None:
+            lock = self._locks[key] = _Lock()
+        return lock
 
     def _forget_if_idle(self, key: str) -> None:
         """Drop a key nobody holds or waits for: an idle key leaves no trace."""

@@ -11,9 +11,9 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from twisted.internet import defer, endpoints, reactor, task
+from twisted.internet import endpoints, reactor
 from twisted.internet.protocol import Factory, Protocol
-from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.client import (
     AsyncClient,
@@ -24,14 +24,13 @@ from jesync.client import (
     LockManyTimeout,
     LockTimeout,
     ServerError,
-    TwistedClient,
 )
 from jesync.client.handle import LockState
 from jesync.client.session import Session
 from jesync.client.wire import Reply
-from tests.servers import fake_server, listen_in_process, start_server
-
-WITHIN = 5.0
+from tests.servers import fake_server, start_server
+from tests.test_client_blocking import WITHIN, ClientTestCase
+from tests.test_client_twisted import TwistedClientTestCase
 
 
 def older_server(line: bytes) -> Optional[bytes]:
@@ -237,36 +236,14 @@ class SessionTests(SynchronousTestCase):
 # -- the blocking client ----------------------------------------------------------
 
 
-class BlockingTests(SynchronousTestCase):
+class BlockingTests(ClientTestCase):
     def setUp(self) -> None:
         self.server = start_server(self)
         self.first = self.client()
         self.second = self.client()
 
-    def client(self, address: Optional[str] = None, **options: Any) -> Client:
-        client = Client(address or self.server.address, **options)
-        self.addCleanup(client.close)
-        return client
-
-    def in_thread(self, function: Callable[[], Any]) -> dict[str, Any]:
-        outcome: dict[str, Any] = {"done": threading.Event()}
-
-        def run() -> None:
-            try:
-                outcome["result"] = function()
-            except BaseException as error:
-                outcome["error"] = error
-            outcome["done"].set()
-
-        threading.Thread(target=run, daemon=True).start()
-        return outcome
-
-    def wait_for(self, condition: Callable[[], bool]) -> None:
-        deadline = time.monotonic() + WITHIN
-        while not condition():
-            if time.monotonic() > deadline:
-                self.fail("timed out waiting for a condition")
-            time.sleep(0.01)
+    def client(self, address: Optional[str] = None, **options: Any) -> Client:  # type: ignore[override]
+        return super().client(address or self.server.address, **options)
 
     def statuses(self, *keys: str) -> list[tuple[int, int]]:
         return [tuple(self.second.status(key))[1:] for key in keys]
@@ -479,10 +456,6 @@ class AsyncTests(SynchronousTestCase):
 # -- the Twisted client -----------------------------------------------------------
 
 
-def sleep(seconds: float) -> defer.Deferred[None]:
-    return task.deferLater(reactor, seconds, lambda: None)
-
-
 class _Older(Protocol):
     def dataReceived(self, data: bytes) -> None:
         for line in data.splitlines():
@@ -491,26 +464,7 @@ class _Older(Protocol):
                 self.transport.write(reply)
 
 
-class TwistedTests(TestCase):
-    timeout = 30
-
-    async def setUp(self) -> None:
-        self.server = await listen_in_process(self, reactor)
-        self.first = self.client()
-        self.second = self.client()
-
-    def client(self, address: Optional[str] = None) -> TwistedClient:
-        client = TwistedClient(reactor, address or self.server.address)
-        self.addCleanup(client.close)
-        return client
-
-    async def eventually(self, key: str, granted: int, waiting: int) -> None:
-        for _ in range(500):
-            if self.server.service.status(key) == KeyStatus(key, granted, waiting):
-                return
-            await sleep(0.01)
-        self.fail(f"{key} never reached {granted} granted, {waiting} waiting")
-
+class TwistedTests(TwistedClientTestCase):
     async def test_granted_and_released(self) -> None:
         lock = await self.first.lock_many(["a", "b", "a"])
         self.assertEqual(lock.keys, ("a", "b"))

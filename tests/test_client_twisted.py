@@ -28,7 +28,9 @@ def sleep(seconds: float) -> defer.Deferred[None]:
     return task.deferLater(reactor, seconds, lambda: None)
 
 
-class TwistedClientTests(TestCase):
+class TwistedClientTestCase(TestCase):
+    """Two clients of a server in this process, and a way to wait for its table to reach a state."""
+
     timeout = 30
 
     async def setUp(self) -> None:
@@ -47,6 +49,9 @@ class TwistedClientTests(TestCase):
                 return
             await sleep(0.01)
         self.fail(f"{key} never reached {granted} granted, {waiting} waiting")
+
+
+class TwistedClientTests(TwistedClientTestCase):
 
     async def test_replies_out_of_order(self) -> None:
         """

@@ -57,7 +57,6 @@ against the model's deadline and applied to the model in the same order.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
@@ -80,13 +79,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout
 from jesync.interfaces import KeyStatus, Totals
 from jesync.service import Grant, LockService
-
-# Deadlines fire on 10 ms ticks: at most one tick after they are due.
-TICK = 0.01
-# Slack for float arithmetic in clock times.
-EPS = 1e-9
-# How far before a deadline the clock stops, to see that nothing fired early.
-BEFORE = 1e-4
+from tests.test_service_model import BEFORE, EPS, TICK, step
 
 KEYS = ["a", "b", "c", "d"]
 OWNERS = ["p", "q", "r", "s"]
@@ -411,20 +404,6 @@ class ObservedLockService(LockService):
 
     def _time_out(self, waiter) -> None:
         self.machine.timer_fired("timeout", waiter, lambda: LockService._time_out(self, waiter))
-
-
-def step(method: Callable) -> Callable:
-    """Mark the machine broken if a rule or invariant fails (teardown then only cleans up)."""
-
-    @functools.wraps(method)
-    def run(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except BaseException:
-            self.broken = True
-            raise
-
-    return run
 
 
 class MultiKeyMachine(RuleBasedStateMachine):

@@ -30,7 +30,7 @@ belongs to the reactor thread.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sized
-from typing import Any
+from typing import TYPE_CHECKING
 
 from twisted.web import http
 from twisted.web.pages import notFound
@@ -39,6 +39,9 @@ from twisted.web.server import Request, Site
 from zope.interface import implementer
 
 from jesync.interfaces import IGrant, ILockObserver, ILockService
+
+if TYPE_CHECKING:
+    from jesync.protocols.dlock import DlockFactory
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -89,7 +92,7 @@ class LockMetrics:
         self,
         service: ILockService,
         connections: Sized,
-        dlock: Any = None,
+        dlock: DlockFactory | None = None,
         registry: CollectorRegistry | None = None,
     ) -> None:
         self.service = service

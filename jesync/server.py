@@ -21,6 +21,7 @@ from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
 
+from jesync.connections.connection import LockServerFactory
 from jesync.connections.policy import ConnectionPolicy, Connections
 from jesync.errors import show_number
 from jesync.protocols.elock import ELockFactory
@@ -224,7 +225,7 @@ class LockServer(service.MultiService):
         self.grace = grace
         self.summary = ""
         # The protocol factories by name (None: a protocol not served).
-        self.factories: dict = {}
+        self.factories: dict[str, Optional[LockServerFactory]] = {}
         # Every registry of connections to close when stopping.
         self.registries = [policy.connections]
 

@@ -15,7 +15,7 @@ reverse.
 
 from __future__ import annotations
 
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
@@ -27,6 +27,9 @@ from jesync.errors import AlreadyWaiting, LockTimeout
 from jesync.interfaces import IGrant, ILockService
 from jesync.sessions import DEFAULT_MAX_SESSIONS, Session, SessionTable
 from jesync.wire import BadRequest, check_key_field, no_arguments, only_argument, parse_integer
+
+if TYPE_CHECKING:
+    from jesync.protocols.dlock import DlockFactory
 
 # A client-chosen session id may be at most this long.
 MAX_SESSION_ID = 256
@@ -222,7 +225,7 @@ class ELockFactory(LockServerFactory):
     grammar = ELockProtocol
     stopped = False
     # The server's dlock listener, whose counts `stats` shows too (None: none).
-    dlock: Optional[Any] = None
+    dlock: Optional[DlockFactory] = None
 
     def __init__(
         self,

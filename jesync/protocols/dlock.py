@@ -168,10 +168,14 @@ class DlockProtocol(Grammar):
         # Keys this connection holds the other way (timed, or until
         # disconnect) are its own already: they take this request's way once
         # it is granted, and are not asked for.
-        switching = [key for key in keys if way.other is not None and self.service.grant_of(key, way.other)]
-        wanted = [key for key in keys if key not in switching]
-        # (what it holds already this way is renewed, not taken: never given back)
-        kept = {key for key in wanted if self.service.grant_of(key, way.owner) is not None}
+        switching: List[str] = []
+        wanted: List[str] = []
+        for key in keys:
+            held_other_way = way.other is not None and self.service.grant_of(key, way.other) is not None
+            (switching if held_other_way else wanted).append(key)
+        # What it holds already this way is renewed, not taken: never given
+        # back if a switching key is lost (only then is this needed).
+        kept = {key for key in wanted if self.service.grant_of(key, way.owner) is not None} if switching else set()
         try:
             if not wanted:
                 result: object = []

@@ -18,7 +18,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.connections.connection import LockServerFactory
-from jesync.connections.framing import HeaderFraming, LengthPrefixedFraming, LineFraming
+from jesync.connections.framing import LengthPrefixedFraming, LineFraming, MemcachedFraming
 from jesync.connections.grammar import Grammar
 from jesync.errors import LimitReached, LockTimeout
 from jesync.interfaces import IGrant
@@ -44,15 +44,6 @@ class Recorder:
             self.framing.dataReceived(data[start : start + size])
             start, index = start + size, index + 1
         return self.frames
-
-
-class MemcachedBinaryFraming(HeaderFraming):
-    """The memcached binary protocol's shape: 24-byte headers, the body's length in bytes 8-11."""
-
-    header_size = 24
-
-    def body_length(self, header: bytes) -> int:
-        return int(struct.unpack(">I", header[8:12])[0])
 
 
 def binary_request(body: bytes) -> bytes:
@@ -96,22 +87,6 @@ class LineFramingTests(SynchronousTestCase):
         framing.dataReceived(b"")
         self.assertEqual(recorder.frames, [b"one", b"two"])
 
-    @given(chunkings)
-    @settings(max_examples=50, deadline=None)
-    def test_block_after_a_line(self, sizes: list[int]) -> None:
-        """A line announcing a block of raw bytes (memcached's C{set}): the block is one frame, whatever it holds."""
-        recorder = Recorder(LineFraming)
-        framing = recorder.framing
-
-        def deliver(frame: bytes) -> None:
-            recorder.frames.append(frame)
-            if frame.startswith(b"set "):
-                framing.read_block(int(frame.split()[1]) + 2)
-
-        framing.deliver = deliver
-        stream = b"set 5\r\na\nb\r\n\r\nget\r\nset 0\r\n\r\nend\n"
-        self.assertEqual(recorder.feed(stream, sizes), [b"set 5", b"a\nb\r\n\r\n", b"get", b"set 0", b"\r\n", b"end"])
-
 
 class LengthPrefixedFramingTests(SynchronousTestCase):
     @given(chunkings)
@@ -127,17 +102,65 @@ class LengthPrefixedFramingTests(SynchronousTestCase):
         self.assertEqual((recorder.frames, recorder.too_long), ([b"a"], 1))
 
 
-class HeaderFramingTests(SynchronousTestCase):
-    @given(chunkings)
-    @settings(max_examples=50, deadline=None)
-    def test_frames(self, sizes: list[int]) -> None:
-        frames = [binary_request(b""), binary_request(b"key"), binary_request(b"\x80" * 30)]
-        self.assertEqual(Recorder(MemcachedBinaryFraming, 64).feed(b"".join(frames), sizes), frames)
+class MemcachedFramingTests(SynchronousTestCase):
+    """Text lines (and blocks after them) and binary requests on one stream, told apart by their first byte."""
 
-    def test_too_long(self) -> None:
-        recorder = Recorder(MemcachedBinaryFraming, 64)
-        recorder.feed(binary_request(b"a") + binary_request(b"b" * 41) + binary_request(b"c"))
-        self.assertEqual((recorder.frames, recorder.too_long), ([binary_request(b"a")], 1))
+    @staticmethod
+    def recorder(max_length: int = 64) -> Recorder:
+        """A recorder whose grammar reads a block after C{set <n>} and skips one after C{skip <n>}."""
+        recorder = Recorder(MemcachedFraming, max_length)
+        framing = recorder.framing
+
+        def deliver(frame: bytes) -> None:
+            recorder.frames.append(frame)
+            if frame.startswith(b"set "):
+                framing.read_block(int(frame.split()[1]) + 2)
+            elif frame.startswith(b"skip "):
+                framing.skip(int(frame.split()[1]))
+
+        framing.deliver = deliver
+        return recorder
+
+    @given(chunkings)
+    @settings(max_examples=100, deadline=None)
+    def test_any_chunking(self, sizes: list[int]) -> None:
+        binary = [binary_request(b""), binary_request(b"key"), binary_request(b"\x80\n" * 15)]
+        stream = (
+            b"get a\r\n" + binary[0] + b"set 5\r\na\nb\r\n\r\n" + binary[1] + b"skip 7\r\n\x80\x80\n\n\x80xy"
+            + b"set 0\r\n\r\n" + binary[2] + b"end\n"
+        )
+        expected = [b"get a", binary[0], b"set 5", b"a\nb\r\n\r\n", binary[1], b"skip 7", b"set 0", b"\r\n", binary[2], b"end"]
+        self.assertEqual(self.recorder().feed(stream, sizes), expected)
+
+    def test_binary_too_long_is_its_header_alone_and_its_body_skipped(self) -> None:
+        recorder = self.recorder()
+        big = binary_request(b"b" * 41)
+        recorder.feed(binary_request(b"a") + big[:30], [7])
+        recorder.feed(big[30:] + b"after\n", [5])
+        self.assertEqual(recorder.frames, [binary_request(b"a"), big[:24], b"after"])
+        self.assertEqual(recorder.too_long, 0)
+
+    def test_line_too_long(self) -> None:
+        recorder = self.recorder()
+        recorder.feed(b"ok\n" + b"x" * 65 + b"\nnever\n")
+        self.assertEqual((recorder.frames, recorder.too_long), ([b"ok"], 1))
+        unfinished = self.recorder()
+        unfinished.feed(b"x" * 40, [10])
+        self.assertEqual(unfinished.too_long, 0)
+        unfinished.feed(b"x" * 40, [10])
+        self.assertEqual((unfinished.frames, unfinished.too_long), ([], 1))
+
+    def test_paused_holds_requests_back(self) -> None:
+        recorder = self.recorder()
+        framing = recorder.framing
+        deliver = framing.deliver
+        framing.deliver = lambda frame: (deliver(frame), setattr(framing, "paused", True))
+        recorder.feed(b"one\n" + binary_request(b"two") + b"three\n")
+        self.assertEqual(recorder.frames, [b"one"])
+        framing.paused = False
+        framing.dataReceived(b"")
+        self.assertEqual(recorder.frames, [b"one", binary_request(b"two")])
+        self.assertEqual(framing.buffered(), len(b"three\n"))
 
 
 # -- a binary protocol in one grammar ------------------------------------------------

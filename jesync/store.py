@@ -1,0 +1,492 @@
+"""
+The memcached listener's object store, and the rule that ties its objects to
+the lock table.
+
+An object (an L{Item}: value, flags, expiry, CAS unique) is stored under a
+key of at most 250 bytes.  The store holds at most C{memory} bytes, counting
+each item's key, value and L{ITEM_OVERHEAD}; storing past that evicts the
+least recently used items (a read or a write makes an item the most recently
+used).  An expired item is removed when it is next looked at, and by
+L{ObjectStore.sweep}, which a server calls every second and which does at
+most C{SWEEP_BUDGET} items per call, so a mass expiry never holds up the
+reactor.
+
+B{Locks.}  The lock table (L{jesync.interfaces.ILockService}) is the one
+authority on who locks object C{K}: whoever holds the key C{K} there, through
+any protocol.  A memcached C{lock K} is a mutex grant of C{K} to the
+connection (no wait, no expiry), refused when anyone else holds C{K}, and when
+the object does not exist.  While C{K} is held by anyone:
+
+ - another owner's writes to object C{K} (C{set}, C{add} even of a missing
+   object, C{replace}, C{append}, C{prepend}, C{cas}, C{incr}, C{decr},
+   C{delete}) are refused with L{Outcome.LOCKED}; the holder's own succeed.
+   Reads and C{touch} are never refused.
+ - object C{K} is never expired, evicted or flushed.  (An item whose time has
+   run out while locked expires once the lock is gone.)
+
+The owner deleting its locked object drops its lock, as the reference server
+(yrmcds) does.  Expiration times follow memcached: 0 never, a negative one
+at once, up to 30 days relative seconds, beyond that an absolute Unix time
+(the clock is the reactor, whose C{seconds()} is Unix time).
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import math
+from collections import OrderedDict
+from typing import Dict, Hashable, List, Optional, Set, Tuple
+
+from twisted.internet.defer import Deferred
+from twisted.application.service import Service
+from twisted.internet.interfaces import IDelayedCall
+
+from jesync.interfaces import ILockService
+from jesync.wire import decode_key, encode_key
+
+#: memcached's longest key, in bytes.
+MAX_KEY_LENGTH = 250
+#: The defaults of --memcache-memory and --memcache-max-item.
+DEFAULT_MEMORY = 64 * 1024 * 1024
+DEFAULT_MAX_ITEM = 1024 * 1024
+#: What each item counts besides its key and value (about what a Python
+#: item object and its dictionary entries take; memcached's own item header
+#: is 48-56 bytes).
+ITEM_OVERHEAD = 64
+#: Expiration times up to this are relative seconds (memcached's 30 days).
+RELATIVE_LIMIT = 60 * 60 * 24 * 30
+#: The expiry of an item stored already expired (a negative expiration time).
+EXPIRED = -1.0
+#: The most items one sweep looks at, and how often the sweep runs (seconds).
+SWEEP_BUDGET = 10_000
+SWEEP_EVERY = 1.0
+#: A counter value is an unsigned 64-bit number.
+COUNTER_MODULUS = 2**64
+MAX_COUNTER_DIGITS = 20
+
+
+class Outcome(enum.Enum):
+    """What a store command did; the value is memcached's text reply."""
+
+    STORED = b"STORED"
+    NOT_STORED = b"NOT_STORED"
+    EXISTS = b"EXISTS"
+    NOT_FOUND = b"NOT_FOUND"
+    DELETED = b"DELETED"
+    TOUCHED = b"TOUCHED"
+    LOCKED = b"LOCKED"
+    OK = b"OK"
+    NOT_LOCKED = b"NOT_LOCKED"
+
+
+class TooLarge(Exception):
+    """The value is longer than the largest item the store takes."""
+
+
+class OutOfMemory(Exception):
+    """Only locked items are left to evict, and the new item does not fit."""
+
+
+class NonNumeric(Exception):
+    """C{incr} or C{decr} of a value that is not a decimal number."""
+
+
+class Item:
+    """One stored object."""
+
+    __slots__ = ("value", "flags", "expires_at", "cas", "size")
+
+    def __init__(self, value: bytes, flags: int, expires_at: float, cas: int, size: int) -> None:
+        self.value = value
+        self.flags = flags
+        #: Clock time at which it expires; 0 never.
+        self.expires_at = expires_at
+        self.cas = cas
+        #: What it counts toward the memory limit.
+        self.size = size
+
+    def __repr__(self) -> str:
+        return f"<Item {len(self.value)} bytes flags={self.flags} cas={self.cas} expires_at={self.expires_at}>"
+
+
+class ObjectStore:
+    """
+    Objects in memory, bounded, least recently used evicted, locked through
+    C{service}'s lock table.
+
+    @param service: the lock table (and, through its C{clock}, the time).
+    @param memory: the most bytes of items (keys, values, overhead) held.
+    @param max_item: the longest value stored.
+    @ivar hits, misses, evictions, expired, total_items: counters for C{stats}.
+    """
+
+    def __init__(self, service: ILockService, memory: int = DEFAULT_MEMORY, max_item: int = DEFAULT_MAX_ITEM) -> None:
+        self.service = service
+        self.clock = service.clock
+        self.memory = memory
+        self.max_item = max_item
+        self.bytes = 0
+        self.hits = 0
+        self.misses = 0
+        self.evictions = 0
+        self.expired = 0
+        self.total_items = 0
+        self.flushes = 0
+        self._items: OrderedDict[bytes, Item] = OrderedDict()
+        self._last_cas = 0
+        self._flush_call: Optional[IDelayedCall] = None
+        # Keys by the whole second after their expiry, and those seconds in a
+        # heap, for the sweep (an entry may be stale: the sweep checks).
+        self._expiring: Dict[int, Set[bytes]] = {}
+        self._seconds: List[int] = []
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    # -- the lock rule -------------------------------------------------------------
+
+    def held(self, key: bytes) -> bool:
+        """Whether anyone holds C{key} in the lock table (the object is locked)."""
+        return self.service.status(decode_key(key)).granted > 0
+
+    def locked_against(self, key: bytes, owner: Hashable) -> bool:
+        """Whether someone other than C{owner} holds C{key}: C{owner} may not write object C{key}."""
+        return any(grant.owner is not owner for grant in self.service.holders(decode_key(key)))
+
+    def lock(self, key: bytes, owner: Hashable) -> Outcome:
+        """
+        Lock object C{key} for C{owner}: OK, NOT_FOUND (no such object) or
+        LOCKED (anyone holds it, C{owner} too, as yrmcds answers).
+
+        @raise LimitReached: if the grant would pass a lock-table limit.
+        """
+        if self._live(key) is None:
+            return Outcome.NOT_FOUND
+        name = decode_key(key)
+        if self.service.status(name).granted:
+            return Outcome.LOCKED
+        result = self.service.request(name, owner, 1, 0, 0)
+        if isinstance(result, Deferred):
+            # Free, but a multi-key request is first in line for it.
+            result.addErrback(lambda failure: None)
+            return Outcome.LOCKED
+        return Outcome.OK
+
+    def unlock(self, key: bytes, owner: Hashable) -> Outcome:
+        """Unlock C{owner}'s lock of object C{key}: OK, NOT_LOCKED, or NOT_FOUND (no such object)."""
+        if self.service.release(decode_key(key), owner):
+            return Outcome.OK
+        return Outcome.NOT_LOCKED if self._live(key) is not None else Outcome.NOT_FOUND
+
+    def unlock_all(self, owner: Hashable) -> None:
+        """Unlock every object C{owner} has locked."""
+        self.service.release_all(owner)
+
+    # -- reads -----------------------------------------------------------------------
+
+    def get(self, key: bytes) -> Optional[Item]:
+        """The live item of C{key} (now the most recently used), or None."""
+        item = self._live(key)
+        if item is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self._items.move_to_end(key)
+        return item
+
+    def touch(self, key: bytes, exptime: int) -> Optional[Item]:
+        """Give the item of C{key} a new expiration time (anyone may: C{touch} is not a write); None if missing."""
+        item = self.get(key)
+        if item is not None:
+            self._forget_expiry(key, item)
+            item.expires_at = self.expires_at(exptime)
+            self._note_expiry(key, item)
+        return item
+
+    def locked_items(self) -> int:
+        """How many stored objects are locked (the smaller of the two tables is walked)."""
+        if self.service.totals().keys < len(self._items):
+            items = self._items
+            return sum(1 for name, granted, _ in self.service.snapshot() if granted and encode_key(name) in items)
+        return sum(1 for key in self._items if self.held(key))
+
+    # -- writes ------------------------------------------------------------------------
+
+    def store(
+        self, mode: str, key: bytes, value: bytes, flags: int, exptime: int, owner: Hashable, cas: int = 0
+    ) -> Tuple[Outcome, Optional[Item]]:
+        """
+        C{set}, C{add}, C{replace}, C{append}, C{prepend} or C{cas} (C{mode}),
+        as memcached: STORED with the item stored, or NOT_STORED (C{add} of
+        an existing object, the others of a missing one), EXISTS (a CAS that
+        does not match), NOT_FOUND (a CAS given for a missing object),
+        LOCKED.  A non-zero C{cas} (the binary protocol's, for any mode but
+        C{add}) must match the item's.  Appending keeps the item's flags and
+        expiry.
+
+        @raise TooLarge: the value (after appending) is over C{max_item}.
+        @raise OutOfMemory: it does not fit, and only locked items are left.
+        """
+        if len(value) > self.max_item:
+            raise TooLarge()
+        if self.locked_against(key, owner):
+            return Outcome.LOCKED, None
+        current = self._live(key)
+        if mode == "add":
+            if current is not None:
+                self._items.move_to_end(key)
+                return Outcome.NOT_STORED, None
+        elif cas or mode == "cas":
+            if current is None:
+                return Outcome.NOT_FOUND, None
+            if current.cas != cas:
+                return Outcome.EXISTS, None
+        elif mode != "set" and current is None:
+            return Outcome.NOT_STORED, None
+        if mode in ("append", "prepend"):
+            assert current is not None
+            value = current.value + value if mode == "append" else value + current.value
+            if len(value) > self.max_item:
+                raise TooLarge()
+            item = self._put(key, value, current.flags, current.expires_at)
+        else:
+            item = self._put(key, value, flags, self.expires_at(exptime))
+        return Outcome.STORED, item
+
+    def add_delta(
+        self,
+        key: bytes,
+        delta: int,
+        owner: Hashable,
+        decrement: bool = False,
+        initial: Optional[int] = None,
+        exptime: int = 0,
+    ) -> Tuple[Outcome, Optional[Item]]:
+        """
+        C{incr} or C{decr} by C{delta}: (STORED, the item, its value the new
+        number), or NOT_FOUND (unless C{initial} is given: then a missing
+        object is created with it), or LOCKED.  Increments wrap at 2**64;
+        decrements stop at 0.
+
+        @raise NonNumeric: the value is not a decimal number.
+        """
+        if self.locked_against(key, owner):
+            return Outcome.LOCKED, None
+        current = self._live(key)
+        if current is None:
+            if initial is None:
+                return Outcome.NOT_FOUND, None
+            return Outcome.STORED, self._put(key, b"%d" % initial, 0, self.expires_at(exptime))
+        number = current.value.strip(b" ")
+        if not number.isdigit() or len(number) > MAX_COUNTER_DIGITS or int(number) >= COUNTER_MODULUS:
+            raise NonNumeric()
+        result = max(int(number) - delta, 0) if decrement else (int(number) + delta) % COUNTER_MODULUS
+        return Outcome.STORED, self._put(key, b"%d" % result, current.flags, current.expires_at)
+
+    def delete(self, key: bytes, owner: Hashable, cas: int = 0) -> Outcome:
+        """DELETED (and C{owner}'s lock on it dropped), NOT_FOUND, EXISTS (CAS mismatch) or LOCKED."""
+        if self.locked_against(key, owner):
+            return Outcome.LOCKED
+        current = self._live(key)
+        if current is None:
+            return Outcome.NOT_FOUND
+        if cas and current.cas != cas:
+            return Outcome.EXISTS
+        self._remove(key)
+        self.service.release(decode_key(key), owner)
+        return Outcome.DELETED
+
+    def replace_and_unlock(
+        self, key: bytes, value: bytes, flags: int, exptime: int, owner: Hashable, cas: int = 0
+    ) -> Tuple[Outcome, Optional[Item]]:
+        """
+        yrmcds's RaU: replace object C{key}, which C{owner} has locked, and
+        unlock it, at once: as L{store}'s C{replace}, or NOT_LOCKED if
+        C{owner} does not hold C{key}, NOT_FOUND if there is no such object
+        (the lock stays if the replace fails).
+        """
+        if self._live(key) is None:
+            return Outcome.NOT_FOUND, None
+        if self.service.grant_of(decode_key(key), owner) is None:
+            return Outcome.NOT_LOCKED, None
+        outcome, item = self.store("replace", key, value, flags, exptime, owner, cas)
+        if outcome is Outcome.STORED:
+            self.service.release(decode_key(key), owner)
+        return outcome, item
+
+    def flush(self) -> None:
+        """
+        Remove every object no one has locked; a locked one goes once it is
+        unlocked (it is marked expired, as yrmcds does).
+        """
+        self.flushes += 1
+        for key in list(self._items):
+            if self.held(key):
+                item = self._items[key]
+                self._forget_expiry(key, item)
+                item.expires_at = EXPIRED
+                self._note_expiry(key, item)
+            else:
+                self._remove(key)
+
+    def flush_later(self, delay: int) -> None:
+        """
+        C{flush_all [delay]}: L{flush} now (0), or once C{delay} (a memcached
+        expiration time) has come, instead of any flush set for later before.
+        """
+        if self._flush_call is not None and self._flush_call.active():
+            self._flush_call.cancel()
+        self._flush_call = None
+        if delay <= 0:
+            self.flush()
+        else:
+            wait = max(self.expires_at(delay) - self.clock.seconds(), 0.0)
+            self._flush_call = self.clock.callLater(wait, self.flush)
+
+    # -- time ------------------------------------------------------------------------------
+
+    def expires_at(self, exptime: int) -> float:
+        """A memcached expiration time as clock time (0: never; in the past: expired)."""
+        if exptime == 0:
+            return 0.0
+        if exptime < 0:
+            return EXPIRED
+        if exptime <= RELATIVE_LIMIT:
+            return self.clock.seconds() + exptime
+        return float(exptime)  # (an absolute time in the past: expired)
+
+    def sweep(self, budget: int = SWEEP_BUDGET) -> bool:
+        """
+        Remove expired objects (not locked ones), looking at C{budget} at
+        most; True if more are due (call again soon).
+        """
+        now = self.clock.seconds()
+        while self._seconds and self._seconds[0] <= now:
+            second = self._seconds[0]
+            bucket = self._expiring.get(second)
+            if not bucket:
+                heapq.heappop(self._seconds)
+                self._expiring.pop(second, None)
+                continue
+            if budget <= 0:
+                return True
+            budget -= 1
+            key = bucket.pop()
+            item = self._items.get(key)
+            if item is None or not item.expires_at or item.expires_at > now:
+                continue  # (stale: gone, or given another time since)
+            if self.held(key):
+                # Locked: looked at again later, expired once unlocked.
+                self._add_expiry(key, now + 1)
+            else:
+                self._remove(key)
+                self.expired += 1
+        return False
+
+    # -- the table -----------------------------------------------------------------
+
+    def _live(self, key: bytes) -> Optional[Item]:
+        """The item of C{key} unless it has expired (then it is removed, unless locked)."""
+        item = self._items.get(key)
+        if item is None:
+            return None
+        if item.expires_at and item.expires_at <= self.clock.seconds() and not self.held(key):
+            self._remove(key)
+            self.expired += 1
+            return None
+        return item
+
+    def _put(self, key: bytes, value: bytes, flags: int, expires_at: float) -> Item:
+        size = len(key) + len(value) + ITEM_OVERHEAD
+        current = self._items.get(key)
+        needed = size - (current.size if current is not None else 0)
+        if self.bytes + needed > self.memory:
+            self._evict(needed, key)
+        if current is not None:
+            self._remove(key)
+        self._last_cas += 1
+        item = Item(value, flags, expires_at, self._last_cas, size)
+        self._items[key] = item
+        self.bytes += size
+        self.total_items += 1
+        if expires_at:
+            self._note_expiry(key, item)
+        return item
+
+    def _evict(self, needed: int, keep: bytes) -> None:
+        """Evict least recently used unlocked items (never C{keep}) until C{needed} more bytes fit."""
+        items = self._items
+        looked = 0
+        while self.bytes + needed > self.memory:
+            if looked >= len(items):
+                raise OutOfMemory()
+            key = next(iter(items))
+            looked += 1
+            if key == keep or self.held(key):
+                items.move_to_end(key)  # (locked: in use; looked at last next time)
+                continue
+            item = items[key]
+            self._remove(key)
+            if item.expires_at and item.expires_at <= self.clock.seconds():
+                self.expired += 1
+            else:
+                self.evictions += 1
+
+    def _remove(self, key: bytes) -> None:
+        item = self._items.pop(key)
+        self.bytes -= item.size
+        self._forget_expiry(key, item)
+
+    def _note_expiry(self, key: bytes, item: Item) -> None:
+        if item.expires_at:
+            self._add_expiry(key, item.expires_at)
+
+    def _add_expiry(self, key: bytes, at: float) -> None:
+        second = math.floor(at) + 1
+        bucket = self._expiring.get(second)
+        if bucket is None:
+            bucket = self._expiring[second] = set()
+            heapq.heappush(self._seconds, second)
+        bucket.add(key)
+
+    def _forget_expiry(self, key: bytes, item: Item) -> None:
+        if not item.expires_at:
+            return
+        second = math.floor(item.expires_at) + 1
+        bucket = self._expiring.get(second)
+        if bucket is None:
+            return
+        bucket.discard(key)
+        if not bucket:
+            del self._expiring[second]
+            # Emptied seconds stay in the heap until due; rebuild it when
+            # they outnumber the live ones, so churn cannot grow it.
+            if len(self._seconds) > 2 * len(self._expiring) + 64:
+                self._seconds = list(self._expiring)
+                heapq.heapify(self._seconds)
+
+
+class SweepService(Service):
+    """Runs a store's L{ObjectStore.sweep} every second while it runs (at once again while more are due)."""
+
+    def __init__(self, store: ObjectStore) -> None:
+        self.store = store
+        self._call: Optional[IDelayedCall] = None
+
+    def startService(self) -> None:
+        super().startService()
+        self._call = self.store.clock.callLater(SWEEP_EVERY, self._sweep)
+
+    def _sweep(self) -> None:
+        more = self.store.sweep()
+        self._call = self.store.clock.callLater(0 if more else SWEEP_EVERY, self._sweep)
+
+    def stopService(self) -> None:
+        super().stopService()
+        if self._call is not None and self._call.active():
+            self._call.cancel()
+        self._call = None
+
+
+__all__ = ["ObjectStore", "Item", "Outcome", "TooLarge", "OutOfMemory", "NonNumeric", "SweepService"]

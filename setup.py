@@ -33,7 +33,16 @@ setup(
         # ssl: endpoints (TLS listeners)
         "tls": ["twisted[tls]", *PYPY_TLS],
         # The suite covers metrics and TLS too, so it needs both extras.
-        "test": ["pytest>=7", "pytest-twisted>=1.14", "hypothesis>=6", "prometheus_client>=0.17", "twisted[tls]", *PYPY_TLS],
+        # pymemcache: a real memcached client for the memcached listener's tests.
+        "test": [
+            "pytest>=7",
+            "pytest-twisted>=1.14",
+            "hypothesis>=6",
+            "pymemcache>=4",
+            "prometheus_client>=0.17",
+            "twisted[tls]",
+            *PYPY_TLS,
+        ],
         # mypy over jesync/ (setup.cfg), which checks jesync.metrics against
         # prometheus_client's types too.  Each mypy-zope release pins the mypy
         # versions it supports (1.0.5 is the first to take mypy 1.10).

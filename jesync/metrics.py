@@ -42,6 +42,7 @@ from jesync.interfaces import IGrant, ILockObserver, ILockService
 
 if TYPE_CHECKING:
     from jesync.protocols.dlock import DlockFactory
+    from jesync.protocols.memcache import MemcacheFactory
 
 try:
     from prometheus_client import CollectorRegistry, Counter, Histogram
@@ -84,6 +85,9 @@ class LockMetrics:
         connections (read at scrape time).
     @param dlock: the dlock listener's factory, if the server has one: its
         connections, requests by type and timeouts are read at scrape time.
+    @param memcache: the memcached listener's factory, if the server has
+        one: its connections and its store's items, bytes, hits, misses,
+        evictions and locked items are read at scrape time.
     @param registry: where the metrics are registered; a new
         C{CollectorRegistry} if None.
     """
@@ -94,10 +98,12 @@ class LockMetrics:
         connections: Sized,
         dlock: DlockFactory | None = None,
         registry: CollectorRegistry | None = None,
+        memcache: MemcacheFactory | None = None,
     ) -> None:
         self.service = service
         self.connections = connections
         self.dlock = dlock
+        self.memcache = memcache
         self.registry = registry if registry is not None else CollectorRegistry()
         self._grants = Counter(
             "jesync_grants_total", "Locks granted, at once or after a wait.", registry=self.registry
@@ -141,14 +147,18 @@ class LockMetrics:
     # -- a prometheus_client collector: the levels, read at scrape time ------
 
     def describe(self) -> Iterable[Metric]:
-        return [GaugeMetricFamily(name, doc) for name, doc in _GAUGES] + self._dlock_metrics(describing=True)
+        return (
+            [GaugeMetricFamily(name, doc) for name, doc in _GAUGES]
+            + self._dlock_metrics(describing=True)
+            + self._memcache_metrics(describing=True)
+        )
 
     def collect(self) -> Iterable[Metric]:
         totals = self.service.totals()
         values = (len(self.connections), totals.keys, totals.granted, totals.waiting)
         return [
             GaugeMetricFamily(name, doc, value=value) for (name, doc), value in zip(_GAUGES, values)
-        ] + self._dlock_metrics()
+        ] + self._dlock_metrics() + self._memcache_metrics()
 
     def _dlock_metrics(self, describing: bool = False) -> list[Metric]:
         dlock = self.dlock
@@ -165,6 +175,39 @@ class LockMetrics:
                 requests.add_metric([kind], count)
             timeouts.add_metric([], dlock.timeouts)
         return [connections, requests, timeouts]
+
+    def _memcache_metrics(self, describing: bool = False) -> list[Metric]:
+        memcache = self.memcache
+        if memcache is None:
+            return []
+        store = memcache.store
+        families: list[tuple[type, str, str, Callable[[], float]]] = [
+            (GaugeMetricFamily, "jesync_memcache_connections", "Open memcached connections.", lambda: memcache.clients),
+            (GaugeMetricFamily, "jesync_memcache_items", "Objects in the memcached store.", lambda: len(store)),
+            (
+                GaugeMetricFamily,
+                "jesync_memcache_bytes",
+                "Bytes the memcached store's objects count toward --memcache-memory.",
+                lambda: store.bytes,
+            ),
+            (
+                GaugeMetricFamily,
+                "jesync_memcache_locked_items",
+                "Objects whose key someone holds in the lock table (locked).",
+                store.locked_items,
+            ),
+            (CounterMetricFamily, "jesync_memcache_hits", "Reads that found their object.", lambda: store.hits),
+            (CounterMetricFamily, "jesync_memcache_misses", "Reads that found no object.", lambda: store.misses),
+            (
+                CounterMetricFamily,
+                "jesync_memcache_evictions",
+                "Objects evicted to make room (least recently used first).",
+                lambda: store.evictions,
+            ),
+        ]
+        if describing:
+            return [family(name, doc) for family, name, doc, _ in families]
+        return [family(name, doc, value=read()) for family, name, doc, read in families]
 
 
 class _Page(Resource):

@@ -44,6 +44,7 @@ class ServerSettings:
     ports: List[str] = field(default_factory=lambda: [DEFAULT_PORT])
     elock_ports: List[str] = field(default_factory=list)
     dlock_ports: List[str] = field(default_factory=list)
+    memcache_ports: List[str] = field(default_factory=list)
     metrics_ports: List[str] = field(default_factory=list)
     max_connections: Optional[int] = 10_000
     max_keys: Optional[int] = 1_000_000
@@ -61,6 +62,8 @@ class ServerSettings:
     dlock_max_message: int = 16384
     dlock_max_keys: int = 1000
     dlock_idle_timeout: Optional[float] = 60.0
+    memcache_memory: int = 64 * 1024 * 1024
+    memcache_max_item: int = 1024 * 1024
     state_dir: Optional[str] = None
     verbose: bool = False
 
@@ -82,6 +85,7 @@ class ServerSettings:
             f"JESync on {', '.join(self.ports)}"
             + (f"; elock on {', '.join(self.elock_ports)}" if self.elock_ports else "")
             + (f"; dlock on {', '.join(self.dlock_ports)}" if self.dlock_ports else "")
+            + (f"; memcached on {', '.join(self.memcache_ports)}" if self.memcache_ports else "")
             + (f"; metrics on {', '.join(self.metrics_ports)}" if self.metrics_ports else "")
             + "; limits: "
             + ", ".join(f"{name}={show_number(value) if value else 'none'}" for name, value in limits.items())
@@ -143,7 +147,17 @@ def build_server(reactor: Any, settings: ServerSettings) -> LockServer:
         elock.dlock = dlock
         for description in settings.dlock_ports:
             server.listen(description, dlock)
-    server.factories = {"jesync": jesync, "elock": elock, "dlock": dlock}
+    memcache = None
+    if settings.memcache_ports:
+        from jesync.protocols.memcache import MemcacheFactory
+        from jesync.store import ObjectStore, SweepService
+
+        store = ObjectStore(locks, memory=settings.memcache_memory, max_item=settings.memcache_max_item)
+        memcache = MemcacheFactory(store, verbose, policy)
+        SweepService(store).setServiceParent(server)
+        for description in settings.memcache_ports:
+            server.listen(description, memcache)
+    server.factories = {"jesync": jesync, "elock": elock, "dlock": dlock, "memcache": memcache}
     if mark is not None:
         from jesync.fencing import TokenMarkService
 
@@ -151,7 +165,7 @@ def build_server(reactor: Any, settings: ServerSettings) -> LockServer:
     if settings.metrics_ports:
         from jesync.metrics import LockMetrics, metrics_site
 
-        metrics = LockMetrics(locks, policy.connections, dlock)
+        metrics = LockMetrics(locks, policy.connections, dlock, memcache=memcache)
         locks.observer = metrics
         site = metrics_site(metrics, serving=lambda: bool(server.running), verbose=verbose)
         scrapers = Connections(METRICS_CONNECTIONS)

@@ -16,6 +16,8 @@ from jesync.server import DEFAULT_PORT, LockServer, ServerSettings, build_server
 SUGGESTED_ELOCK_PORT = 11401
 # dlock has no default port at all.
 SUGGESTED_DLOCK_PORT = 11402
+# memcached's own.
+SUGGESTED_MEMCACHE_PORT = 11211
 
 
 def endpoint_description(value: str) -> str:
@@ -29,6 +31,19 @@ def limit(value: str) -> int | None:
     if number < 0:
         raise ValueError("must be 0 (no limit) or more")
     return number or None
+
+
+_SIZE_UNITS = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}
+
+
+def size(value: str) -> int:
+    """A size in bytes, perhaps with a unit: 65536, 64k, 64m, 1g (powers of 1024)."""
+    text = value.strip().lower().removesuffix("b")
+    unit = text[-1:] if text[-1:] in ("k", "m", "g") else ""
+    number = int(text[: len(text) - len(unit)])
+    if number < 1:
+        raise ValueError("must be at least 1")
+    return number * _SIZE_UNITS[unit]
 
 
 def seconds(value: str) -> float:
@@ -57,6 +72,7 @@ class Options(usage.Options):
         "  twistd -n jesync --port tcp:11400:interface=127.0.0.1 --port unix:/run/jesync.sock\n"
         f"  twistd -n jesync --elock-port {SUGGESTED_ELOCK_PORT}      JESync on 11400 and elock on {SUGGESTED_ELOCK_PORT}, one lock table\n"
         f"  twistd -n jesync --dlock-port {SUGGESTED_DLOCK_PORT}      and dlock (protocol buffers) on {SUGGESTED_DLOCK_PORT}\n"
+        f"  twistd -n jesync --memcache-port {SUGGESTED_MEMCACHE_PORT}   and a memcached store with yrmcds's object locks\n"
         "  twistd -n jesync --port ssl:11443:privateKey=key.pem:certKey=cert.pem --auth-token-file /etc/jesync/token\n"
         "  twistd -n jesync --metrics tcp:9400:interface=127.0.0.1\n"
     )
@@ -128,6 +144,22 @@ class Options(usage.Options):
             seconds,
         ],
         [
+            "memcache-memory",
+            None,
+            64 * 1024**2,
+            "Most memory the memcached store's items take (keys, values and 64 bytes each), in bytes or with "
+            "a unit (64m, 1g); past it, least recently used unlocked items are evicted.",
+            size,
+        ],
+        [
+            "memcache-max-item",
+            None,
+            1024**2,
+            "Longest value the memcached store takes (bytes, or 512k, 1m...); a longer one is refused "
+            "with memcached's 'object too large' error.",
+            size,
+        ],
+        [
             "state-dir",
             None,
             None,
@@ -149,6 +181,7 @@ class Options(usage.Options):
         self["ports"] = []
         self["elock_ports"] = []
         self["dlock_ports"] = []
+        self["memcache_ports"] = []
         self["metrics_ports"] = []
         self["auth_token"] = None
 
@@ -187,6 +220,15 @@ class Options(usage.Options):
         """
         self._add_endpoint("dlock-port", "dlock_ports", value)
 
+    def opt_memcache_port(self, value: str) -> None:
+        """
+        Where to listen for memcached clients (text and binary protocols,
+        with yrmcds's object locks; a port number or an endpoint
+        description, as for --port); may be given more than once. Off
+        unless given; 11211 is suggested.
+        """
+        self._add_endpoint("memcache-port", "memcache_ports", value)
+
     def opt_metrics(self, value: str) -> None:
         """
         Serve Prometheus metrics (/metrics) and a health check (/health) over
@@ -213,12 +255,20 @@ class Options(usage.Options):
             raise usage.UsageError("--dlock-max-message must be at least 4 bytes")
         if self["dlock-max-keys"] < 1:
             raise usage.UsageError("--dlock-max-keys must be at least 1")
+        if self["memcache-max-item"] > self["memcache-memory"]:
+            raise usage.UsageError("--memcache-max-item must not be more than --memcache-memory")
         if self["state-dir"] is not None:
             self["state-dir"] = check_state_dir(self["state-dir"])
 
 
 # usage.Options shows these docstrings as they are: fold each into one paragraph.
-for _option in (Options.opt_port, Options.opt_elock_port, Options.opt_dlock_port, Options.opt_metrics):
+for _option in (
+    Options.opt_port,
+    Options.opt_elock_port,
+    Options.opt_dlock_port,
+    Options.opt_memcache_port,
+    Options.opt_metrics,
+):
     _option.__doc__ = " ".join((_option.__doc__ or "").split())
 
 
@@ -254,6 +304,7 @@ def settings_from(options: Options) -> ServerSettings:
         ports=options["ports"],
         elock_ports=options["elock_ports"],
         dlock_ports=options["dlock_ports"],
+        memcache_ports=options["memcache_ports"],
         metrics_ports=options["metrics_ports"],
         max_connections=options["max-connections"],
         max_keys=options["max-keys"],
@@ -271,6 +322,8 @@ def settings_from(options: Options) -> ServerSettings:
         dlock_max_message=options["dlock-max-message"],
         dlock_max_keys=options["dlock-max-keys"],
         dlock_idle_timeout=options["dlock-idle-timeout"] or None,
+        memcache_memory=options["memcache-memory"],
+        memcache_max_item=options["memcache-max-item"],
         state_dir=options["state-dir"],
         verbose=bool(options["verbose"]),
     )

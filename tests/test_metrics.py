@@ -225,6 +225,36 @@ class GaugeTests(MetricsTestCase):
         self.assertEqual(other.registry.get_sample_value("jesync_holders"), 0)
 
 
+class MemcacheMetricsTests(MetricsTestCase):
+    def test_the_store_read_at_scrape_time(self) -> None:
+        from jesync.protocols.memcache import MemcacheFactory
+        from jesync.store import ObjectStore
+
+        store = ObjectStore(self.service, memory=1 << 20)
+        factory = MemcacheFactory(store)
+        metrics = LockMetrics(self.service, self.connections, registry=CollectorRegistry(), memcache=factory)
+        store.store("set", b"a", b"12345", 0, 0, "alice")
+        store.store("set", b"b", b"1", 0, 0, "alice")
+        store.get(b"a")
+        store.get(b"missing")
+        store.lock(b"b", "alice")
+        names = ("connections", "items", "bytes", "locked_items", "hits_total", "misses_total", "evictions_total")
+        samples = {name: metrics.registry.get_sample_value(f"jesync_memcache_{name}") for name in names}
+        self.assertEqual(
+            samples,
+            {
+                "connections": 0,
+                "items": 2,
+                "bytes": store.bytes,
+                "locked_items": 1,
+                "hits_total": 1,
+                "misses_total": 1,
+                "evictions_total": 0,
+            },
+        )
+        self.assertIsNone(self.metrics.registry.get_sample_value("jesync_memcache_items"))  # only when served
+
+
 class HTTPTests(TestCase):
     """The metrics resource over real HTTP on 127.0.0.1."""
 

@@ -22,6 +22,7 @@ from jesync.connections.policy import ConnectionPolicy, Connections
 from jesync.protocols.memcache import MemcacheFactory
 from jesync.service import LockService
 from jesync.store import ObjectStore
+from tests.support import UnitClient
 
 HEADER = struct.Struct(">BBHBBHIIQ")
 
@@ -45,31 +46,6 @@ def responses(data: bytes) -> list[tuple[int, int, int, bytes, bytes, bytes]]:
     return found
 
 
-class Client:
-    def __init__(self, protocol, transport: StringTransport) -> None:
-        self.protocol = protocol
-        self.transport = transport
-
-    def send(self, data: bytes) -> None:
-        self.protocol.dataReceived(data)
-
-    def take(self) -> bytes:
-        data = self.transport.value()
-        self.transport.clear()
-        return data
-
-    def ask(self, data: bytes) -> bytes:
-        self.send(data)
-        return self.take()
-
-    @property
-    def closing(self) -> bool:
-        return bool(self.transport.disconnecting)
-
-    def lose(self) -> None:
-        self.protocol.connectionLost(None)
-
-
 class Unit:
     def __init__(self, **policy) -> None:
         self.clock = Clock()
@@ -79,13 +55,13 @@ class Unit:
         self.factory = MemcacheFactory(self.store, policy=ConnectionPolicy(**policy))
         self._port = 40000
 
-    def connect(self) -> Client:
+    def connect(self) -> UnitClient:
         self._port += 1
         peer = IPv4Address("TCP", "127.0.0.1", self._port)
         transport = StringTransport(peerAddress=peer)
         protocol = self.factory.buildProtocol(peer)
         protocol.makeConnection(transport)
-        return Client(protocol, transport)
+        return UnitClient(protocol, transport)
 
 
 class MixedTests(SynchronousTestCase):

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import struct
 from collections import Counter
+from functools import partial
 from typing import Callable, ClassVar, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
 
 from jesync.connections.connection import LockConnection, LockServerFactory
@@ -112,6 +113,7 @@ UNAUTHENTICATED = b"CLIENT_ERROR unauthenticated"
 AUTH_FAILED = b"CLIENT_ERROR authentication failure"
 BAD_AUTH_FORMAT = b"CLIENT_ERROR bad authentication token format"
 
+STORAGE_MODES = ("set", "add", "replace", "append", "prepend", "cas")
 LARGEST_FLAGS = 2**32 - 1
 #: The longest text authentication data (C{<user> <token>}).
 MAX_AUTH_DATA = 4096
@@ -308,7 +310,8 @@ class MemcacheProtocol(Grammar):
 
     # -- storage -------------------------------------------------------------------------------
 
-    def _text_storage(self, mode: str, args: List[bytes]) -> None:
+    def _text_storage(self, args: List[bytes], mode: str) -> None:
+        """C{set}, C{add}, C{replace}, C{append}, C{prepend} or C{cas} (C{mode}): read its data next."""
         count = 5 if mode == "cas" else 4
         noreply = self._noreply(args, count)
         key = self._key(args[0])
@@ -355,24 +358,6 @@ class MemcacheProtocol(Grammar):
         else:
             self._say(outcome.value, storing.noreply)
 
-    def do_set(self, args: List[bytes]) -> None:
-        self._text_storage("set", args)
-
-    def do_add(self, args: List[bytes]) -> None:
-        self._text_storage("add", args)
-
-    def do_replace(self, args: List[bytes]) -> None:
-        self._text_storage("replace", args)
-
-    def do_append(self, args: List[bytes]) -> None:
-        self._text_storage("append", args)
-
-    def do_prepend(self, args: List[bytes]) -> None:
-        self._text_storage("prepend", args)
-
-    def do_cas(self, args: List[bytes]) -> None:
-        self._text_storage("cas", args)
-
     # -- other writes ---------------------------------------------------------------------------
 
     def _text_delta(self, args: List[bytes], decrement: bool) -> None:
@@ -389,12 +374,6 @@ class MemcacheProtocol(Grammar):
             self._say(NOT_NUMERIC)
             return
         self._say(outcome.value if item is None else item.value, noreply)
-
-    def do_incr(self, args: List[bytes]) -> None:
-        self._text_delta(args, decrement=False)
-
-    def do_decr(self, args: List[bytes]) -> None:
-        self._text_delta(args, decrement=True)
 
     def do_delete(self, args: List[bytes]) -> None:
         # delete <key> [0] [noreply]: memcached still takes a zero "time".
@@ -798,6 +777,12 @@ def _binary_table() -> Dict[int, Tuple[str, Callable[..., None], bool, _Shape]]:
 MemcacheProtocol.text_commands = {
     name[3:].encode(): handler for name, handler in vars(MemcacheProtocol).items() if name.startswith("do_")
 }
+MemcacheProtocol.text_commands.update(
+    {mode.encode(): partial(MemcacheProtocol._text_storage, mode=mode) for mode in STORAGE_MODES}
+)
+MemcacheProtocol.text_commands.update(
+    {b"incr": partial(MemcacheProtocol._text_delta, decrement=False), b"decr": partial(MemcacheProtocol._text_delta, decrement=True)}
+)
 MemcacheProtocol.binary_commands = _binary_table()
 
 

@@ -156,9 +156,11 @@ class LockMetrics:
     def collect(self) -> Iterable[Metric]:
         totals = self.service.totals()
         values = (len(self.connections), totals.keys, totals.granted, totals.waiting)
-        return [
-            GaugeMetricFamily(name, doc, value=value) for (name, doc), value in zip(_GAUGES, values)
-        ] + self._dlock_metrics() + self._memcache_metrics()
+        return (
+            [GaugeMetricFamily(name, doc, value=value) for (name, doc), value in zip(_GAUGES, values)]
+            + self._dlock_metrics()
+            + self._memcache_metrics()
+        )
 
     def _dlock_metrics(self, describing: bool = False) -> list[Metric]:
         dlock = self.dlock

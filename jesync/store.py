@@ -205,11 +205,19 @@ class ObjectStore:
         return item
 
     def locked_items(self) -> int:
-        """How many stored objects are locked (the smaller of the two tables is walked)."""
-        if self.service.totals().keys < len(self._items):
-            items = self._items
-            return sum(1 for name, granted, _ in self.service.snapshot() if granted and encode_key(name) in items)
-        return sum(1 for key in self._items if self.held(key))
+        """How many stored objects are locked."""
+        return len(self._locked_keys())
+
+    def _locked_keys(self) -> Set[bytes]:
+        """The keys of the stored objects that are locked (walking the smaller of the two tables)."""
+        items = self._items
+        if self.service.totals().keys < len(items):
+            return {
+                key
+                for key in (encode_key(name) for name, granted, _ in self.service.snapshot() if granted)
+                if key in items
+            }
+        return {key for key in items if self.held(key)}
 
     # -- writes ------------------------------------------------------------------------
 
@@ -321,14 +329,19 @@ class ObjectStore:
         unlocked (it is marked expired, as yrmcds does).
         """
         self.flushes += 1
-        for key in list(self._items):
-            if self.held(key):
-                item = self._items[key]
-                self._forget_expiry(key, item)
-                item.expires_at = EXPIRED
-                self._note_expiry(key, item)
-            else:
-                self._remove(key)
+        locked = self._locked_keys()
+        kept = [(key, item) for key, item in self._items.items() if key in locked] if locked else []
+        # (cleared at once rather than removed one by one: a flush of a
+        # million objects is a few C-level clears, not a long loop)
+        self._items.clear()
+        self._expiring.clear()
+        self._seconds.clear()
+        self.bytes = 0
+        for key, item in kept:
+            item.expires_at = EXPIRED
+            self._items[key] = item
+            self.bytes += item.size
+            self._note_expiry(key, item)
 
     def flush_later(self, delay: int) -> None:
         """

@@ -27,7 +27,9 @@ from tests.support import UnitClient
 HEADER = struct.Struct(">BBHBBHIIQ")
 
 
-def binary(opcode: int, key: bytes = b"", extras: bytes = b"", value: bytes = b"", opaque: int = 0, cas: int = 0) -> bytes:
+def binary(
+    opcode: int, key: bytes = b"", extras: bytes = b"", value: bytes = b"", opaque: int = 0, cas: int = 0
+) -> bytes:
     body = extras + key + value
     return HEADER.pack(0x80, opcode, len(key), len(extras), 0, 0, len(body), opaque, cas) + body
 
@@ -40,7 +42,14 @@ def responses(data: bytes) -> list[tuple[int, int, int, bytes, bytes, bytes]]:
         assert magic == 0x81, data
         body = data[24 : 24 + body_length]
         found.append(
-            (opcode, status, opaque, body[:extras_length], body[extras_length : extras_length + key_length], body[extras_length + key_length :])
+            (
+                opcode,
+                status,
+                opaque,
+                body[:extras_length],
+                body[extras_length : extras_length + key_length],
+                body[extras_length + key_length :],
+            )
         )
         data = data[24 + body_length :]
     return found
@@ -91,7 +100,10 @@ class MixedTests(SynchronousTestCase):
             b"SERVER_ERROR object too large for cache\r\nEND\r\n",
         )
         big = binary(0x01, b"big", struct.pack(">II", 0, 0), b"y" * 5000, opaque=4)
-        self.assertEqual(responses(client.ask(big + binary(0x0A, opaque=5))), [(0x01, 3, 4, b"", b"", b"Too large."), (0x0A, 0, 5, b"", b"", b"")])
+        self.assertEqual(
+            responses(client.ask(big + binary(0x0A, opaque=5))),
+            [(0x01, 3, 4, b"", b"", b"Too large."), (0x0A, 0, 5, b"", b"", b"")],
+        )
         self.assertFalse(client.closing)
         self.assertEqual(len(unit.store), 0)
 
@@ -141,7 +153,9 @@ class LifecycleTests(SynchronousTestCase):
             client.ask(b"set a 0 0 1\r\n1\r\nset b 0 0 1\r\n2\r\nlock a\r\nlock b\r\n"),
             b"STORED\r\nSTORED\r\nOK\r\nSERVER_ERROR max-held exceeded (1)\r\n",
         )
-        self.assertEqual(responses(client.ask(binary(0x40, b"b", opaque=3))), [(0x40, 0x86, 3, b"", b"", b"max-held exceeded (1)")])
+        self.assertEqual(
+            responses(client.ask(binary(0x40, b"b", opaque=3))), [(0x40, 0x86, 3, b"", b"", b"max-held exceeded (1)")]
+        )
 
     def test_idle_timeout_answered_in_the_protocol_last_spoken(self) -> None:
         unit = Unit(idle_timeout=5)
@@ -174,10 +188,14 @@ class AuthTests(SynchronousTestCase):
     def test_text_wrong_token_closes(self) -> None:
         unit = self.unit()
         client = unit.connect()
-        self.assertEqual(client.ask(b"set auth 0 0 10\r\nuser wrong\r\nget k\r\n"), b"CLIENT_ERROR authentication failure\r\n")
+        self.assertEqual(
+            client.ask(b"set auth 0 0 10\r\nuser wrong\r\nget k\r\n"), b"CLIENT_ERROR authentication failure\r\n"
+        )
         self.assertTrue(client.closing)
         no_user = unit.connect()
-        self.assertEqual(no_user.ask(b"set auth 0 0 6\r\ns3cret\r\n"), b"CLIENT_ERROR bad authentication token format\r\n")
+        self.assertEqual(
+            no_user.ask(b"set auth 0 0 6\r\ns3cret\r\n"), b"CLIENT_ERROR bad authentication token format\r\n"
+        )
 
     def test_text_authentication_data_is_short(self) -> None:
         client = self.unit().connect()
@@ -203,7 +221,9 @@ class AuthTests(SynchronousTestCase):
 
     def test_binary_command_before_auth(self) -> None:
         client = self.unit().connect()
-        self.assertEqual(responses(client.ask(binary(0x00, b"k", opaque=7))), [(0x00, 0x20, 7, b"", b"", b"Auth failure.")])
+        self.assertEqual(
+            responses(client.ask(binary(0x00, b"k", opaque=7))), [(0x00, 0x20, 7, b"", b"", b"Auth failure.")]
+        )
         self.assertTrue(client.closing)
 
     def test_auth_timeout(self) -> None:
@@ -241,8 +261,25 @@ class StatsTests(SynchronousTestCase):
             line.split(b" ", 2)[1:] for line in client.ask(b"stats\r\n").split(b"\r\n") if line.startswith(b"STAT ")
         )
         self.assertEqual(
-            {name: stats[name] for name in (b"curr_items", b"get_hits", b"get_misses", b"locked_items", b"cmd_set", b"curr_connections")},
-            {b"curr_items": b"2", b"get_hits": b"2", b"get_misses": b"1", b"locked_items": b"1", b"cmd_set": b"2", b"curr_connections": b"1"},
+            {
+                name: stats[name]
+                for name in (
+                    b"curr_items",
+                    b"get_hits",
+                    b"get_misses",
+                    b"locked_items",
+                    b"cmd_set",
+                    b"curr_connections",
+                )
+            },
+            {
+                b"curr_items": b"2",
+                b"get_hits": b"2",
+                b"get_misses": b"1",
+                b"locked_items": b"1",
+                b"cmd_set": b"2",
+                b"curr_connections": b"1",
+            },
         )
         self.assertEqual(int(stats[b"bytes"]), unit.store.bytes)
         settings = client.ask(b"stats settings\r\n")
@@ -277,7 +314,9 @@ class OptionsTests(SynchronousTestCase):
     def test_sizes_with_units(self) -> None:
         store = self.factory("--memcache-memory", "1g", "--memcache-max-item", "512k").store
         self.assertEqual((store.memory, store.max_item), (1024**3, 512 * 1024))
-        self.assertEqual(self.factory("--memcache-memory", "100000", "--memcache-max-item", "64KB").store.max_item, 65536)
+        self.assertEqual(
+            self.factory("--memcache-memory", "100000", "--memcache-max-item", "64KB").store.max_item, 65536
+        )
 
     def test_bad_values(self) -> None:
         from twisted.python import usage

@@ -223,7 +223,9 @@ class MemcacheProtocol(Grammar):
         word = fields[0] if fields else b""
         connection = self.connection
         if connection.verbose:
-            self.log.debug("{peer} sent {line!r}", peer=connection.peer, line=line if connection.authenticated else word)
+            self.log.debug(
+                "{peer} sent {line!r}", peer=connection.peer, line=line if connection.authenticated else word
+            )
         if not connection.authenticated and word != b"set":
             self._refused = UNAUTHENTICATED
             connection.refuse_unauthenticated()
@@ -415,7 +417,9 @@ class MemcacheProtocol(Grammar):
         if args and args != [b"settings"]:
             raise WrongArity()
         rows = self.factory.settings() if args else self.factory.stats()
-        self.connection.write(b"".join(b"STAT %s %s\r\n" % (name.encode(), str(value).encode()) for name, value in rows) + b"END\r\n")
+        self.connection.write(
+            b"".join(b"STAT %s %s\r\n" % (name.encode(), str(value).encode()) for name, value in rows) + b"END\r\n"
+        )
 
     def do_quit(self, args: List[bytes]) -> None:
         self.connection.close()
@@ -453,7 +457,12 @@ class MemcacheProtocol(Grammar):
             return
         key_end = HEADER.size + extras_length + key_length
         request = BinaryRequest(
-            opcode, frame[HEADER.size + extras_length : key_end], frame[HEADER.size : HEADER.size + extras_length], frame[key_end:], opaque, cas
+            opcode,
+            frame[HEADER.size + extras_length : key_end],
+            frame[HEADER.size : HEADER.size + extras_length],
+            frame[key_end:],
+            opaque,
+            cas,
         )
         self._binary = request
         command = self.binary_commands.get(opcode)
@@ -500,8 +509,15 @@ class MemcacheProtocol(Grammar):
             value = STATUS_TEXT.get(status, b"")
         return (
             HEADER.pack(
-                RESPONSE_MAGIC, request.opcode, len(key), len(extras), 0, status,
-                len(extras) + len(key) + len(value), request.opaque, cas,
+                RESPONSE_MAGIC,
+                request.opcode,
+                len(key),
+                len(extras),
+                0,
+                status,
+                len(extras) + len(key) + len(value),
+                request.opaque,
+                cas,
             )
             + extras
             + key
@@ -655,7 +671,11 @@ class MemcacheProtocol(Grammar):
         outcome = self.store.lock(request.key, self.connection)
         if outcome is Outcome.OK:
             self.factory.commands["get"] += 1
-            item = self.store.touch(request.key, _signed(request.extras)) if request.extras else self.store.get(request.key)
+            item = (
+                self.store.touch(request.key, _signed(request.extras))
+                if request.extras
+                else self.store.get(request.key)
+            )
             assert item is not None
             self._item(request, item, with_key)
         elif outcome is Outcome.NOT_FOUND and request.opcode == LAGKQ:
@@ -736,8 +756,16 @@ SASL_LIST_MECHS, SASL_AUTH, SASL_STEP, GATK, GATKQ = range(32, 37)
 LOCK, LOCKQ, UNLOCK, UNLOCKQ, UNLOCK_ALL, UNLOCK_ALLQ, LAG, LAGQ, LAGK, LAGKQ, RAU, RAUQ = range(0x40, 0x4C)
 
 BINARY_STORE_MODES = {
-    SET: "set", SETQ: "set", ADD: "add", ADDQ: "add", REPLACE: "replace", REPLACEQ: "replace",
-    APPEND: "append", APPENDQ: "append", PREPEND: "prepend", PREPENDQ: "prepend",
+    SET: "set",
+    SETQ: "set",
+    ADD: "add",
+    ADDQ: "add",
+    REPLACE: "replace",
+    REPLACEQ: "replace",
+    APPEND: "append",
+    APPENDQ: "append",
+    PREPEND: "prepend",
+    PREPENDQ: "prepend",
 }
 
 _KEY_ONLY = _Shape((0,), True, False)
@@ -769,9 +797,33 @@ def _binary_table() -> Dict[int, Tuple[str, Callable[..., None], bool, _Shape]]:
         ("lag", (LAG, LAGQ, LAGK, LAGKQ), P._bin_lock_and_get, _Shape((0, 4), True, False)),
         ("rau", (RAU, RAUQ), P._bin_replace_and_unlock, _Shape((8,), True, True)),
     ]
-    quiet = {GETQ, GETKQ, GATQ, GATKQ, SETQ, ADDQ, REPLACEQ, DELETEQ, INCREMENTQ, DECREMENTQ, QUITQ, FLUSHQ,
-             APPENDQ, PREPENDQ, LOCKQ, UNLOCKQ, UNLOCK_ALLQ, LAGQ, LAGKQ, RAUQ}
-    return {opcode: (name, handler, opcode in quiet, shape) for name, opcodes, handler, shape in entries for opcode in opcodes}
+    quiet = {
+        GETQ,
+        GETKQ,
+        GATQ,
+        GATKQ,
+        SETQ,
+        ADDQ,
+        REPLACEQ,
+        DELETEQ,
+        INCREMENTQ,
+        DECREMENTQ,
+        QUITQ,
+        FLUSHQ,
+        APPENDQ,
+        PREPENDQ,
+        LOCKQ,
+        UNLOCKQ,
+        UNLOCK_ALLQ,
+        LAGQ,
+        LAGKQ,
+        RAUQ,
+    }
+    return {
+        opcode: (name, handler, opcode in quiet, shape)
+        for name, opcodes, handler, shape in entries
+        for opcode in opcodes
+    }
 
 
 MemcacheProtocol.text_commands = {
@@ -781,7 +833,10 @@ MemcacheProtocol.text_commands.update(
     {mode.encode(): partial(MemcacheProtocol._text_storage, mode=mode) for mode in STORAGE_MODES}
 )
 MemcacheProtocol.text_commands.update(
-    {b"incr": partial(MemcacheProtocol._text_delta, decrement=False), b"decr": partial(MemcacheProtocol._text_delta, decrement=True)}
+    {
+        b"incr": partial(MemcacheProtocol._text_delta, decrement=False),
+        b"decr": partial(MemcacheProtocol._text_delta, decrement=True),
+    }
 )
 MemcacheProtocol.binary_commands = _binary_table()
 
@@ -799,9 +854,7 @@ class MemcacheFactory(LockServerFactory):
 
     grammar = MemcacheProtocol
 
-    def __init__(
-        self, store: ObjectStore, verbose: bool = False, policy: Optional[ConnectionPolicy] = None
-    ) -> None:
+    def __init__(self, store: ObjectStore, verbose: bool = False, policy: Optional[ConnectionPolicy] = None) -> None:
         super().__init__(store.service, verbose, policy)
         self.store = store
         self.started = store.clock.seconds()

@@ -233,7 +233,8 @@ class ObjectStore:
         C{add}) must match the item's.  Appending keeps the item's flags and
         expiry.
 
-        @raise TooLarge: the value (after appending) is over C{max_item}.
+        @raise TooLarge: the value is over C{max_item} (an append or prepend
+            that would take the item past it is NOT_STORED, as memcached's).
         @raise OutOfMemory: it does not fit, and only locked items are left.
         """
         if len(value) > self.max_item:
@@ -256,7 +257,7 @@ class ObjectStore:
             assert current is not None
             value = current.value + value if mode == "append" else value + current.value
             if len(value) > self.max_item:
-                raise TooLarge()
+                return Outcome.NOT_STORED, None  # (as memcached: the item cannot grow past the limit)
             item = self._put(key, value, current.flags, current.expires_at)
         else:
             item = self._put(key, value, flags, self.expires_at(exptime))
@@ -270,12 +271,14 @@ class ObjectStore:
         decrement: bool = False,
         initial: Optional[int] = None,
         exptime: int = 0,
+        cas: int = 0,
     ) -> Tuple[Outcome, Optional[Item]]:
         """
         C{incr} or C{decr} by C{delta}: (STORED, the item, its value the new
         number), or NOT_FOUND (unless C{initial} is given: then a missing
-        object is created with it), or LOCKED.  Increments wrap at 2**64;
-        decrements stop at 0.
+        object is created with it), EXISTS (a non-zero C{cas}, the binary
+        protocol's, that does not match), or LOCKED.  Increments wrap at
+        2**64; decrements stop at 0.
 
         @raise NonNumeric: the value is not a decimal number.
         """
@@ -286,6 +289,8 @@ class ObjectStore:
             if initial is None:
                 return Outcome.NOT_FOUND, None
             return Outcome.STORED, self._put(key, b"%d" % initial, 0, self.expires_at(exptime))
+        if cas and current.cas != cas:
+            return Outcome.EXISTS, None
         number = current.value.strip(b" ")
         if not number.isdigit() or len(number) > MAX_COUNTER_DIGITS or int(number) >= COUNTER_MODULUS:
             raise NonNumeric()

@@ -93,7 +93,7 @@ class StorageTests(StoreTestCase):
     def test_too_large(self) -> None:
         self.assertRaises(TooLarge, self.store.store, "set", b"k", b"x" * 1001, 0, 0, A)
         self.set(b"k", b"x" * 1000)
-        self.assertRaises(TooLarge, self.store.store, "append", b"k", b"y", 0, 0, A)
+        self.assertEqual(self.store.store("append", b"k", b"y", 0, 0, A)[0], Outcome.NOT_STORED)
         self.assertEqual(self.value(b"k"), b"x" * 1000)
 
     def test_incr_decr(self) -> None:

@@ -42,7 +42,6 @@ from jesync.store import (
     OutOfMemory,
     TooLarge,
 )
-from jesync.wire import split_fields
 
 #: What C{version} answers.
 VERSION = b"1.6.0-jesync"
@@ -219,7 +218,8 @@ class MemcacheProtocol(Grammar):
     # == text ==================================================================
 
     def _text_received(self, line: bytes) -> None:
-        fields = split_fields(line)
+        # (fields are separated by spaces only, as memcached's: a key may hold a tab)
+        fields = [field for field in line.split(b" ") if field]
         word = fields[0] if fields else b""
         connection = self.connection
         if connection.verbose:
@@ -326,7 +326,7 @@ class MemcacheProtocol(Grammar):
             self.connection.refuse_unauthenticated()
             return
         if size > self.store.max_item:
-            self._say(TOO_LARGE)
+            self._say(TOO_LARGE, noreply)
             self._framing.skip(size + 2)
             return
         self._storing = _Storing(mode, key, flags, exptime, cas, noreply)
@@ -337,7 +337,7 @@ class MemcacheProtocol(Grammar):
         assert storing is not None
         self._storing = None
         if block[-2:] != CRLF:
-            self._say(BAD_CHUNK)
+            self._say(BAD_CHUNK, storing.noreply)
             return
         value = block[:-2]
         connection = self.connection
@@ -354,9 +354,9 @@ class MemcacheProtocol(Grammar):
                 storing.mode, storing.key, value, storing.flags, storing.exptime, connection, storing.cas
             )
         except TooLarge:
-            self._say(TOO_LARGE)
+            self._say(TOO_LARGE, storing.noreply)
         except OutOfMemory:
-            self._say(NO_MEMORY)
+            self._say(NO_MEMORY, storing.noreply)
         else:
             self._say(outcome.value, storing.noreply)
 
@@ -368,12 +368,12 @@ class MemcacheProtocol(Grammar):
         try:
             delta = _number(args[1], LARGEST_U64)
         except BadCommand:
-            self._say(BAD_DELTA)
+            self._say(BAD_DELTA, noreply)
             return
         try:
             outcome, item = self.store.add_delta(key, delta, self.connection, decrement)
         except NonNumeric:
-            self._say(NOT_NUMERIC)
+            self._say(NOT_NUMERIC, noreply)
             return
         self._say(outcome.value if item is None else item.value, noreply)
 
@@ -605,6 +605,7 @@ class MemcacheProtocol(Grammar):
                 decrement=request.opcode in (DECREMENT, DECREMENTQ),
                 initial=None if exptime == NO_INITIAL else initial,
                 exptime=_signed_int(exptime),
+                cas=request.cas,
             )
         except NonNumeric:
             self._respond(request, NON_NUMERIC)

@@ -14,7 +14,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Optional, Sequence
 
 from twisted.internet import defer, endpoints
 from twisted.internet.interfaces import IListeningPort
@@ -72,10 +72,20 @@ class ServerProcess:
     Unix socket), started with L{start} and waited for until it answers.
     """
 
-    def __init__(self, unix_socket: Optional[str] = None, ipv6: bool = False) -> None:
+    def __init__(
+        self,
+        unix_socket: Optional[str] = None,
+        ipv6: bool = False,
+        extra_args: Sequence[str] = (),
+        auth_token: Optional[bytes] = None,
+    ) -> None:
         self.ipv6 = ipv6
         self.port = free_port(ipv6)
         self.unix_socket = unix_socket
+        # More twistd jesync options (--memcache-port ..., --auth-token-file
+        # ...), and the token the readiness probe authenticates with.
+        self.extra_args = list(extra_args)
+        self.auth_token = auth_token
         self.process: Optional[subprocess.Popen[bytes]] = None
         self._log = tempfile.TemporaryFile()
 
@@ -94,7 +104,7 @@ class ServerProcess:
         else:
             listen = f"tcp:{self.port}:interface=127.0.0.1"
         self.process = subprocess.Popen(
-            [*twistd_command(), "-n", "--pidfile=", "jesync", "--port", listen],
+            [*twistd_command(), "-n", "--pidfile=", "jesync", "--port", listen, *self.extra_args],
             env=environment(),
             stdin=subprocess.DEVNULL,
             stdout=self._log,
@@ -112,8 +122,7 @@ class ServerProcess:
                 raise RuntimeError(f"twistd exited with {self.process.returncode}:\n{self.log()}")
             try:
                 with self._connect() as probe:
-                    probe.sendall(b"status ready-probe\n")
-                    if probe.recv(100) == b"STATUS 0 0 ready-probe\n":
+                    if self._answers(probe):
                         return
             except OSError:
                 pass
@@ -121,6 +130,21 @@ class ServerProcess:
                 self.kill()
                 raise RuntimeError(f"twistd did not answer within {READY_WITHIN} s:\n{self.log()}")
             time.sleep(0.02)
+
+    def _answers(self, probe: socket.socket) -> bool:
+        """Whether the server answers a status request (after C{auth}, with a token)."""
+        if self.auth_token is None:
+            probe.sendall(b"status ready-probe\n")
+            return probe.recv(100) == b"STATUS 0 0 ready-probe\n"
+        expected = b"OK\nSTATUS 0 0 ready-probe\n"
+        probe.sendall(b"auth " + self.auth_token + b"\nstatus ready-probe\n")
+        received = b""
+        while len(received) < len(expected):
+            chunk = probe.recv(len(expected) - len(received))
+            if not chunk:
+                break
+            received += chunk
+        return received == expected
 
     def _connect(self) -> socket.socket:
         if self.unix_socket:
@@ -157,9 +181,19 @@ class ServerProcess:
         self._log.close()
 
 
-def start_server(testcase, unix_socket: Optional[str] = None, ipv6: bool = False) -> ServerProcess:
-    """A running twistd server, stopped when C{testcase} ends."""
-    server = ServerProcess(unix_socket, ipv6)
+def start_server(
+    testcase,
+    unix_socket: Optional[str] = None,
+    ipv6: bool = False,
+    extra_args: Sequence[str] = (),
+    auth_token: Optional[bytes] = None,
+) -> ServerProcess:
+    """
+    A running twistd server, stopped when C{testcase} ends (anything with an
+    C{addCleanup}); C{extra_args} are more C{twistd jesync} options, and
+    C{auth_token} the token of its C{--auth-token-file}, if any.
+    """
+    server = ServerProcess(unix_socket, ipv6, extra_args, auth_token)
     testcase.addCleanup(server.close)
     return server.start()
 

@@ -9,6 +9,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 from twisted.trial.unittest import SynchronousTestCase
@@ -65,3 +66,30 @@ class ReadmeTests(SynchronousTestCase):
         )
         self.assertEqual(result.returncode, 0, result.stderr)
         self.assertEqual(result.stdout.splitlines(), ["['ELockFactory', 'JESyncFactory']", "True", "300"])
+
+    def test_memcached_example_locks_an_object(self) -> None:
+        """The README's pymemcache example runs against a real server and leaves the object written and unlocked."""
+        from tests.servers import free_port, start_server
+
+        text = (ROOT / "README.md").read_text(encoding="utf-8")
+        [example] = [
+            textwrap.dedent(block)
+            for block in re.findall(r"^  ```python\n(.*?)^  ```", text, re.S | re.M)
+            if "pymemcache" in block
+        ]
+        port = free_port()
+        start_server(self, extra_args=["--memcache-port", f"tcp:{port}:interface=127.0.0.1"])
+        check = (
+            "\nother = Client(('127.0.0.1', PORT))"
+            "\nprint(other.get('report'))"
+            "\nprint(other.raw_command(b'lock report'))"
+        ).replace("PORT", str(port))
+        result = subprocess.run(
+            [sys.executable, "-c", example.replace("11211", str(port)) + check],
+            env=dict(os.environ, PYTHONPATH=str(ROOT)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertEqual(result.stdout.splitlines(), ["b'final'", "b'OK'"])

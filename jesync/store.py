@@ -433,16 +433,23 @@ class ObjectStore:
         return item
 
     def _evict(self, needed: int, keep: bytes) -> None:
-        """Evict least recently used unlocked items (never C{keep}) until C{needed} more bytes fit."""
+        """
+        Evict least recently used unlocked items (never C{keep}) until
+        C{needed} more bytes fit.  A locked item (and C{keep}) met on the way
+        is moved to the most recently used end, so the next eviction does not
+        look at it again first.  If only such items are left, L{OutOfMemory}
+        (the unlocked items evicted before finding out stay evicted: a cache
+        may always drop them).
+        """
         items = self._items
-        looked = 0
+        skipped = 0
         while self.bytes + needed > self.memory:
-            if looked >= len(items):
-                raise OutOfMemory()
+            if skipped >= len(items):
+                raise OutOfMemory()  # (every item left is locked, or C{keep})
             key = next(iter(items))
-            looked += 1
             if key == keep or self.held(key):
                 items.move_to_end(key)  # (locked: in use; looked at last next time)
+                skipped += 1
                 continue
             item = items[key]
             self._remove(key)

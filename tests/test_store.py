@@ -214,6 +214,15 @@ class MemoryTests(StoreTestCase):
         self.assertEqual(self.value(b"k0"), b"x" * 100)
         self.assertEqual(self.set(b"k0", b"y" * 100), Outcome.STORED)
 
+    def test_locked_items_first_in_line_are_passed_over(self) -> None:
+        size = sized(b"k0", b"x" * 100)
+        self.store = ObjectStore(self.locks, memory=4 * size, max_item=1000)
+        for index in range(4):
+            self.set(b"k%d" % index, b"x" * 100)
+        self.locks.request("k0", B, 1, 0, 0)
+        self.assertEqual(self.set(b"big", b"x" * (99 + 2 * size)), Outcome.STORED)  # k1, k2, k3 make room
+        self.assertEqual([self.value(b"k%d" % index) is not None for index in range(4)], [True, False, False, False])
+
     def test_only_locked_left(self) -> None:
         self.store = ObjectStore(self.locks, memory=2 * sized(b"k0", b"x" * 100), max_item=1000)
         self.set(b"k0", b"x" * 100)

@@ -147,7 +147,7 @@ class Options(usage.Options):
             "memcache-memory",
             None,
             64 * 1024**2,
-            "Most memory the memcached store's items take (keys, values and 64 bytes each), in bytes or with "
+            "Most memory the memcached store's items take (keys, values and 320 bytes each), in bytes or with "
             "a unit (64m, 1g); past it, least recently used unlocked items are evicted.",
             size,
         ],

@@ -194,6 +194,7 @@ class ExpiryTests(StoreTestCase):
 class MemoryTests(StoreTestCase):
     def test_least_recently_used_evicted(self) -> None:
         value = b"x" * 900
+        self.store = ObjectStore(self.locks, memory=10 * sized(b"k0", value) + 5, max_item=1000)
         for index in range(10):
             self.set(b"k%d" % index, value)
         self.assertEqual(self.store.evictions, 0)

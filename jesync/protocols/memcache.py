@@ -446,25 +446,22 @@ class MemcacheProtocol(Grammar):
 
     def _binary_received(self, frame: bytes) -> None:
         magic, opcode, key_length, extras_length, _, _, body_length, opaque, cas = HEADER.unpack_from(frame)
-        request = BinaryRequest(opcode, b"", b"", b"", opaque, cas)
+        whole = len(frame) > HEADER.size or not body_length  # (too long: the framing skips its body)
+        if whole and key_length + extras_length <= body_length:
+            key_start = HEADER.size + extras_length
+            key_end = key_start + key_length
+            request = BinaryRequest(
+                opcode, frame[key_start:key_end], frame[HEADER.size : key_start], frame[key_end:], opaque, cas
+            )
+        else:
+            request = BinaryRequest(opcode, b"", b"", b"", opaque, cas)
         self._binary = request
-        if len(frame) == HEADER.size and body_length:
-            # Too long: the framing skips its body.
+        if not whole:
             self._respond(request, VALUE_TOO_LARGE)
             return
         if key_length + extras_length > body_length:
             self._respond(request, INVALID_ARGUMENTS)
             return
-        key_end = HEADER.size + extras_length + key_length
-        request = BinaryRequest(
-            opcode,
-            frame[HEADER.size + extras_length : key_end],
-            frame[HEADER.size : HEADER.size + extras_length],
-            frame[key_end:],
-            opaque,
-            cas,
-        )
-        self._binary = request
         command = self.binary_commands.get(opcode)
         connection = self.connection
         if connection.verbose:

@@ -33,7 +33,6 @@ from jesync.connections.grammar import Grammar
 from jesync.connections.policy import ConnectionPolicy
 from jesync.errors import LimitReached
 from jesync.store import (
-    DEFAULT_MAX_ITEM,
     MAX_KEY_LENGTH,
     Item,
     NonNumeric,
@@ -48,8 +47,7 @@ VERSION = b"1.6.0-jesync"
 
 # -- the binary protocol's words ------------------------------------------------------
 
-REQUEST_MAGIC = 0x80
-RESPONSE_MAGIC = 0x81
+RESPONSE_MAGIC = 0x81  # (a request's, 0x80, is told apart by the framing)
 #: magic, opcode, key length, extras length, data type, vbucket (request) or
 #: status (response), body length, opaque, CAS.
 HEADER = struct.Struct(">BBHBBHIIQ")
@@ -901,4 +899,4 @@ class MemcacheFactory(LockServerFactory):
         ]
 
 
-__all__ = ["MemcacheFactory", "MemcacheProtocol", "DEFAULT_MAX_ITEM"]
+__all__ = ["MemcacheFactory", "MemcacheProtocol"]

@@ -105,13 +105,13 @@ class Item:
         self.expires_at = expires_at
         self.cas = cas
 
+    def __repr__(self) -> str:
+        return f"<Item {len(self.value)} bytes flags={self.flags} cas={self.cas} expires_at={self.expires_at}>"
+
 
 def counted(key: bytes, value: bytes) -> int:
     """What an item counts toward the memory limit."""
     return len(key) + len(value) + ITEM_OVERHEAD
-
-    def __repr__(self) -> str:
-        return f"<Item {len(self.value)} bytes flags={self.flags} cas={self.cas} expires_at={self.expires_at}>"
 
 
 class ObjectStore:

@@ -110,15 +110,15 @@ from loadgen import (  # noqa: E402
     fmt_cpu,
     fmt_us,
     free_port,
+    label,
     median_result,
-    quiet_rounds,
+    pair_ratio,
     raise_open_files,
-    ratios,
+    run_rounds,
     run_scenario,
     run_workers,
     start_jesync,
     wait_for_port,
-    wait_for_quiet,
 )
 
 sys.path.insert(0, str(REPO))
@@ -336,10 +336,6 @@ def start_reference(tmp: Path, path: Path, cpus: set[int] | None) -> Server:
 SERVER_LABELS = {"jesync": "jesync dlock", "reference": "reference dlock", "lines": "jesync JESync"}
 
 
-def label(server: str, workload: str) -> str:
-    return f"{server}/{workload}"
-
-
 def plan(workloads: list[str], with_reference: bool) -> list[tuple[str, str]]:
     """The runs of one round, in order: each reference run next to jesync's of the same workload."""
     runs = []
@@ -383,18 +379,6 @@ def all_pairs(runs: list[tuple[str, str]]) -> list[tuple[str, str]]:
             pairs.append((label(*run), label(*base)))
     pairs += [(label(*a), label(*b)) for a, b, _ in derived_pairs(runs)]
     return pairs or [(label(*runs[0]), label(*runs[0]))]
-
-
-def pair_ratio(rounds, name: str, reference: str, measure, max_noise: float | None) -> tuple[float | None, str]:
-    """The median per-round ratio over the rounds where both ran quietly (all rounds, marked, if none did)."""
-    quiet = quiet_rounds(rounds, (name, reference), max_noise)
-    note = ""
-    if not quiet:
-        quiet, note = rounds, "*"
-    try:
-        return ratios(quiet, measure, name, reference), note
-    except (TypeError, ZeroDivisionError):
-        return None, note
 
 
 def report(results: dict[int, list[dict[str, Result]]], runs: list[tuple[str, str]], args) -> None:
@@ -541,39 +525,21 @@ def main(argv: list[str] | None = None) -> None:
                 if workload in ("lock", "lock4"):
                     self_test(servers[server].address, workload, server == "reference")
             pairs = all_pairs(runs)
-            results: dict[int, list[dict[str, Result]]] = {}
-            for n in scenarios:
-                rounds = results[n] = []
-                attempt = 0
-                loud = False
 
-                def enough() -> bool:
-                    return all(len(quiet_rounds(rounds, pair, args.max_noise)) >= args.repeat for pair in pairs)
+            def measure(server: str, workload: str, n: int, attempt: int) -> Result:
+                tag = f"{workload}{n}r{attempt}"
+                if workload == "lines":
+                    return run_scenario(servers["lines"], "uncontended", n, args, tag=tag)
+                return run_dlock(servers[server], workload, server == "reference", n, args, tag)
 
-                while not enough() and attempt < args.repeat + args.extra_rounds:
-                    if loud and attempt >= args.repeat:
-                        print(f"  x{n}: the machine did not go quiet; no extra rounds", flush=True)
-                        break
-                    if args.max_noise is not None:
-                        loud = not wait_for_quiet(args.max_noise, args.wait_quiet)
-                    rounds.append(measured := {})
-                    for server, workload in runs if attempt % 2 == 0 else runs[::-1]:
-                        tag = f"{workload}{n}r{attempt}"
-                        if workload == "lines":
-                            result = run_scenario(servers["lines"], "uncontended", n, args, tag=tag)
-                        else:
-                            result = run_dlock(servers[server], workload, server == "reference", n, args, tag)
-                        measured[label(server, workload)] = result
-                        noisy = args.max_noise is not None and result.other_cpu > args.max_noise
-                        print(
-                            f"  round {attempt + 1} x{n} {SERVER_LABELS[server]} {WORKLOADS[workload]}: "
-                            f"{result.cycles_per_second:,.0f} cycles/s, p50 {result.p50_us:,.0f} µs, "
-                            f"p99 {result.p99_us:,.0f} µs, server CPU {fmt_cpu(result.server_cpu)} "
-                            f"({fmt_us(result.server_us_per_cycle)} µs/cycle), loadgen CPU {fmt_cpu(result.loadgen_cpu)}, "
-                            f"other CPU {fmt_cpu(result.other_cpu)}" + (" (noisy)" if noisy else ""),
-                            flush=True,
-                        )
-                    attempt += 1
+            results = run_rounds(
+                scenarios,
+                runs,
+                pairs,
+                measure,
+                lambda server, workload: f"{SERVER_LABELS[server]} {WORKLOADS[workload]}",
+                args,
+            )
         finally:
             stopped = set()
             for target in servers.values():  # the two jesync entries share one process

@@ -629,6 +629,65 @@ def quiet_rounds(
     return [r for r in rounds if all(r[name].other_cpu <= max_noise for name in names)]
 
 
+def label(server: str, workload: str) -> str:
+    """A run's name in a round: which server, which workload."""
+    return f"{server}/{workload}"
+
+
+def pair_ratio(rounds, name: str, reference: str, measure, max_noise: float | None) -> tuple[float | None, str]:
+    """The median per-round ratio over the rounds where both ran quietly (all rounds, marked *, if none did)."""
+    quiet = quiet_rounds(rounds, (name, reference), max_noise)
+    note = ""
+    if not quiet:
+        quiet, note = rounds, "*"
+    try:
+        return ratios(quiet, measure, name, reference), note
+    except (TypeError, ZeroDivisionError):
+        return None, note
+
+
+def run_rounds(scenarios, runs, pairs, measure, describe, args) -> dict:
+    """
+    For each scenario (N connections), rounds of every run of C{runs}
+    ((server, workload) pairs) back to back, in reverse order every other
+    round, until each of C{pairs} (run label pairs) has C{args.repeat} rounds
+    in which both ran quietly (L{quiet_rounds}), or C{args.repeat} +
+    C{args.extra_rounds} rounds have run, or the machine did not go quiet
+    for an extra round.  C{measure(server, workload, n, attempt)} runs one
+    and returns its L{Result}; C{describe(server, workload)} names it in the
+    progress lines.  Returns {n: [{label: Result}, ...]}.
+    """
+    results: dict = {}
+    for n in scenarios:
+        rounds = results[n] = []
+        attempt = 0
+        loud = False
+        while attempt < args.repeat + args.extra_rounds and not all(
+            len(quiet_rounds(rounds, pair, args.max_noise)) >= args.repeat for pair in pairs
+        ):
+            if loud and attempt >= args.repeat:
+                print(f"  x{n}: the machine did not go quiet; no extra rounds", flush=True)
+                break
+            if args.max_noise is not None:
+                loud = not wait_for_quiet(args.max_noise, args.wait_quiet)
+            measured: dict = {}
+            rounds.append(measured)
+            for server, workload in runs if attempt % 2 == 0 else runs[::-1]:
+                result = measure(server, workload, n, attempt)
+                measured[label(server, workload)] = result
+                noisy = args.max_noise is not None and result.other_cpu > args.max_noise
+                print(
+                    f"  round {attempt + 1} x{n} {describe(server, workload)}: "
+                    f"{result.cycles_per_second:,.0f} cycles/s, p50 {result.p50_us:,.0f} µs, "
+                    f"p99 {result.p99_us:,.0f} µs, server CPU {fmt_cpu(result.server_cpu)} "
+                    f"({fmt_us(result.server_us_per_cycle)} µs/cycle), loadgen CPU {fmt_cpu(result.loadgen_cpu)}, "
+                    f"other CPU {fmt_cpu(result.other_cpu)}" + (" (noisy)" if noisy else ""),
+                    flush=True,
+                )
+            attempt += 1
+    return results
+
+
 def pairs(names: list[str]) -> list[tuple[str, str]]:
     """
     The (name, reference) pairs reported: each jesync target against the

@@ -93,15 +93,15 @@ from loadgen import (  # noqa: E402
     fmt_us,
     free_port,
     jesync_target,
+    label,
     median_result,
-    quiet_rounds,
+    pair_ratio,
     raise_open_files,
-    ratios,
+    run_rounds,
     run_workers,
     start_jesync,
     start_yrmcds,
     wait_for_port,
-    wait_for_quiet,
 )
 from memory import rss_bytes  # noqa: E402
 
@@ -510,10 +510,6 @@ def memory_report(results: dict, args) -> None:
 # -- rounds and the report ---------------------------------------------------------------
 
 
-def label(server: str, workload: str) -> str:
-    return f"{server}/{workload}"
-
-
 def plan(workloads: list, names: list) -> list:
     """The runs of a round: for each workload, every server, next to each other."""
     return [(name, workload) for workload in workloads for name in names]
@@ -531,18 +527,6 @@ def pairs_of(runs: list, names: list) -> list:
         if name != jesyncs[0]:
             pairs.append((label(name, workload), label(jesyncs[0], workload)))
     return pairs or [(label(*runs[0]), label(*runs[0]))]
-
-
-def pair_ratio(rounds, name: str, reference: str, measure, max_noise):
-    """The median per-round ratio over the rounds where both ran quietly (all rounds, marked *, if none did)."""
-    quiet = quiet_rounds(rounds, (name, reference), max_noise)
-    note = ""
-    if not quiet:
-        quiet, note = rounds, "*"
-    try:
-        return ratios(quiet, measure, name, reference), note
-    except (TypeError, ZeroDivisionError):
-        return None, note
 
 
 def throughput_report(results: dict, runs: list, names: list, args) -> None:
@@ -635,35 +619,14 @@ def throughput_part(servers: list, workloads: list, scenarios: list, args) -> tu
         if "lock" in workloads or "block" in workloads:
             self_test(server)
     prime(servers, workloads, max(scenarios), args)
-    results: dict = {}
-    for n in scenarios:
-        rounds = results[n] = []
-        attempt = 0
-        loud = False
-
-        def enough() -> bool:
-            return all(len(quiet_rounds(rounds, pair, args.max_noise)) >= args.repeat for pair in pairs)
-
-        while not enough() and attempt < args.repeat + args.extra_rounds:
-            if loud and attempt >= args.repeat:
-                print(f"  x{n}: the machine did not go quiet; no extra rounds", flush=True)
-                break
-            if args.max_noise is not None:
-                loud = not wait_for_quiet(args.max_noise, args.wait_quiet)
-            rounds.append(measured := {})
-            for name, workload in runs if attempt % 2 == 0 else runs[::-1]:
-                result = run_memcache(by_name[name], workload, n, args)
-                measured[label(name, workload)] = result
-                noisy = args.max_noise is not None and result.other_cpu > args.max_noise
-                print(
-                    f"  round {attempt + 1} x{n} {name} {WORKLOADS[workload][0]}: "
-                    f"{result.cycles_per_second:,.0f} cycles/s, p50 {result.p50_us:,.0f} µs, "
-                    f"p99 {result.p99_us:,.0f} µs, server CPU {fmt_cpu(result.server_cpu)} "
-                    f"({fmt_us(result.server_us_per_cycle)} µs/cycle), loadgen CPU {fmt_cpu(result.loadgen_cpu)}, "
-                    f"other CPU {fmt_cpu(result.other_cpu)}" + (" (noisy)" if noisy else ""),
-                    flush=True,
-                )
-            attempt += 1
+    results = run_rounds(
+        scenarios,
+        runs,
+        pairs,
+        lambda name, workload, n, attempt: run_memcache(by_name[name], workload, n, args),
+        lambda name, workload: f"{name} {WORKLOADS[workload][0]}",
+        args,
+    )
     return results, runs, names
 
 

@@ -53,3 +53,21 @@ class LimitReached(Exception):
         super().__init__(f"{limit} exceeded ({show_number(value)})")
         self.limit = limit
         self.value = value
+
+
+class ProtectedMode(LimitReached):
+    """
+    The server has no auth token and runs in protected mode, and the client
+    is neither on loopback nor on a UNIX socket: it is refused, with a line
+    that says how to let it in.
+    """
+
+    MESSAGE = (
+        "protected mode: the server has no auth token and this client is not local; "
+        "set --auth-token-file, or run with --protected-mode off on a trusted network"
+    )
+
+    def __init__(self) -> None:
+        Exception.__init__(self, self.MESSAGE)
+        self.limit = "protected-mode"
+        self.value = 0

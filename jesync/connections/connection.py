@@ -9,9 +9,9 @@ framing; each frame goes to the grammar, which parses it, calls the lock
 service and writes its reply through the connection.  Everything else is
 decided here, once:
 
- - B{Lifecycle} (L{jesync.connections.lifecycle}): admission under
-   max-connections, authentication and its timeout, the idle timeout,
-   half-close, closing and giving back what the connection held.
+ - B{Lifecycle} (L{jesync.connections.lifecycle}): admission (protected
+   mode, then max-connections), authentication and its timeout, the idle
+   timeout, half-close, closing and giving back what the connection held.
  - B{Waits.}  A reply that comes later (a lock that waits) is handed to
    L{LockConnection.await_reply}.  When the peer sends FIN, or the
    connection closes, every such wait is cancelled at once, so nothing is
@@ -56,8 +56,8 @@ from zope.interface import implementer
 
 from jesync.connections import lifecycle
 from jesync.connections.lifecycle import ANSWERING, AUTHENTICATING, CLOSED, CLOSING, HALF_CLOSED, READING, READY
-from jesync.connections.policy import ConnectionPolicy, describe_peer, enable_keepalive
-from jesync.errors import LimitReached
+from jesync.connections.policy import ConnectionPolicy, describe_peer, enable_keepalive, is_local
+from jesync.errors import LimitReached, ProtectedMode
 from jesync.interfaces import ILockService
 
 if TYPE_CHECKING:
@@ -134,10 +134,15 @@ class LockConnection(Protocol):
     # -- the lifecycle -----------------------------------------------------
 
     def connectionMade(self) -> None:
-        self.peer = describe_peer(self.transport.getPeer())
-        if not self.policy.connections.admit(self):
-            self.log.info("{peer} refused: max-connections", peer=self.peer)
+        address = self.transport.getPeer()
+        self.peer = describe_peer(address)
+        refusal: Optional[LimitReached] = None
+        if self.policy.protected and not is_local(address):
+            refusal = ProtectedMode()
+        elif not self.policy.connections.admit(self):
             refusal = LimitReached("max-connections", self.policy.connections.limit or 0)
+        if refusal is not None:
+            self.log.info("{peer} refused: {limit}", peer=self.peer, limit=refusal.limit)
             self._feed("refuse")
             self._send_last(self.grammar.refusal(refusal))
             self._finish_closing()

@@ -7,6 +7,7 @@ how a peer is named in the log.
 
 from __future__ import annotations
 
+import ipaddress
 import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Iterator, Optional, Protocol
@@ -125,6 +126,9 @@ class ConnectionPolicy:
         close it even if it holds or waits: dlock's); None: never.
     @ivar close_grace: seconds a closing connection may take to send its
         last replies before it is dropped.
+    @ivar protected: protected mode: refuse every client that is neither on
+        loopback nor on a UNIX socket (a server without an auth token does,
+        unless told C{--protected-mode off}).
     @ivar connections: the registry, shared by every factory of the server.
     """
 
@@ -135,6 +139,7 @@ class ConnectionPolicy:
     auth_timeout: Optional[float] = 10.0
     idle_timeout: Optional[float] = None
     close_grace: float = 5.0
+    protected: bool = False
     connections: Connections = field(default_factory=Connections)
 
 
@@ -162,6 +167,20 @@ def enable_keepalive(transport: object, idle: Optional[float]) -> bool:
             return True
         transport = getattr(transport, "transport", None)
     return False
+
+
+def is_local(address: object) -> bool:
+    """Whether a peer is on this machine: a UNIX socket, or a loopback address (IPv4, IPv6, or IPv4 in IPv6)."""
+    if isinstance(address, UNIXAddress):
+        return True
+    if not isinstance(address, (IPv4Address, IPv6Address)):
+        return False
+    try:
+        ip = ipaddress.ip_address(address.host.split("%", 1)[0])
+    except ValueError:
+        return False
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return bool(ip.is_loopback or (mapped is not None and mapped.is_loopback))
 
 
 def describe_peer(address: object) -> str:

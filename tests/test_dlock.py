@@ -463,7 +463,7 @@ class OptionsTests(SynchronousTestCase):
     def test_defaults(self) -> None:
         factory = self.dlock_factory()
         self.assertEqual((factory.max_message, factory.max_keys, factory.policy.idle_timeout), (16384, 1000, 60.0))
-        self.assertEqual((factory.policy.auth_token, factory.policy.auth_timeout, factory.access_token), (None, None, None))
+        self.assertEqual((factory.policy.auth_token, factory.policy.auth_timeout, factory.shared_policy.auth_token), (None, None, None))
         self.assertIsNone(tap.makeService(test_twistd.parse()).factories["dlock"])
 
     def test_given(self) -> None:

@@ -42,7 +42,6 @@ decided here, once:
 
 from __future__ import annotations
 
-import hmac
 from collections import deque
 from typing import TYPE_CHECKING, Callable, Deque, Dict, Iterator, Optional, Union
 
@@ -271,12 +270,11 @@ class LockConnection(Protocol):
 
     def authenticate(self, token: Optional[bytes]) -> bool:
         """
-        C{auth <token>}: compared in constant time.  True if right (or if the
-        server has no token); False closes the connection with the grammar's
-        refusal.
+        C{auth <token>}: compared in constant time (L{ConnectionPolicy.accepts}).
+        True if right (or if the server has no token); False closes the
+        connection with the grammar's refusal.
         """
-        expected = self.policy.auth_token
-        if expected is None or (token is not None and hmac.compare_digest(token, expected)):
+        if self.policy.accepts(token, self.clock.seconds()):
             self._feed("authenticated")
             return True
         self.refuse_unauthenticated()

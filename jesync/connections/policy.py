@@ -7,6 +7,7 @@ how a peer is named in the log.
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import socket
 from dataclasses import dataclass, field
@@ -119,6 +120,9 @@ class ConnectionPolicy:
         and between probes (4 unanswered probes drop the connection); None
         leaves the system's keepalive settings alone.
     @ivar auth_token: if set, a connection must send C{auth <token>} first.
+    @ivar previous_token: the token L{rotate} replaced, still accepted until
+        C{previous_until} (clock time), so that clients can be moved to the
+        new one without a restart.
     @ivar auth_timeout: seconds a connection may take to authenticate (when
         a token is set); None: no limit.
     @ivar idle_timeout: seconds after which a connection that has sent
@@ -136,11 +140,40 @@ class ConnectionPolicy:
     max_unsent: int = 4 * 1024 * 1024
     keepalive: Optional[float] = 60.0
     auth_token: Optional[bytes] = None
+    previous_token: Optional[bytes] = None
+    previous_until: float = 0.0
     auth_timeout: Optional[float] = 10.0
     idle_timeout: Optional[float] = None
     close_grace: float = 5.0
     protected: bool = False
     connections: Connections = field(default_factory=Connections)
+
+    def accepts(self, token: Optional[bytes], now: float) -> bool:
+        """
+        Whether C{token} authenticates a client at clock time C{now}: the
+        token, or the previous one during its grace period (compared in
+        constant time); anything when the server has no token.
+        """
+        if self.auth_token is None:
+            return True
+        if token is None:
+            return False
+        right = hmac.compare_digest(token, self.auth_token)
+        if self.previous_token is not None and now < self.previous_until:
+            right = hmac.compare_digest(token, self.previous_token) or right
+        return right
+
+    def rotate(self, token: bytes, now: float, grace: float) -> bool:
+        """
+        Take C{token} as the server's token (the token file was read again);
+        the one it replaces is still accepted for C{grace} seconds.  False
+        (nothing changes) if it is the same token.
+        """
+        if self.auth_token is None or hmac.compare_digest(token, self.auth_token):
+            return False
+        self.previous_token, self.previous_until = self.auth_token, now + grace
+        self.auth_token = token
+        return True
 
 
 KEEPALIVE_PROBES = 4

@@ -20,7 +20,6 @@ closes the connection.
 
 from __future__ import annotations
 
-import hmac
 from collections import Counter
 from dataclasses import replace
 from typing import Callable, ClassVar, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
@@ -120,8 +119,7 @@ class DlockProtocol(Grammar):
         self.factory.requests[TYPE_NAMES.get(request.type, "invalid")] += 1
         if self.connection.verbose:
             self.log.debug("{peer} sent {request}", peer=self.connection.peer, request=_described(request))
-        expected = self.factory.access_token
-        if expected is not None and not hmac.compare_digest(request.access_token.encode("utf-8"), expected):
+        if not self.factory.shared_policy.accepts(request.access_token.encode("utf-8"), self.service.clock.seconds()):
             self.log.info("{peer} sent a wrong access token", peer=self.connection.peer)
             self.connection.close(self._framed(self._response(request.id, General, "access token refused")))
             return
@@ -343,7 +341,9 @@ class DlockFactory(LockServerFactory):
         idle_timeout: Optional[float] = DEFAULT_IDLE_TIMEOUT,
     ) -> None:
         shared = policy if policy is not None else ConnectionPolicy()
-        self.access_token = shared.auth_token
+        # (the shared policy's token is checked at each request: it may be
+        # rotated while the server runs)
+        self.shared_policy = shared
         own = replace(shared, auth_token=None, auth_timeout=None, idle_timeout=idle_timeout)
         super().__init__(service, verbose, own)
         self.max_message = max_message

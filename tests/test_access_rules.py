@@ -1,8 +1,10 @@
 """
-Protected mode (L{jesync.connections.policy.ConnectionPolicy.protected}):
+Who may connect: protected mode (L{jesync.connections.policy.ConnectionPolicy.protected}):
 a server without an auth token refuses clients that are neither on loopback
 nor on a UNIX socket, each in its own protocol's words, before they count
-toward max-connections; local clients are served as usual.
+toward max-connections; local clients are served as usual.  And the auth
+token rotated while the server runs (L{ConnectionPolicy.rotate}): the new
+one accepted at once by every protocol, the old one for a grace period.
 """
 
 from __future__ import annotations
@@ -99,3 +101,48 @@ class RefusalTests(SynchronousTestCase):
     def test_off(self) -> None:
         factory = JESyncFactory(self.service, policy=ConnectionPolicy())
         self.assertEqual(self.connect(factory).ask(b"status k\n"), b"STATUS 0 0 k\n")
+
+
+class TokenRotationTests(SynchronousTestCase):
+    """A token file read again (SIGHUP): the new token works at once, the old one for a grace period."""
+
+    def test_rotate(self) -> None:
+        policy = ConnectionPolicy(auth_token=b"old")
+        self.assertTrue(policy.accepts(b"old", 0))
+        self.assertFalse(policy.rotate(b"old", 0, 60))  # the same token: nothing changes
+        self.assertTrue(policy.rotate(b"new", 100, 60))
+        self.assertEqual([policy.accepts(token, 159.9) for token in (b"new", b"old", b"other", None)], [True, True, False, False])
+        self.assertEqual([policy.accepts(token, 160) for token in (b"new", b"old")], [True, False])
+
+    def test_no_token_accepts_anything_and_cannot_be_rotated_into(self) -> None:
+        policy = ConnectionPolicy()
+        self.assertTrue(policy.accepts(None, 0))
+        self.assertFalse(policy.rotate(b"new", 0, 60))
+        self.assertIsNone(policy.auth_token)
+
+    def test_every_protocol_follows_the_rotation(self) -> None:
+        from tests.test_dlock import parse_responses, ping
+        from tests.test_dlock import dlock_frame
+
+        clock = Clock()
+        service = LockService(clock)
+        policy = ConnectionPolicy(auth_token=b"old")
+        jesync = JESyncFactory(service, policy=policy)
+        dlock = DlockFactory(service, policy=policy)
+        policy.rotate(b"new", clock.seconds(), 30)
+
+        def ask(factory, data: bytes, port: int) -> bytes:
+            peer = IPv4Address("TCP", "127.0.0.1", port)
+            transport = StringTransport(peerAddress=peer)
+            protocol = factory.buildProtocol(peer)
+            protocol.makeConnection(transport)
+            return UnitClient(protocol, transport).ask(data)
+
+        self.assertEqual(ask(jesync, b"auth old\nstatus k\n", 1), b"OK\nSTATUS 0 0 k\n")
+        self.assertEqual(ask(jesync, b"auth new\nstatus k\n", 2), b"OK\nSTATUS 0 0 k\n")
+        [answer] = parse_responses(ask(dlock, dlock_frame(ping(id=1, access_token="old")), 3))
+        self.assertEqual(answer.error_text, "")
+        clock.advance(30)
+        self.assertEqual(ask(jesync, b"auth old\nstatus k\n", 4), b"INVALID_PARAMETER: auth failed\n")
+        [refused] = parse_responses(ask(dlock, dlock_frame(ping(id=2, access_token="old")), 5))
+        self.assertEqual(refused.error_text, "access token refused")

@@ -197,6 +197,14 @@ class SessionTable:
             return self.start(connection, session_id)
         return session if session.resume(connection) else None
 
+    def end_one_detached(self, session_id: str) -> bool:
+        """End the session C{session_id} now if it is in its grace period (an operator's C{end-session}); False if not."""
+        session = self._detached.get(session_id)
+        if session is None:
+            return False
+        session.end()
+        return True
+
     def end_detached(self) -> None:
         """End every session in its grace period now (the server is stopping)."""
         for session in list(self._detached.values()):

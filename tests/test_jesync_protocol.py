@@ -364,6 +364,21 @@ class StatusTests(ServerTestCase):
         self.assertEqual(client.ask(b"release a\nstatus-by-key\n"), b"RELEASED 0 0 a\nSTATUS 1 0 b\nEND\n")
 
 
+class OwnedTests(ServerTestCase):
+    def test_owned(self) -> None:
+        client, other = self.connect(), self.connect()
+        self.assertEqual(client.ask(b"owned k\n"), b"NOT_OWNED k\n")
+        client.ask(b"lock k 1 -1 30\n")
+        self.clock.advance(10.25)
+        self.assertEqual(client.ask(b"owned k\n"), b"OWNED 19750 k\n")
+        self.assertEqual(other.ask(b"owned k\n"), b"NOT_OWNED k\n")  # held, but not by this connection
+        other.ask(b"lock j 1 -1 0\n")
+        self.assertEqual(other.ask(b"owned j\n"), b"OWNED -1 j\n")
+        self.clock.advance(20)  # the failsafe expiry
+        self.assertEqual(client.ask(b"owned k\n"), b"NOT_OWNED k\n")
+        self.assertEqual(client.ask(b"owned\n"), b"INVALID_PARAMETER: missing key\n")
+
+
 class QuitTests(ServerTestCase):
     def test_quit_closes_without_reply(self) -> None:
         client = self.connect()

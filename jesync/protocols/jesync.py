@@ -163,6 +163,19 @@ class JESyncProtocol(CommandGrammar):
         raw_key = only_argument(args, "key")
         self._reply_status(b"STATUS", self.key(raw_key), raw_key)
 
+    def do_owned(self, args: List[bytes]) -> None:
+        """
+        An extension: whether this connection holds a key, and for how long
+        yet (milliseconds; -1: no failsafe expiry), as redis-py's C{owned()}.
+        """
+        raw_key = only_argument(args, "key")
+        grant = self.service.grant_of(self.key(raw_key), self.connection)
+        if grant is None:
+            self.reply(b"NOT_OWNED " + raw_key)
+            return
+        seconds_left = grant.seconds_left
+        self.reply(b"OWNED %d %s" % (-1 if seconds_left is None else int(seconds_left * 1000), raw_key))
+
     def do_holders(self, args: List[bytes]) -> None:
         """An extension: who holds a key, for how long so far, for how long yet, and its fencing token."""
         raw_key = only_argument(args, "key")
@@ -225,6 +238,7 @@ JESyncProtocol.commands = {
     b"release": JESyncProtocol.do_release,
     b"status": JESyncProtocol.do_status,
     b"holders": JESyncProtocol.do_holders,
+    b"owned": JESyncProtocol.do_owned,
     b"status-by-key": JESyncProtocol.do_status_by_key,
     b"status-by-requests": JESyncProtocol.do_status_by_requests,
     b"status-by-grants": JESyncProtocol.do_status_by_grants,

@@ -1,21 +1,22 @@
 """
 A whole lock server from its settings: L{build_server} builds it (for
 C{twistd jesync}, a C{.tac} file, or an application embedding it), and
-L{LockServer} is what it builds: the listeners as a Twisted service, with a
-graceful stop.
+L{LockServer} is what it builds: the listeners as a Twisted service, which
+starts only if every one of them listens, with a graceful stop.
 """
 
 from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 from twisted.application import service
 from twisted.application.internet import StreamServerEndpointService
-from twisted.internet import endpoints
-from twisted.internet.defer import Deferred, gatherResults
-from twisted.internet.interfaces import IProtocolFactory, IReactorTime
+from twisted.internet import endpoints, tcp
+from twisted.internet.defer import CancelledError, Deferred, gatherResults, succeed
+from twisted.internet.error import CannotListenError, ConnectionDone
+from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IReactorTime, IStreamServerEndpoint
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
@@ -68,7 +69,10 @@ class ServerSettings:
     verbose: bool = False
 
     def summary(self) -> str:
-        """One line for the log: endpoints and limits (never the token)."""
+        """
+        One line for the log: endpoints (as L{public_endpoint} shows them:
+        never a TLS key's or certificate's path) and limits (never the token).
+        """
         limits = {
             "max-connections": self.max_connections,
             "max-keys": self.max_keys,
@@ -81,17 +85,70 @@ class ServerSettings:
             "auth-timeout": self.auth_timeout,
             "idle-timeout": self.idle_timeout,
         }
+
+        def shown(descriptions: List[str]) -> str:
+            return ", ".join(public_endpoint(description) for description in descriptions)
+
         return (
-            f"JESync on {', '.join(self.ports)}"
-            + (f"; elock on {', '.join(self.elock_ports)}" if self.elock_ports else "")
-            + (f"; dlock on {', '.join(self.dlock_ports)}" if self.dlock_ports else "")
-            + (f"; memcached on {', '.join(self.memcache_ports)}" if self.memcache_ports else "")
-            + (f"; metrics on {', '.join(self.metrics_ports)}" if self.metrics_ports else "")
+            f"JESync on {shown(self.ports)}"
+            + (f"; elock on {shown(self.elock_ports)}" if self.elock_ports else "")
+            + (f"; dlock on {shown(self.dlock_ports)}" if self.dlock_ports else "")
+            + (f"; memcached on {shown(self.memcache_ports)}" if self.memcache_ports else "")
+            + (f"; metrics on {shown(self.metrics_ports)}" if self.metrics_ports else "")
             + "; limits: "
             + ", ".join(f"{name}={show_number(value) if value else 'none'}" for name, value in limits.items())
             + f"; keepalive {self.keepalive or 'system'}"
             + f"; auth {'required' if self.auth_token is not None else 'off'}"
         )
+
+
+# Endpoint types whose every argument may be shown: where they listen, no secrets.
+_PLAIN_ENDPOINTS = frozenset({"tcp", "tcp6", "unix", "systemd"})
+# The arguments of any other type (ssl: and plugins) that may be: where it
+# listens.  Not its other arguments (ssl:'s privateKey, certKey,
+# extraCertChain, dhParameters, ...: files an operator may not want in a log).
+_SHOWN_ARGUMENTS = frozenset({"port", "interface", "backlog"})
+
+
+def _split_description(text: str, separator: str, most: int = -1) -> List[str]:
+    """C{text} split at each C{separator} that a backslash does not escape (escapes kept)."""
+    parts: List[str] = []
+    start = index = 0
+    while index < len(text) and most != len(parts):
+        if text[index] == "\\":
+            index += 2
+            continue
+        if text[index] == separator:
+            parts.append(text[start:index])
+            start = index + 1
+        index += 1
+    parts.append(text[start:])
+    return parts
+
+
+def public_endpoint(description: str) -> str:
+    """
+    The endpoint C{description} as the log may show it.  TCP, UNIX and
+    systemd endpoints as they are; any other (C{ssl:}, plugins) as its type,
+    its first argument (the port) and its C{port}, C{interface} and
+    C{backlog} arguments: C{ssl:11443:privateKey=key.pem:certKey=cert.pem}
+    is shown as C{ssl:11443}.
+    """
+    kind, *arguments = _split_description(description, ":")
+    if not arguments or kind.lower() in _PLAIN_ENDPOINTS:
+        return description
+    shown = [kind]
+    positional = 0
+    for argument in arguments:
+        name = _split_description(argument, "=", 1)
+        if len(name) == 2:
+            if name[0] in _SHOWN_ARGUMENTS:
+                shown.append(argument)
+        else:
+            positional += 1
+            if positional == 1:
+                shown.append(argument)
+    return ":".join(shown)
 
 
 def build_server(reactor: Any, settings: ServerSettings) -> LockServer:
@@ -215,9 +272,97 @@ class CountedFactory(WrappingFactory):
         self.protocols.pop(protocol, None)
 
 
+class ListenFailed(Exception):
+    """
+    A L{LockServer} did not start: some of its endpoints could not listen.
+    Its message says which and why, in one line (C{cannot listen on
+    tcp:11400: address already in use}).
+    """
+
+
+def listen_error(description: str, reason: Failure) -> str:
+    """Why the endpoint C{description} could not listen, in a few words."""
+    error = reason.value
+    cause = error.socketError if isinstance(error, CannotListenError) else error
+    if isinstance(cause, OSError) and cause.strerror:
+        why = cause.strerror[:1].lower() + cause.strerror[1:]
+    else:
+        why = str(cause) or type(cause).__name__
+    return f"cannot listen on {public_endpoint(description)}: {why}"
+
+
+def _close_now(port: IListeningPort) -> None:
+    """
+    Stop listening on C{port} at once, rather than on the reactor's next
+    turn (which a process that failed to start never takes): its socket
+    closed and, for a UNIX socket, its file removed, so a restart can bind it.
+    """
+    if isinstance(port, tcp.Port):  # TCP, TLS and UNIX ports of the POSIX reactors
+        if port.connected:
+            port.stopReading()
+            port.connectionLost(Failure(ConnectionDone("another endpoint could not listen")))
+    else:
+        port.stopListening()
+
+
+class Listener(StreamServerEndpointService):
+    """
+    One endpoint of a L{LockServer}, serving C{factory} while the server
+    runs.  Where Twisted's own service logs a failure to listen and carries
+    on, this one leaves it to the L{LockServer}, which then does not start.
+    """
+
+    def __init__(self, description: str, endpoint: IStreamServerEndpoint, factory: IProtocolFactory) -> None:
+        super().__init__(endpoint, factory)
+        self.description = description
+        self.port: Optional[IListeningPort] = None
+        # How the last listen went: fires with the port, or fails with why not.
+        self.listening: Optional[Deferred[IListeningPort]] = None
+
+    def privilegedStartService(self) -> None:
+        service.Service.privilegedStartService(self)
+        outcome: Deferred[IListeningPort] = Deferred()
+        self.listening = outcome
+
+        def listened(port: IListeningPort) -> IListeningPort:
+            self.port = port
+            outcome.callback(port)
+            return port
+
+        def failed(reason: Failure) -> None:
+            outcome.errback(reason)
+
+        self._waitingForPort = self.endpoint.listen(self.factory).addCallbacks(listened, failed)
+
+    def close_now(self) -> None:
+        """Stop listening (or trying to) at once; starting again listens again."""
+        if self._waitingForPort is not None:
+            self._waitingForPort.cancel()  # a listen still under way
+        if self.port is not None:
+            _close_now(self.port)
+        self.port = None
+        self._waitingForPort = None
+
+    def stopService(self) -> Deferred[None]:
+        if self._waitingForPort is None:  # never listened, or closed already
+            self.running = False
+            self.port = None
+            return succeed(None)
+        stopped: Deferred[None] = super().stopService()
+        self.port = None
+        return stopped
+
+
 class LockServer(service.MultiService):
     """
     The listeners of one lock server; stopping it closes every connection.
+
+    Starting it listens on every endpoint; only once every one listens does
+    it log its summary.  If one cannot listen, the others stop listening
+    and it logs why, in one line: when that is known at once (as for every
+    endpoint type of Twisted's own), C{privilegedStartService} or
+    C{startService} raises L{ListenFailed}, which makes C{twistd} exit with
+    status 1; otherwise L{when_listening} tells.
 
     Stopping (twistd's SIGTERM or SIGINT) stops listening, closes every
     connection, which releases every lock and cancels every wait, drops the
@@ -242,20 +387,114 @@ class LockServer(service.MultiService):
         self.factories: dict[str, Optional[LockServerFactory]] = {}
         # Every registry of connections to close when stopping.
         self.registries = [policy.connections]
+        # Every endpoint's listen, once started: fires with whether every one listens.
+        self._listening: Optional[Deferred[Any]] = None
+        # How the last start went (None: every endpoint listens), once known.
+        self._outcome: Optional[Tuple[Optional[Failure]]] = None
+        self._waiters: List[Deferred[None]] = []
+        self._started = False
 
     def listen(self, description: str, factory: IProtocolFactory) -> None:
         """Serve C{factory} on the endpoint C{description} while this service runs."""
         endpoint = endpoints.serverFromString(self.clock, description)
-        StreamServerEndpointService(endpoint, factory).setServiceParent(self)
+        Listener(description, endpoint, factory).setServiceParent(self)
+
+    def listeners(self) -> List[Listener]:
+        return [child for child in self if isinstance(child, Listener)]
+
+    def when_listening(self) -> Deferred[None]:
+        """
+        Fires once every endpoint listens (at once if they do), or fails with
+        L{ListenFailed} if one cannot.
+        """
+        waiting: Deferred[None] = Deferred()
+        if self._outcome is None:
+            self._waiters.append(waiting)
+        elif self._outcome[0] is None:
+            waiting.callback(None)
+        else:
+            waiting.errback(self._outcome[0])
+        return waiting
+
+    def _settle(self, failure: Optional[Failure]) -> None:
+        self._outcome = (failure,)
+        waiters, self._waiters = self._waiters, []
+        for waiting in waiters:
+            if failure is None:
+                waiting.callback(None)
+            else:
+                waiting.errback(failure)
+
+    def privilegedStartService(self) -> None:
+        """
+        Listen on every endpoint: twistd calls this before it gives up root
+        (C{--uid}), so ports below 1024 can be served.  Raises L{ListenFailed}
+        if an endpoint cannot listen, once the others have stopped listening.
+        """
+        if self._listening is not None:
+            return
+        self._outcome = None
+        super().privilegedStartService()
+        settled: List[Tuple[Listener, Optional[Failure]]] = []
+
+        def settle(result: object, listener: Listener) -> None:
+            settled.append((listener, result if isinstance(result, Failure) else None))
+
+        outcomes = []
+        for listener in self.listeners():
+            assert listener.listening is not None
+            outcomes.append(listener.listening.addBoth(settle, listener))
+        every = gatherResults(outcomes)
+        if any(failure is not None for _, failure in settled):
+            # (Every endpoint type of Twisted's own listens, or fails to, at once.)
+            raise self._failed(settled)
+        self._listening = every  # (before its callback, which may run at once)
+        every.addCallback(lambda _: self._all_settled(settled, every))
+
+    def _all_settled(self, settled: List[Tuple[Listener, Optional[Failure]]], every: Deferred[Any]) -> bool:
+        """Whether every endpoint listens, once each one's listen has settled."""
+        if self._listening is not every:
+            return False  # stopped before every endpoint listened
+        if any(failure is not None for _, failure in settled):
+            self._failed(settled)
+            return False
+        return True
+
+    def _failed(self, settled: List[Tuple[Listener, Optional[Failure]]]) -> ListenFailed:
+        """Some endpoints could not listen: say why, and stop the others."""
+        error = ListenFailed(
+            "; ".join(
+                listen_error(listener.description, failure)
+                for listener, failure in settled
+                if failure is not None and not failure.check(CancelledError)
+            )
+        )
+        self.log.critical("jesync not started: {error}", error=error)
+        for listener in self.listeners():
+            listener.close_now()
+        self._listening = None
+        self._settle(Failure(error))
+        return error
 
     def startService(self) -> None:
+        """Listen on every endpoint (unless listening already); see L{privilegedStartService}."""
+        self.privilegedStartService()
         super().startService()
-        self.log.info("jesync starting: {summary}", summary=self.summary)
+        assert self._listening is not None
+        self._listening.addCallback(self._listening_everywhere)
+
+    def _listening_everywhere(self, everywhere: bool) -> None:
+        if everywhere:
+            self._started = True
+            self.log.info("jesync starting: {summary}", summary=self.summary)
+            self._settle(None)
 
     def stopService(self) -> Deferred[None]:
         self._ignore_further_stop_signals()
         connections = len(self.policy.connections)
         held = self.locks.totals()
+        started, self._started = self._started, False
+        self._listening = None
         stopped = super().stopService()
         stopped.addCallback(
             lambda _: gatherResults([registry.close_all(self.clock, self.grace) for registry in self.registries])
@@ -263,15 +502,16 @@ class LockServer(service.MultiService):
 
         def stopped_cleanly(_: object) -> None:
             left = self.locks.totals()
-            self.log.info(
-                "jesync stopped: closed {connections} connections, released {granted} grants and "
-                "{waiting} waits on {keys} keys ({left_granted} grants left, held by embedders)",
-                connections=connections,
-                granted=held.granted - left.granted,
-                waiting=held.waiting - left.waiting,
-                keys=held.keys - left.keys,
-                left_granted=left.granted,
-            )
+            if started:  # (one that did not start said why)
+                self.log.info(
+                    "jesync stopped: closed {connections} connections, released {granted} grants and "
+                    "{waiting} waits on {keys} keys ({left_granted} grants left, held by embedders)",
+                    connections=connections,
+                    granted=held.granted - left.granted,
+                    waiting=held.waiting - left.waiting,
+                    keys=held.keys - left.keys,
+                    left_granted=left.granted,
+                )
             # twistd re-raises the signal that stopped the reactor once it
             # has run (twisted.application.app._exitWithSignal); a shutdown
             # that completed is a clean exit.

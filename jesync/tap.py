@@ -4,13 +4,18 @@ C{twistd jesync}: the command-line options and the service they build.
 
 from __future__ import annotations
 
+import atexit
 import importlib
 import os
+import sys
+from typing import Any, Callable, List, Optional, cast
 
 from twisted.internet import endpoints
+from twisted.internet.error import ReactorNotRunning
 from twisted.python import usage
+from twisted.python.failure import Failure
 
-from jesync.server import DEFAULT_PORT, LockServer, ServerSettings, build_server
+from jesync.server import DEFAULT_PORT, ListenFailed, LockServer, ServerSettings, build_server
 
 # elock's own default, 11400, is JESync's: elock listeners are off unless asked for.
 SUGGESTED_ELOCK_PORT = 11401
@@ -25,9 +30,21 @@ def endpoint_description(value: str) -> str:
     return f"tcp:{value}" if value.isdigit() else value
 
 
+# What twistd jesync says after an option error (rather than the whole --help).
+HELP_HINT = "Run 'twistd jesync --help' for the options."
+TLS_HINT = "pip install 'jesync[tls]'"
+
+
+def whole_number(value: str) -> int:
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError("not a whole number") from None
+
+
 def limit(value: str) -> int | None:
     """A limit's value: a whole number, 0 meaning no limit."""
-    number = int(value)
+    number = whole_number(value)
     if number < 0:
         raise ValueError("must be 0 (no limit) or more")
     return number or None
@@ -40,17 +57,49 @@ def size(value: str) -> int:
     """A size in bytes, perhaps with a unit: 65536, 64k, 64m, 1g (powers of 1024)."""
     text = value.strip().lower().removesuffix("b")
     unit = text[-1:] if text[-1:] in ("k", "m", "g") else ""
-    number = int(text[: len(text) - len(unit)])
+    try:
+        number = int(text[: len(text) - len(unit)])
+    except ValueError:
+        raise ValueError("not a size (65536, 64k, 64m, 1g)") from None
     if number < 1:
         raise ValueError("must be at least 1")
     return number * _SIZE_UNITS[unit]
 
 
 def seconds(value: str) -> float:
-    number = float(value)
+    try:
+        number = float(value)
+    except ValueError:
+        raise ValueError("not a number of seconds") from None
     if number < 0:
         raise ValueError("must not be negative")
     return number
+
+
+def named(option: str, coerce: Callable[[str], Any]) -> Callable[[str], Any]:
+    """C{coerce}, whose errors name C{option} (usage.Options' own say only "Parameter type enforcement failed")."""
+
+    def coerced(value: str) -> Any:
+        try:
+            return coerce(value)
+        except ValueError as error:
+            raise usage.UsageError(f"--{option} {value}: {error}") from None
+
+    coerced.__name__ = getattr(coerce, "__name__", "coerced")
+    if hasattr(coerce, "coerceDoc"):
+        setattr(coerced, "coerceDoc", getattr(coerce, "coerceDoc"))
+    return coerced
+
+
+def endpoint_type(description: str) -> str:
+    return description.split(":", 1)[0].strip().lower()
+
+
+def under_twistd(options: usage.Options) -> bool:
+    """Whether C{options} are twistd's subcommand's (rather than parsed by other code, such as tests)."""
+    from twisted.application.app import ServerOptions
+
+    return isinstance(options.parent, ServerOptions)
 
 
 class _ParseOnly:
@@ -132,8 +181,14 @@ class Options(usage.Options):
             "is closed (0: never).",
             seconds,
         ],
-        ["dlock-max-message", None, 16384, "Longest dlock message, in bytes; a longer one closes its connection.", int],
-        ["dlock-max-keys", None, 1000, "Most keys one dlock request may name (more: TooManyKeys).", int],
+        [
+            "dlock-max-message",
+            None,
+            16384,
+            "Longest dlock message, in bytes; a longer one closes its connection.",
+            whole_number,
+        ],
+        ["dlock-max-keys", None, 1000, "Most keys one dlock request may name (more: TooManyKeys).", whole_number],
         [
             "dlock-idle-timeout",
             None,
@@ -185,10 +240,32 @@ class Options(usage.Options):
         self["metrics_ports"] = []
         self["auth_token"] = None
 
+    def parseOptions(self, options: Optional[List[str]] = None) -> None:
+        """
+        Parse C{options}.  Under twistd, an error ends the process with status
+        1 after two lines, the error and L{HELP_HINT} (twistd itself would
+        print the whole --help before the error, and exit 0 before Twisted
+        26.10); otherwise it raises L{usage.UsageError}.
+        """
+        try:
+            super().parseOptions(options)
+        except usage.UsageError as error:
+            if not under_twistd(self):
+                raise
+            raise SystemExit(f"twistd jesync: {error}\n{HELP_HINT}") from None
+
     def _add_endpoint(self, option: str, key: str, value: str) -> None:
         description = endpoint_description(value)
+        tls = endpoint_type(description) == "ssl"
+        if tls:
+            try:
+                importlib.import_module("OpenSSL.SSL")
+            except ImportError:
+                raise usage.UsageError(f"--{option} {value}: TLS needs pyOpenSSL: {TLS_HINT}") from None
         try:
             endpoints.serverFromString(_ParseOnly(), description)
+        except ImportError as error:
+            raise usage.UsageError(f"--{option} {value}: {error}" + (f": {TLS_HINT}" if tls else "")) from None
         except Exception as error:
             raise usage.UsageError(f"--{option} {value}: {error}") from None
         self[key].append(description)
@@ -197,8 +274,9 @@ class Options(usage.Options):
         """
         Where to listen for JESync clients: a port number or a Twisted
         endpoint description (tcp:7777:interface=127.0.0.1,
-        unix:/run/jesync.sock, ssl:11443:privateKey=key.pem:certKey=cert.pem).
-        May be given more than once. [default: 11400]
+        unix:/run/jesync.sock, ssl:11443:privateKey=key.pem:certKey=cert.pem;
+        ssl: needs pip install 'jesync[tls]'). May be given more than once.
+        [default: 11400]
         """
         self._add_endpoint("port", "ports", value)
 
@@ -260,6 +338,11 @@ class Options(usage.Options):
         if self["state-dir"] is not None:
             self["state-dir"] = check_state_dir(self["state-dir"])
 
+
+# Errors in a parameter's value name it.
+for _parameter in cast(List[List[Any]], Options.optParameters):
+    if len(_parameter) > 4 and _parameter[4] is not None:
+        _parameter[4] = named(_parameter[0], _parameter[4])
 
 # usage.Options shows these docstrings as they are: fold each into one paragraph.
 for _option in (
@@ -330,7 +413,84 @@ def settings_from(options: Options) -> ServerSettings:
 
 
 def makeService(options: Options) -> LockServer:
-    """One lock service, served over every protocol at every endpoint given."""
+    """
+    One lock service, served over every protocol at every endpoint given.
+    Under twistd, one that cannot listen ends the process with status 1.
+    """
     from twisted.internet import reactor
 
-    return build_server(reactor, settings_from(options))
+    server = build_server(reactor, settings_from(options))
+    if under_twistd(options):
+        atexit.register(_exit_status)
+        server.when_listening().addErrback(_not_listening, reactor)
+    return server
+
+
+# Why twistd's process is to end with status 1 (not 0) once it has run, if it is.
+_failed: Optional[ListenFailed] = None
+
+
+def _not_listening(reason: Failure, reactor: Any) -> None:
+    """
+    Under twistd: the server could not listen, and said why in the log.
+    Usually it knows that at once, before the reactor runs, and raises
+    L{ListenFailed} to twistd, which then exits with status 1 (and, when it
+    has daemonized, tells the process that started it): show it on stderr as
+    one line rather than a traceback.  If it is known only once the reactor
+    runs (an endpoint type that listens in its own time), stop the reactor
+    and exit with status 1.
+    """
+    global _failed
+    reason.trap(ListenFailed)
+    if not reactor.running:
+        _show_listen_failed_briefly()
+        return
+    _failed = cast(ListenFailed, reason.value)
+    try:
+        reactor.stop()
+    except ReactorNotRunning:
+        pass  # stopping already
+
+
+def _show_listen_failed_briefly() -> None:
+    previous = sys.excepthook
+    if getattr(previous, "jesync", False):
+        return
+
+    def show(kind: Any, value: BaseException, traceback: Any) -> None:
+        if isinstance(value, ListenFailed):
+            _tell(value)
+        else:
+            previous(kind, value, traceback)
+
+    setattr(show, "jesync", True)
+    sys.excepthook = show
+
+
+def _tell(error: ListenFailed) -> None:
+    """Say why the server did not start on twistd's own stderr (twistd has redirected C{sys.stderr} to its log)."""
+    if sys.__stderr__ is not None:
+        try:
+            sys.__stderr__.write(f"twistd jesync: not started: {error}\n")
+            sys.__stderr__.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _exit_status() -> None:
+    """
+    At exit, after twistd has stopped the reactor and removed its pid file:
+    status 1 if the server could not listen.  (twistd has no exit status of
+    its own to set: its process ends with 0 unless an exception or a signal
+    ends it.)
+    """
+    if _failed is None:
+        return
+    _tell(_failed)
+    for stream in (sys.stdout, sys.stderr, sys.__stdout__):
+        try:
+            if stream is not None:
+                stream.flush()
+        except Exception:
+            pass
+    os._exit(1)

@@ -11,7 +11,6 @@ import shutil
 import sys
 import tempfile
 
-import twisted
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IServiceMaker, MultiService
 from twisted.internet import reactor
@@ -39,20 +38,16 @@ REPOSITORY = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TWISTD = os.path.join(os.path.dirname(sys.executable), "twistd")
 
 
-# How twistd itself ends after a usage error (a bad option), whatever the
-# plugin: it prints the message and exits 1 from Twisted 26.10 on, 0 before
-# (26.10 needs Python 3.10; PyPy 3.9 gets Twisted 25.5, the newest whose tls
-# extra takes the cryptography<44 that PyPy is held to in setup.py).
-USAGE_ERROR_STATUS = 1 if (twisted.version.major, twisted.version.minor) >= (26, 10) else 0
+# How twistd jesync ends after an error in its options: two lines (the error
+# and a hint), exit status 1, whatever the Twisted version (twistd's own
+# handling prints the whole --help, and exits 0 before Twisted 26.10).
+USAGE_ERROR_STATUS = 1
 
 
 def assert_usage_error_status(test, reason) -> None:
-    """C{reason} is how a twistd refused by a usage error ends, under this Twisted."""
-    if USAGE_ERROR_STATUS:
-        test.assertIsInstance(reason, ProcessTerminated)
-        test.assertEqual(reason.exitCode, USAGE_ERROR_STATUS)
-    else:
-        test.assertIsInstance(reason, ProcessDone)
+    """C{reason} is how a twistd jesync refused by a usage error ends."""
+    test.assertIsInstance(reason, ProcessTerminated)
+    test.assertEqual(reason.exitCode, USAGE_ERROR_STATUS)
 
 
 def parse(*argv: str) -> tap.Options:
@@ -104,6 +99,30 @@ class OptionsTests(SynchronousTestCase):
     def test_unknown_option(self) -> None:
         self.assertRaises(usage.UsageError, parse, "--nope")
         self.assertRaises(usage.UsageError, parse, "extra")
+
+    def test_errors_name_the_option(self) -> None:
+        for argv, message in [
+            (["--max-keys=-1"], "--max-keys -1: must be 0 (no limit) or more"),
+            (["--max-keys", "many"], "--max-keys many: not a whole number"),
+            (["--keepalive", "soon"], "--keepalive soon: not a number of seconds"),
+            (["--shutdown-grace=-1"], "--shutdown-grace -1: must not be negative"),
+            (["--memcache-memory", "12q"], "--memcache-memory 12q: not a size (65536, 64k, 64m, 1g)"),
+            (["--dlock-max-keys", "x"], "--dlock-max-keys x: not a whole number"),
+        ]:
+            error = self.assertRaises(usage.UsageError, parse, *argv)
+            self.assertEqual(str(error), message)
+
+    def test_errors_under_twistd_are_brief(self) -> None:
+        """Under twistd, an option error exits with the error and a hint (twistd would print the whole --help)."""
+        from twisted.scripts.twistd import ServerOptions
+
+        error = self.assertRaises(SystemExit, ServerOptions().parseOptions, ["jesync", "--max-keys=-1"])
+        self.assertEqual(error.code, "twistd jesync: --max-keys -1: must be 0 (no limit) or more\n" + tap.HELP_HINT)
+        self.assertEqual(tap.HELP_HINT, "Run 'twistd jesync --help' for the options.")
+        # and the options parse as ever
+        options = ServerOptions()
+        options.parseOptions(["jesync", "--max-keys=7"])
+        self.assertEqual(options.subOptions["max-keys"], 7)
 
     def test_usage_shows_examples(self) -> None:
         text = tap.Options().getUsage(width=80)
@@ -187,7 +206,9 @@ class TwistdProcess(ProcessProtocol):
     """A C{twistd} subprocess: its output so far, and waits for patterns in it."""
 
     def __init__(self) -> None:
+        # stdout and stderr as they came; and stderr alone
         self.output = b""
+        self.errors = b""
         self.ended: Deferred[Exception] = Deferred()
         self._watchers: list[tuple[re.Pattern[bytes], int, Deferred]] = []
 
@@ -195,7 +216,9 @@ class TwistdProcess(ProcessProtocol):
         self.output += data
         self._check()
 
-    errReceived = outReceived
+    def errReceived(self, data: bytes) -> None:
+        self.errors += data
+        self.outReceived(data)
 
     def processEnded(self, reason) -> None:
         for pattern, count, waiting in self._watchers:
@@ -246,7 +269,8 @@ class TwistdTests(TestCase):
     def spawn(self, *args: str, **environment: str) -> TwistdProcess:
         process = TwistdProcess()
         directory = short_temp_dir(self)
-        env = dict(os.environ, PYTHONPATH=REPOSITORY, PYTHONUNBUFFERED="1", **environment)
+        env = dict(os.environ, PYTHONPATH=REPOSITORY, PYTHONUNBUFFERED="1")
+        env.update(environment)
         transport = reactor.spawnProcess(process, TWISTD, [TWISTD, *args], env=env, path=directory)
 
         @inlineCallbacks
@@ -419,9 +443,21 @@ class TwistdTests(TestCase):
 
     @inlineCallbacks
     def test_bad_port_is_a_usage_error(self):
+        """The error and a hint on stderr, not the whole --help."""
         process = self.run_server("--port", "bogus:1")
         assert_usage_error_status(self, (yield process.wait_ended()))
-        self.assertIn(b"--port bogus:1: Unknown endpoint type: 'bogus'", process.output)
+        self.assertEqual(
+            process.errors,
+            b"twistd jesync: --port bogus:1: Unknown endpoint type: 'bogus'\n" + tap.HELP_HINT.encode() + b"\n",
+        )
+        self.assertNotIn(b"--max-keys", process.output)
+
+    @inlineCallbacks
+    def test_help_is_whole(self):
+        process = self.spawn("jesync", "--help")
+        self.assertIsInstance((yield process.wait_ended()), ProcessDone)
+        for text in [b"Usage: twistd [options] jesync [options]", b"--max-keys=", b"--port=", b"Examples:"]:
+            self.assertIn(text, process.output)
 
     @inlineCallbacks
     def test_listed_by_twistd(self):

@@ -23,8 +23,8 @@ from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
 
 from jesync.connections.connection import LockServerFactory
-from jesync.connections.policy import ConnectionPolicy, Connections
-from jesync.errors import show_number
+from jesync.connections.policy import ConnectionPolicy, Connections, is_local, read_token_file
+from jesync.errors import ProtectedMode, show_number
 from jesync.protocols.elock import ELockFactory
 from jesync.protocols.jesync import JESyncFactory
 from jesync.service import LockService
@@ -47,6 +47,7 @@ class ServerSettings:
     dlock_ports: List[str] = field(default_factory=list)
     memcache_ports: List[str] = field(default_factory=list)
     metrics_ports: List[str] = field(default_factory=list)
+    admin_ports: List[str] = field(default_factory=list)
     max_connections: Optional[int] = 10_000
     max_keys: Optional[int] = 1_000_000
     max_waiters: Optional[int] = 10_000
@@ -57,6 +58,10 @@ class ServerSettings:
     max_unsent: Optional[int] = 4 * 1024 * 1024
     keepalive: Optional[float] = 60.0
     auth_token: Optional[bytes] = None
+    # The file the token came from: read again on SIGHUP (None: never).
+    auth_token_file: Optional[str] = None
+    auth_token_grace: float = 300.0
+    protected_mode: bool = True
     auth_timeout: Optional[float] = 10.0
     idle_timeout: Optional[float] = None
     shutdown_grace: float = 5.0
@@ -95,11 +100,26 @@ class ServerSettings:
             + (f"; dlock on {shown(self.dlock_ports)}" if self.dlock_ports else "")
             + (f"; memcached on {shown(self.memcache_ports)}" if self.memcache_ports else "")
             + (f"; metrics on {shown(self.metrics_ports)}" if self.metrics_ports else "")
+            + (f"; admin on {shown(self.admin_ports)}" if self.admin_ports else "")
             + "; limits: "
             + ", ".join(f"{name}={show_number(value) if value else 'none'}" for name, value in limits.items())
             + f"; keepalive {self.keepalive or 'system'}"
             + f"; auth {'required' if self.auth_token is not None else 'off'}"
+            + (
+                ""
+                if self.auth_token is not None
+                else (
+                    "; protected mode: only local clients (set --auth-token-file, or --protected-mode off)"
+                    if self.protected_mode
+                    else "; protected mode off: clients from anywhere, without authentication"
+                )
+            )
         )
+
+    @property
+    def protected(self) -> bool:
+        """Whether non-local clients are refused: protected mode, and no token."""
+        return self.protected_mode and self.auth_token is None
 
 
 # Endpoint types whose every argument may be shown: where they listen, no secrets.
@@ -178,6 +198,7 @@ def build_server(reactor: Any, settings: ServerSettings) -> LockServer:
         auth_timeout=settings.auth_timeout or None,
         idle_timeout=settings.idle_timeout or None,
         close_grace=settings.shutdown_grace,
+        protected=settings.protected,
         connections=Connections(settings.max_connections),
     )
     server = LockServer(locks, policy, reactor, settings.shutdown_grace)
@@ -214,7 +235,16 @@ def build_server(reactor: Any, settings: ServerSettings) -> LockServer:
         SweepService(store).setServiceParent(server)
         for description in settings.memcache_ports:
             server.listen(description, memcache)
-    server.factories = {"jesync": jesync, "elock": elock, "dlock": dlock, "memcache": memcache}
+    admin = None
+    if settings.admin_ports:
+        from jesync.protocols.admin import AdminFactory
+
+        admin = AdminFactory(locks, verbose, policy, sessions=elock.sessions)
+        for description in settings.admin_ports:
+            server.listen(description, admin)
+    server.factories = {"jesync": jesync, "elock": elock, "dlock": dlock, "memcache": memcache, "admin": admin}
+    if settings.auth_token_file is not None:
+        TokenFile(settings.auth_token_file, policy, reactor, settings.auth_token_grace).setServiceParent(server)
     if mark is not None:
         from jesync.fencing import TokenMarkService
 
@@ -227,7 +257,7 @@ def build_server(reactor: Any, settings: ServerSettings) -> LockServer:
         site = metrics_site(metrics, serving=lambda: bool(server.running), verbose=verbose)
         scrapers = Connections(METRICS_CONNECTIONS)
         server.registries.append(scrapers)
-        counted = CountedFactory(site, scrapers)
+        counted = CountedFactory(site, scrapers, protected=policy.protected)
         for description in settings.metrics_ports:
             server.listen(description, counted)
     return server
@@ -237,13 +267,23 @@ class _CountedConnection(ProtocolWrapper):
     """A connection of another kind (the metrics' HTTP), counted in a registry of its own."""
 
     def makeConnection(self, transport: Any) -> None:
+        # No protocol of ours to answer in: HTTP's own refusals.
+        if self.factory.protected and not is_local(transport.getPeer()):
+            body = ProtectedMode.MESSAGE.encode() + b"\n"
+            self._refuse(transport, b"403 Forbidden", body)
+            return
         if not self.factory.connections.admit(self):
-            # No protocol of ours to answer in: HTTP's own refusal.
-            transport.write(b"HTTP/1.1 503 Service Unavailable\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
-            transport.loseConnection()
-            self.refused = True
+            self._refuse(transport, b"503 Service Unavailable", b"")
             return
         super().makeConnection(transport)
+
+    def _refuse(self, transport: Any, status: bytes, body: bytes) -> None:
+        transport.write(
+            b"HTTP/1.1 %s\r\nContent-Type: text/plain\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+            % (status, len(body), body)
+        )
+        transport.loseConnection()
+        self.refused = True
 
     def close(self) -> None:
         self.loseConnection()
@@ -256,20 +296,73 @@ class _CountedConnection(ProtocolWrapper):
 
 
 class CountedFactory(WrappingFactory):
-    """Counts the connections of C{factory} in C{connections} (its limit, and closing them at shutdown)."""
+    """
+    Counts the connections of C{factory} in C{connections} (its limit, and
+    closing them at shutdown); C{protected}: refuses clients that are not
+    local, as every listener does in protected mode.
+    """
 
     protocol = _CountedConnection
     noisy = False
 
-    def __init__(self, factory: IProtocolFactory, connections: Connections) -> None:
+    def __init__(self, factory: IProtocolFactory, connections: Connections, protected: bool = False) -> None:
         super().__init__(factory)
         self.connections = connections
+        self.protected = protected
 
     def logPrefix(self) -> str:
         return self.wrappedFactory.logPrefix()
 
     def unregisterProtocol(self, protocol: Protocol) -> None:
         self.protocols.pop(protocol, None)
+
+
+class TokenFile(service.Service):
+    """
+    Reads the auth token file again on SIGHUP: the new token is accepted at
+    once, the previous one for C{grace} seconds more (clients can be given
+    the new one without a restart).  A file that cannot be read, or holds no
+    single token, is logged and changes nothing.
+    """
+
+    log = Logger()
+
+    def __init__(self, path: str, policy: ConnectionPolicy, clock: IReactorTime, grace: float) -> None:
+        self.path = path
+        self.policy = policy
+        self.clock = clock
+        self.grace = grace
+        self._previous_handler: Any = None
+
+    def startService(self) -> None:
+        super().startService()
+        call_from_thread = getattr(self.clock, "callFromThread", None)
+        if call_from_thread is None or not hasattr(signal, "SIGHUP"):
+            return  # not a reactor (an embedder's clock), or no SIGHUP here
+        try:
+            self._previous_handler = signal.signal(signal.SIGHUP, lambda number, frame: call_from_thread(self.reload))
+        except ValueError:  # not the main thread: the embedder handles signals
+            self._previous_handler = None
+
+    def stopService(self) -> None:
+        super().stopService()
+        if self._previous_handler is not None:
+            signal.signal(signal.SIGHUP, self._previous_handler)
+            self._previous_handler = None
+
+    def reload(self) -> None:
+        """Read the token file again, and take its token."""
+        try:
+            token = read_token_file(self.path)
+        except (OSError, ValueError) as error:
+            self.log.error(
+                "token file not read again, the token stays: {why}", why=getattr(error, "strerror", None) or error
+            )
+            return
+        if self.policy.rotate(token, self.clock.seconds(), self.grace):
+            self.log.info("new auth token taken; the previous one is accepted for {grace} s more", grace=self.grace)
+        else:
+            self.log.info("token file read again: the token is unchanged")
 
 
 class ListenFailed(Exception):
@@ -374,9 +467,7 @@ class LockServer(service.MultiService):
 
     log = Logger()
 
-    def __init__(
-        self, locks: LockService, policy: ConnectionPolicy, clock: IReactorTime, grace: float = 5.0
-    ) -> None:
+    def __init__(self, locks: LockService, policy: ConnectionPolicy, clock: IReactorTime, grace: float = 5.0) -> None:
         super().__init__()
         self.locks = locks
         self.policy = policy

@@ -15,6 +15,7 @@ from twisted.internet.error import ReactorNotRunning
 from twisted.python import usage
 from twisted.python.failure import Failure
 
+from jesync.connections.policy import read_token_file
 from jesync.server import DEFAULT_PORT, ListenFailed, LockServer, ServerSettings, build_server
 
 # elock's own default, 11400, is JESync's: elock listeners are off unless asked for.
@@ -64,6 +65,13 @@ def size(value: str) -> int:
     if number < 1:
         raise ValueError("must be at least 1")
     return number * _SIZE_UNITS[unit]
+
+
+def on_off(value: str) -> bool:
+    """C{on} or C{off}."""
+    if value not in ("on", "off"):
+        raise ValueError("must be on or off")
+    return value == "on"
 
 
 def seconds(value: str) -> float:
@@ -166,6 +174,22 @@ class Options(usage.Options):
             "A file holding a token (one line): every connection must send 'auth <token>' first.",
         ],
         [
+            "auth-token-grace",
+            None,
+            300.0,
+            "Seconds the previous token is still accepted after the token file is read again (on SIGHUP), "
+            "so that clients can be given the new one without a restart.",
+            seconds,
+        ],
+        [
+            "protected-mode",
+            None,
+            "on",
+            "on: while no --auth-token-file is set, only clients on loopback or a UNIX socket are served, "
+            "others get an error saying how to let them in; off: serve everyone (a trusted network).",
+            on_off,
+        ],
+        [
             "auth-timeout",
             None,
             10.0,
@@ -238,6 +262,7 @@ class Options(usage.Options):
         self["dlock_ports"] = []
         self["memcache_ports"] = []
         self["metrics_ports"] = []
+        self["admin_ports"] = []
         self["auth_token"] = None
 
     def parseOptions(self, options: Optional[List[str]] = None) -> None:
@@ -307,6 +332,15 @@ class Options(usage.Options):
         """
         self._add_endpoint("memcache-port", "memcache_ports", value)
 
+    def opt_admin_port(self, value: str) -> None:
+        """
+        Where to listen for the operator: the JESync protocol plus
+        force-release <key> and end-session <id> (a port number or an
+        endpoint description, as for --port; e.g. unix:/run/jesync/admin.sock
+        with mode=600); may be given more than once. Off unless given.
+        """
+        self._add_endpoint("admin-port", "admin_ports", value)
+
     def opt_metrics(self, value: str) -> None:
         """
         Serve Prometheus metrics (/metrics) and a health check (/health) over
@@ -350,22 +384,21 @@ for _option in (
     Options.opt_elock_port,
     Options.opt_dlock_port,
     Options.opt_memcache_port,
+    Options.opt_admin_port,
     Options.opt_metrics,
 ):
     _option.__doc__ = " ".join((_option.__doc__ or "").split())
 
 
 def read_token(path: str) -> bytes:
-    """The token in C{path}: its first line, without surrounding whitespace."""
+    """The token in C{path}: its first line, without surrounding whitespace (L{read_token_file})."""
     try:
-        with open(path, "rb") as file:
-            token = file.readline().strip()
+        return read_token_file(path)
     except OSError as error:
         raise usage.UsageError(f"--auth-token-file: cannot read {path}: {error.strerror}") from None
-    if not token or len(token.split()) != 1:
+    except ValueError as error:
         # (The token itself is never shown.)
-        raise usage.UsageError(f"--auth-token-file: {path} must hold one token, without spaces")
-    return token
+        raise usage.UsageError(f"--auth-token-file: {error}") from None
 
 
 def check_state_dir(path: str) -> str:
@@ -389,6 +422,7 @@ def settings_from(options: Options) -> ServerSettings:
         dlock_ports=options["dlock_ports"],
         memcache_ports=options["memcache_ports"],
         metrics_ports=options["metrics_ports"],
+        admin_ports=options["admin_ports"],
         max_connections=options["max-connections"],
         max_keys=options["max-keys"],
         max_waiters=options["max-waiters"],
@@ -399,6 +433,9 @@ def settings_from(options: Options) -> ServerSettings:
         max_unsent=options["max-unsent"],
         keepalive=options["keepalive"] or None,
         auth_token=options["auth_token"],
+        auth_token_file=options["auth-token-file"],
+        auth_token_grace=options["auth-token-grace"],
+        protected_mode=options["protected-mode"],
         auth_timeout=options["auth-timeout"] or None,
         idle_timeout=options["idle-timeout"] or None,
         shutdown_grace=options["shutdown-grace"],

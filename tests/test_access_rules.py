@@ -146,3 +146,139 @@ class TokenRotationTests(SynchronousTestCase):
         self.assertEqual(ask(jesync, b"auth old\nstatus k\n", 4), b"INVALID_PARAMETER: auth failed\n")
         [refused] = parse_responses(ask(dlock, dlock_frame(ping(id=2, access_token="old")), 5))
         self.assertEqual(refused.error_text, "access token refused")
+
+
+class OptionsTests(SynchronousTestCase):
+    """--protected-mode, --admin-port, --auth-token-grace, as twistd reads them, and what build_server makes of them."""
+
+    def server(self, *argv: str):
+        from jesync import tap
+        from tests import test_twistd
+
+        return tap.makeService(test_twistd.parse(*argv))
+
+    def token_file(self, token: bytes = b"s3cret") -> str:
+        import os
+        import tempfile
+
+        handle, path = tempfile.mkstemp()
+        os.write(handle, token + b"\n")
+        os.close(handle)
+        self.addCleanup(os.unlink, path)
+        return path
+
+    def test_protected_by_default_without_a_token(self) -> None:
+        server = self.server()
+        self.assertTrue(server.policy.protected)
+        self.assertIn("protected mode: only local clients", server.summary)
+        self.assertFalse(self.server("--protected-mode", "off").policy.protected)
+        self.assertIn("protected mode off", self.server("--protected-mode", "off").summary)
+        with_token = self.server("--auth-token-file", self.token_file())
+        self.assertFalse(with_token.policy.protected)
+        self.assertNotIn("protected mode", with_token.summary)
+
+    def test_bad_protected_mode(self) -> None:
+        from twisted.python import usage
+
+        from tests import test_twistd
+
+        error = self.assertRaises(usage.UsageError, test_twistd.parse, "--protected-mode", "maybe")
+        self.assertIn("--protected-mode", str(error))
+
+    def test_admin_port(self) -> None:
+        from jesync.protocols.admin import AdminFactory
+
+        server = self.server("--elock-port", "tcp:0", "--admin-port", "unix:/tmp/jesync-admin-test.sock")
+        admin = server.factories["admin"]
+        assert isinstance(admin, AdminFactory)
+        self.assertIs(admin.sessions, server.factories["elock"].sessions)
+        self.assertIs(admin.policy, server.policy)
+        self.assertIn("admin on unix:/tmp/jesync-admin-test.sock", server.summary)
+        self.assertIsNone(self.server().factories["admin"])
+
+    def test_token_file_read_again(self) -> None:
+        import os
+
+        from jesync.server import TokenFile
+
+        path = self.token_file(b"old")
+        server = self.server("--auth-token-file", path, "--auth-token-grace", "60")
+        [reloader] = [child for child in server if isinstance(child, TokenFile)]
+        clock = Clock()
+        reloader.clock = clock
+        with open(path, "wb") as file:
+            file.write(b"new\n")
+        reloader.reload()
+        self.assertEqual((server.policy.auth_token, server.policy.previous_token), (b"new", b"old"))
+        self.assertEqual(server.policy.previous_until, 60)
+        # a broken file changes nothing
+        with open(path, "wb") as file:
+            file.write(b"two tokens\n")
+        reloader.reload()
+        os.unlink(path)
+        reloader.reload()
+        with open(path, "wb") as file:
+            file.write(b"new\n")
+        self.assertEqual(server.policy.auth_token, b"new")
+
+
+class ProtectedMetricsTests(SynchronousTestCase):
+    def test_metrics_refuse_remote_scrapers_in_protected_mode(self) -> None:
+        from jesync.server import CountedFactory
+
+        class Site:
+            def buildProtocol(self, addr):
+                from twisted.internet.protocol import Protocol
+
+                return Protocol()
+
+            def logPrefix(self) -> str:
+                return "site"
+
+        factory = CountedFactory(Site(), Connections(4), protected=True)
+        transport = StringTransport(peerAddress=REMOTE)
+        factory.buildProtocol(REMOTE).makeConnection(transport)
+        self.assertTrue(transport.value().startswith(b"HTTP/1.1 403 Forbidden\r\n"))
+        self.assertTrue(transport.value().endswith(MESSAGE + b"\n"))
+        local = IPv4Address("TCP", "127.0.0.1", 1)
+        transport = StringTransport(peerAddress=local)
+        factory.buildProtocol(local).makeConnection(transport)
+        self.assertEqual(transport.value(), b"")
+        self.assertEqual(len(factory.connections), 1)
+
+
+class SighupTests(SynchronousTestCase):
+    """A real twistd server reads its token file again on SIGHUP."""
+
+    def test_sighup(self) -> None:
+        import os
+        import signal
+        import socket
+        import tempfile
+        import time
+
+        from tests.servers import start_server
+
+        directory = tempfile.mkdtemp()
+        path = os.path.join(directory, "token")
+        with open(path, "wb") as file:
+            file.write(b"old\n")
+        server = start_server(self, extra_args=["--auth-token-file", path], auth_token=b"old")
+
+        def answer(token: bytes) -> bytes:
+            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as client:
+                client.sendall(b"auth " + token + b"\n")
+                return client.recv(100)
+
+        with open(path, "wb") as file:
+            file.write(b"new\n")
+        assert server.process is not None
+        server.process.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 10
+        while answer(b"new") != b"OK\n":
+            self.assertLess(time.monotonic(), deadline, "the new token was not taken")
+            time.sleep(0.05)
+        self.assertEqual(answer(b"old"), b"OK\n")  # within --auth-token-grace (300 s)
+        self.assertEqual(answer(b"other"), b"INVALID_PARAMETER: auth failed\n")
+        os.unlink(path)
+        os.rmdir(directory)

@@ -971,7 +971,7 @@ class CountTests(DlockTestCase):
         if skip_metrics:
             return
         yield server.wait_lost(client)
-        (child,) = [child for child in server.service if isinstance(child.factory, CountedFactory)]
+        (child,) = [child for child in server.service.listeners() if isinstance(child.factory, CountedFactory)]
         port = yield listening_port(child)
         body = yield self.scrape(b"http://127.0.0.1:%d/metrics" % port.getHost().port)
         lines = body.decode().split("\n")

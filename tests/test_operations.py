@@ -142,7 +142,7 @@ class Server:
         service = tap.makeService(parse(*args, *argv))
         server = cls(test, service)
         children = {}
-        for child in service:
+        for child in service.listeners():
             if isinstance(child.factory, (JESyncFactory, ELockFactory)):
                 kind = "jesync" if isinstance(child.factory, JESyncFactory) else "elock"
                 children[kind] = child

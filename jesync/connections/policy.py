@@ -176,6 +176,22 @@ class ConnectionPolicy:
         return True
 
 
+def read_token_file(path: str) -> bytes:
+    """
+    The token in the file C{path}: its first line, without surrounding
+    whitespace.
+
+    @raise OSError: the file cannot be read.
+    @raise ValueError: it does not hold one token without spaces (the
+        message never shows the file's contents).
+    """
+    with open(path, "rb") as file:
+        token = file.readline().strip()
+    if not token or len(token.split()) != 1:
+        raise ValueError(f"{path} must hold one token, without spaces")
+    return token
+
+
 KEEPALIVE_PROBES = 4
 
 

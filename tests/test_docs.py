@@ -31,7 +31,7 @@ class ReadmeTests(SynchronousTestCase):
         first = readme_blocks("sh")[0].splitlines()
         self.assertEqual(
             first,
-            ["pip install . && twistd -n jesync", "pip install '.[test]' && python -m pytest"],
+            ["pip install . && twistd -n --pidfile= jesync", "pip install '.[test]' && python -m pytest"],
         )
 
     def test_embedding_example_runs_as_documented(self) -> None:

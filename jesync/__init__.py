@@ -10,12 +10,17 @@ The embedding API::
 The public names (L{_EXPORTS}) are loaded when first used (PEP 562), so
 importing a submodule that needs none of them (the clients, C{jesync.wire})
 does not import the server.
+
+C{__version__} is the package's version, the one place it is written:
+pyproject.toml reads it from here when the package is built.
 """
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
+
+__version__ = "0.1.0"
 
 # Each public name, and the module it comes from: the one place to edit when
 # a name moves.

@@ -6,6 +6,7 @@ against values worked out by hand, and the consistent-hash ring.
 from __future__ import annotations
 
 import hashlib
+from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -107,6 +108,36 @@ class HashRingTests(SynchronousTestCase):
 
     def test_unknown_placement(self) -> None:
         self.assertRaises(ValueError, make_placement, "random", servers(2))
+
+
+class FIPSTests(SynchronousTestCase):
+    """
+    Under FIPS mode, OpenSSL refuses MD5 unless it is asked for as not for
+    security (C{usedforsecurity=False}, Python 3.9+): placement still works.
+    """
+
+    keys = ["nightly-report", "deploy", "backup", "user:42"]
+
+    def test_md5_not_for_security(self) -> None:
+        addresses = parse_servers("db1:11400,db2:11400,db3:11400")
+        php_before = [PHPPlacement(addresses).server_for(key) for key in self.keys]
+        real_md5 = hashlib.md5
+        calls = []
+
+        def fips_md5(data: bytes = b"", **kwargs: object) -> Any:
+            # What a FIPS-mode hashlib does with MD5 asked for security.
+            if kwargs.get("usedforsecurity", True) is not False:
+                raise ValueError("[digital envelope routines] unsupported: MD5 is not allowed in FIPS mode")
+            calls.append(data)
+            return real_md5(data, usedforsecurity=False)
+
+        self.patch(hashlib, "md5", fips_md5)
+        ring = HashRing(addresses)
+        self.assertEqual([ring.server_for(key) for key in self.keys], PINNED_RING_INDEXES)
+        self.assertEqual([PHPPlacement(addresses).server_for(key) for key in self.keys], php_before)
+        self.assertEqual(Fleet("db1,db2,db3", "consistent").server_for("nightly-report"), addresses[1])
+        # 40 digests a server for the ring, then one a key for each look-up.
+        self.assertTrue(len(calls) >= 3 * 40 + 2 * len(self.keys), len(calls))
 
 
 # Pinned: changing them would move keys between servers for every user.

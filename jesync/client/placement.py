@@ -12,6 +12,10 @@ Python's (randomised) C{hash}:
   Python and PHP processes sharing servers agree.  The order of the list
   matters (it must match the PHP C{addServer} calls), and changing the number
   of servers moves most keys.
+
+MD5 is used here only to spread keys, never for security, so every call
+says C{usedforsecurity=False}: a Python whose OpenSSL runs in FIPS mode
+(which refuses MD5 for security) computes it all the same.
 """
 
 from __future__ import annotations
@@ -24,6 +28,11 @@ from jesync.client.address import Address
 from jesync.wire import encode_key
 
 PLACEMENTS = ("consistent", "php")
+
+
+def md5(data: bytes) -> bytes:
+    """The MD5 digest of C{data}, for placing keys only (so allowed under FIPS)."""
+    return hashlib.md5(data, usedforsecurity=False).digest()
 
 
 class Placement(Protocol):
@@ -49,7 +58,7 @@ class HashRing:
         for index, server in enumerate(servers):
             name = str(server)
             for i in range(self.POINTS_PER_SERVER // 4):
-                digest = hashlib.md5(f"{name}-{i}".encode()).digest()
+                digest = md5(f"{name}-{i}".encode())
                 for j in range(4):
                     ring.append((int.from_bytes(digest[4 * j : 4 * j + 4], "little"), name, index))
         ring.sort()  # ties (improbable) are broken by the server's name, the same everywhere
@@ -57,7 +66,7 @@ class HashRing:
         self._servers = [index for _, _, index in ring]
 
     def server_for(self, key: str) -> int:
-        point = int.from_bytes(hashlib.md5(encode_key(key)).digest()[:4], "little")
+        point = int.from_bytes(md5(encode_key(key))[:4], "little")
         position = bisect.bisect_left(self._points, point)
         return self._servers[position % len(self._servers)]
 
@@ -73,7 +82,7 @@ class PHPPlacement:
         self._count = len(servers)
 
     def server_for(self, key: str) -> int:
-        return int(hashlib.md5(encode_key(key)).hexdigest()[:3], 16) % self._count
+        return int(md5(encode_key(key)).hex()[:3], 16) % self._count
 
 
 def make_placement(name: str, servers: Sequence[Address]) -> Placement:

@@ -13,12 +13,18 @@ and C{ping}, over one or several servers.  A timed-out wait raises
 L{LockTimeout}; every other failed request
 raises a L{ClientError} (bad arguments raise ValueError or TypeError before
 anything is sent).
+
+Given no servers, they use C{$JESYNC_SERVERS} (else 127.0.0.1:11400), and
+they take the auth token file and TLS settings from C{$JESYNC_AUTH_TOKEN_FILE},
+C{$JESYNC_TLS}, C{$JESYNC_TLS_CA_FILE} and C{$JESYNC_TLS_SERVER_NAME} when
+not given them, as the C{jesync} command does (L{jesync.client.config}).
 """
 
 from jesync.client.address import DEFAULT_PORT, DEFAULT_SERVER, TCPAddress, UNIXAddress, parse_address
 from jesync.client.aio import AsyncClient, AsyncLock
 from jesync.client.blocking import Client, Lock
 from jesync.client.errors import (
+    AuthFailed,
     ClientError,
     ConnectFailed,
     ConnectionLost,
@@ -37,6 +43,7 @@ __all__ = [
     "DEFAULT_SERVER",
     "AsyncClient",
     "AsyncLock",
+    "AuthFailed",
     "Client",
     "ClientError",
     "ConnectFailed",

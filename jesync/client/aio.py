@@ -12,11 +12,19 @@ event loop only.  Nothing here needs the Twisted reactor.
 from __future__ import annotations
 
 import asyncio
+import ssl
 import time
-from typing import Any, Awaitable, Callable, Generator, Iterable, Optional, Sequence
+from typing import Any, Awaitable, Callable, Generator, Iterable, Mapping, Optional
 
-from jesync.client.address import DEFAULT_SERVER, Address, UNIXAddress
-from jesync.client.errors import ConnectFailed, LockLost, describe
+from jesync.client.address import Address, UNIXAddress
+from jesync.client.config import (
+    CONNECT_RETRIES,
+    RETRY_BACKOFF,
+    RETRY_BACKOFF_MAX,
+    ConnectOptions,
+    Servers,
+)
+from jesync.client.errors import ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
 from jesync.client.pipeline import discard
@@ -98,21 +106,49 @@ class _Connection:
         self._silence: Optional[asyncio.TimerHandle] = None
 
     @classmethod
-    async def open(cls, address: Address, connect_timeout: Optional[float], read_timeout: Optional[float]) -> _Connection:
+    async def open(
+        cls, address: Address, options: ConnectOptions, connect_timeout: Optional[float], read_timeout: Optional[float]
+    ) -> _Connection:
+        try:
+            token = options.token()
+        except ValueError as error:
+            raise ConnectFailed(str(address), str(error), retryable=False) from None
         loop = asyncio.get_running_loop()
         connection = cls(address, loop, read_timeout)
         if isinstance(address, UNIXAddress):
             connecting: Awaitable[Any] = loop.create_unix_connection(lambda: _Protocol(connection), address.path)
+        elif options.uses_tls(address):
+            connecting = loop.create_connection(
+                lambda: _Protocol(connection),
+                address.host,
+                address.port,
+                ssl=options.ssl_context(),
+                server_hostname=options.server_name(address),
+            )
         else:
             connecting = loop.create_connection(lambda: _Protocol(connection), address.host, address.port)
+        start = loop.time()
         try:
             transport, _ = await asyncio.wait_for(connecting, connect_timeout)
+        except ssl.SSLError as error:
+            raise ConnectFailed(str(address), f"TLS failed: {describe(error)}", retryable=False) from error
         except (OSError, asyncio.TimeoutError) as error:
             raise ConnectFailed(str(address), f"cannot connect: {describe(error)}") from error
         connection._transport = transport
-        # Pipelined: nothing waits for its answer (an older server refuses it, and then grants have no tokens).
-        connection.session.enable_fencing(discard, discard)
-        connection._watch_silence()
+        # auth (with a token) and fencing on, first on the connection; an older
+        # server refuses fencing, and then grants have no tokens.
+        ready = connection.start(connection.session.handshake, token)
+        left = None if connect_timeout is None else max(0.0, connect_timeout - (loop.time() - start))
+        try:
+            await asyncio.wait_for(asyncio.shield(ready), left)
+        except asyncio.TimeoutError:
+            connection.fail("no answer to auth")
+            raise ConnectFailed(str(address), f"no answer to auth within {connect_timeout:g} s") from None
+        except ConnectionLost as error:
+            raise ConnectFailed(str(address), f"cannot connect: {error.reason}") from None
+        except BaseException:
+            connection.fail("connecting was cancelled")
+            raise
         return connection
 
     def _make_lock(self, reply: Reply, max_concurrent: int, expires: int) -> AsyncLock:
@@ -228,18 +264,39 @@ class _LockRequest:
 class AsyncClient:
     """
     An asyncio client of one or more JESync servers; the arguments are
-    L{jesync.client.Client}'s.  Connections open on first use, in the running
-    loop.  C{async with AsyncClient(...)} closes it at the end.
+    L{jesync.client.Client}'s (servers, auth token file, TLS and retries
+    from the environment when not given, likewise).  Connections open on
+    first use, in the running loop.  C{async with AsyncClient(...)} closes
+    it at the end.
     """
 
     def __init__(
         self,
-        servers: str | Sequence[str] = DEFAULT_SERVER,
+        servers: Optional[Servers] = None,
         *,
         placement: str = "consistent",
         connect_timeout: Optional[float] = 5.0,
         read_timeout: Optional[float] = 10.0,
+        auth_token_file: Optional[str] = None,
+        tls: Optional[bool] = None,
+        tls_ca_file: Optional[str] = None,
+        tls_server_name: Optional[str] = None,
+        connect_retries: int = CONNECT_RETRIES,
+        retry_backoff: float = RETRY_BACKOFF,
+        retry_backoff_max: float = RETRY_BACKOFF_MAX,
+        environ: Optional[Mapping[str, str]] = None,
     ) -> None:
+        servers, self.options = ConnectOptions.resolve(
+            servers,
+            auth_token_file=auth_token_file,
+            tls=tls,
+            tls_ca_file=tls_ca_file,
+            tls_server_name=tls_server_name,
+            connect_retries=connect_retries,
+            retry_backoff=retry_backoff,
+            retry_backoff_max=retry_backoff_max,
+            environ=environ,
+        )
         self._fleet = Fleet(servers, placement)
         self.servers = self._fleet.servers
         self.connect_timeout = connect_timeout
@@ -251,14 +308,27 @@ class AsyncClient:
         """The server C{key} lives on."""
         return self._fleet.server_for(key)
 
-    async def _connection(self, index: int) -> _Connection:
+    async def _connection(self, index: int, wait: Optional[float] = None) -> _Connection:
+        """The open connection, or a new one, retrying failed attempts within C{wait} (see L{Client})."""
+        loop = asyncio.get_running_loop()
+        backoff = self.options.backoff(wait, loop.time())
+        while True:
+            try:
+                return await self._connect_once(index)
+            except ConnectFailed as error:
+                pause = backoff.next_pause(loop.time()) if error.retryable else None
+                if pause is None:
+                    raise
+                await asyncio.sleep(pause)
+
+    async def _connect_once(self, index: int) -> _Connection:
         connection = self._connections[index]
         if connection is not None and not connection.closed:
             return connection
         opening = self._opening[index]
         if opening is None:
             opening = self._opening[index] = asyncio.ensure_future(
-                _Connection.open(self.servers[index], self.connect_timeout, self.read_timeout)
+                _Connection.open(self.servers[index], self.options, self.connect_timeout, self.read_timeout)
             )
             opening.add_done_callback(lambda _: self._opened(index))
         # Shielded: one caller giving up must not cancel the others' connection.
@@ -292,7 +362,7 @@ class AsyncClient:
         index = self._fleet.index_for(key)
 
         async def acquire() -> AsyncLock:
-            connection = await self._connection(index)
+            connection = await self._connection(index, wait)
             lock = await connection.lock(key, *arguments)
             if auto_renew:
                 lock.start_renewing()
@@ -319,7 +389,7 @@ class AsyncClient:
         index = self._fleet.index_for_all(distinct)
 
         async def acquire() -> AsyncLock:
-            connection = await self._connection(index)
+            connection = await self._connection(index, wait)
             lock = await connection.lock_many(distinct, timeout, expires_)
             if auto_renew:
                 lock.start_renewing()

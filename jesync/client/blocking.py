@@ -12,16 +12,24 @@ from __future__ import annotations
 import selectors
 import signal
 import socket
+import ssl
 import threading
 import time
 from concurrent.futures import Future
-from typing import Any, Callable, Iterable, Optional, Sequence
+from concurrent.futures import TimeoutError as FutureTimeout
+from typing import Any, Callable, Iterable, Mapping, Optional
 
-from jesync.client.address import DEFAULT_SERVER, Address, UNIXAddress
-from jesync.client.errors import ConnectFailed, LockLost, describe
+from jesync.client.address import Address, TCPAddress, UNIXAddress
+from jesync.client.config import (
+    CONNECT_RETRIES,
+    RETRY_BACKOFF,
+    RETRY_BACKOFF_MAX,
+    ConnectOptions,
+    Servers,
+)
+from jesync.client.errors import ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
-from jesync.client.pipeline import discard
 from jesync.client.session import Session
 from jesync.client.wire import PING_KEY, LineSplitter, Reply, UnexpectedReply, lock_arguments, lock_many_arguments
 from jesync.listing import sort_listing
@@ -44,6 +52,85 @@ def open_socket(address: Address, timeout: Optional[float]) -> socket.socket:
     except OSError as error:
         raise ConnectFailed(str(address), f"cannot connect: {describe(error)}") from error
     return sock
+
+
+class _TLS:
+    """
+    TLS over a connected socket, through memory buffers (C{ssl.SSLObject}):
+    the socket carries only ciphertext, and the TLS state is used only
+    under the connection's mutex, so the reader thread and the threads
+    sending never touch it at once (OpenSSL forbids that).
+    """
+
+    def __init__(self, sock: socket.socket, context: ssl.SSLContext, server_name: str) -> None:
+        self._incoming = ssl.MemoryBIO()
+        self._outgoing = ssl.MemoryBIO()
+        self._tls = context.wrap_bio(self._incoming, self._outgoing, server_hostname=server_name)
+        self._sock = sock
+
+    def handshake(self) -> None:
+        """Blocking, within the socket's timeout; raise OSError (ssl.SSLError for TLS's failures)."""
+        while True:
+            try:
+                self._tls.do_handshake()
+            except ssl.SSLWantReadError:
+                self._flush()
+                data = self._sock.recv(65536)
+                if not data:
+                    raise ConnectionResetError("the server closed the connection during the TLS handshake") from None
+                self._incoming.write(data)
+            else:
+                self._flush()
+                return
+
+    def _flush(self) -> None:
+        pending = self._outgoing.read()
+        if pending:
+            self._sock.sendall(pending)
+
+    def send(self, data: bytes) -> None:
+        """Encrypt and send C{data} (under the connection's mutex)."""
+        self._tls.write(data)
+        self._flush()
+
+    def received(self, data: bytes) -> bytes:
+        """
+        The plaintext C{data} (ciphertext from the socket) completes (under
+        the connection's mutex); raise ssl.SSLZeroReturnError once the server
+        has ended TLS, ssl.SSLError for a broken stream.
+        """
+        self._incoming.write(data)
+        plain = []
+        while True:
+            try:
+                chunk = self._tls.read(65536)
+            except ssl.SSLWantReadError:
+                break
+            if not chunk:
+                raise ssl.SSLZeroReturnError("the server ended TLS")
+            plain.append(chunk)
+        self._flush()  # whatever TLS itself has to answer
+        return b"".join(plain)
+
+
+def open_connection(
+    address: Address, options: ConnectOptions, timeout: Optional[float]
+) -> tuple[socket.socket, Optional[_TLS]]:
+    """Connect to C{address} (with TLS if C{options} say so, the handshake done); raise L{ConnectFailed}."""
+    sock = open_socket(address, timeout)
+    if not options.uses_tls(address):
+        return sock, None
+    assert isinstance(address, TCPAddress)
+    try:
+        tls = _TLS(sock, options.ssl_context(), options.server_name(address))
+        tls.handshake()
+    except ssl.SSLError as error:
+        sock.close()
+        raise ConnectFailed(str(address), f"TLS failed: {describe(error)}", retryable=False) from error
+    except OSError as error:
+        sock.close()
+        raise ConnectFailed(str(address), f"TLS failed: {describe(error)}") from error
+    return sock, tls
 
 
 # The signals a process gets from outside.  The client's threads block them, so
@@ -136,9 +223,19 @@ class _Connection:
     it has failed it stays failed (L{closed}); the L{Client} opens a new one.
     """
 
-    def __init__(self, address: Address, connect_timeout: Optional[float], read_timeout: Optional[float]) -> None:
+    def __init__(
+        self,
+        address: Address,
+        options: ConnectOptions,
+        connect_timeout: Optional[float],
+        read_timeout: Optional[float],
+    ) -> None:
         self.address = address
-        self._sock = open_socket(address, connect_timeout)
+        try:
+            token = options.token()
+        except ValueError as error:
+            raise ConnectFailed(str(address), str(error), retryable=False) from None
+        self._sock, self._tls = open_connection(address, options, connect_timeout)
         # Bounds every send: a server that stops reading is as dead as one that stops answering.
         self._sock.settimeout(read_timeout)
         self._read_timeout = read_timeout
@@ -147,10 +244,17 @@ class _Connection:
         self.session = Session(str(address), self._send, self._make_lock)
         self._quiet_since = time.monotonic()
         self._send_error: Optional[str] = None
-        with self._mutex:
-            # Pipelined: nothing waits for its answer (an older server refuses it, and then grants have no tokens).
-            self.session.enable_fencing(discard, discard)
+        # auth (with a token) and fencing on, first on the connection; an older
+        # server refuses fencing, and then grants have no tokens.
+        ready = self.start(self.session.handshake, token)
         start_background(self._read_until_closed, f"jesync reader {address}")
+        try:
+            ready.result(connect_timeout)
+        except FutureTimeout:
+            self.fail("no answer to auth")
+            raise ConnectFailed(str(address), f"no answer to auth within {connect_timeout:g} s") from None
+        except ConnectionLost as error:
+            raise ConnectFailed(str(address), f"cannot connect: {error.reason}") from None
 
     def _make_lock(self, reply: Reply, max_concurrent: int, expires: int) -> Lock:
         return Lock(self, reply, max_concurrent, expires)
@@ -206,7 +310,10 @@ class _Connection:
 
     def _send(self, data: bytes) -> None:
         try:
-            self._sock.sendall(data)
+            if self._tls is not None:
+                self._tls.send(data)
+            else:
+                self._sock.sendall(data)
         except OSError as error:
             # The reader thread notices the shutdown and fails the connection.
             self._send_error = f"sending failed: {describe(error)}"
@@ -236,11 +343,15 @@ class _Connection:
                         break
                     with self._mutex:
                         self._quiet_since = time.monotonic()
+                        if self._tls is not None:
+                            data = self._tls.received(data)
                         for line in splitter.feed(data):
                             self.session.line_received(line)
                     self._tell_lost()
         except UnexpectedReply as error:
             reason = str(error)
+        except ssl.SSLZeroReturnError:
+            pass
         except OSError as error:
             reason = describe(error)
         finally:
@@ -270,16 +381,32 @@ class _Connection:
 class _Server:
     """A server's address and its current connection, opened on demand."""
 
-    def __init__(self, address: Address) -> None:
+    def __init__(self, address: Address, options: ConnectOptions) -> None:
         self.address = address
+        self._options = options
         self._connection: Optional[_Connection] = None
         self._connecting = threading.Lock()
 
-    def connection(self, connect_timeout: Optional[float], read_timeout: Optional[float]) -> _Connection:
-        with self._connecting:
-            if self._connection is None or self._connection.closed:
-                self._connection = _Connection(self.address, connect_timeout, read_timeout)
-            return self._connection
+    def connection(
+        self, connect_timeout: Optional[float], read_timeout: Optional[float], wait: Optional[float] = None
+    ) -> _Connection:
+        """
+        The open connection, or a new one; a failed attempt is retried (see
+        L{jesync.client.config.Backoff}) within C{wait} seconds (None: no
+        limit but the number of retries).
+        """
+        backoff = self._options.backoff(wait, time.monotonic())
+        while True:
+            try:
+                with self._connecting:
+                    if self._connection is None or self._connection.closed:
+                        self._connection = _Connection(self.address, self._options, connect_timeout, read_timeout)
+                    return self._connection
+            except ConnectFailed as error:
+                pause = backoff.next_pause(time.monotonic()) if error.retryable else None
+                if pause is None:
+                    raise
+                time.sleep(pause)
 
     def close(self) -> None:
         with self._connecting:
@@ -293,7 +420,8 @@ class Client:
 
     @param servers: one address (C{"host:port"}, C{"host"} for port 11400,
         C{"[::1]:11400"}, C{"unix:/path"}), several in one string separated by
-        commas or spaces, or a list.
+        commas or spaces, or a list.  None (the default): C{$JESYNC_SERVERS},
+        else 127.0.0.1:11400, as the C{jesync} command does.
     @param placement: how a key picks its server when there are several:
         C{"consistent"} (consistent hashing) or C{"php"} (as the JESync PHP
         driver does); see L{jesync.client.placement}.
@@ -301,7 +429,26 @@ class Client:
     @param read_timeout: seconds the server may stay silent while it owes a
         reply before the connection is given up for dead (None: for ever).
         A lock that is waiting owes no reply; this never cuts a wait short.
-
+    @param auth_token_file: a file whose first line is the token the servers
+        want (their C{--auth-token-file}); it is sent as C{auth <token>} first
+        on every connection, read from the file again for each.  None:
+        C{$JESYNC_AUTH_TOKEN_FILE}, else no token.  A refused token raises
+        L{AuthFailed}.
+    @param tls: connect to TCP servers with TLS (their C{--port ssl:...}),
+        checking their certificate and name.  None: C{$JESYNC_TLS}, else on
+        if a CA file or server name is given (by argument or variable).
+    @param tls_ca_file: the CA certificates (PEM) to trust; None:
+        C{$JESYNC_TLS_CA_FILE}, else the system's trust store.
+    @param tls_server_name: the name the certificates must carry; None:
+        C{$JESYNC_TLS_SERVER_NAME}, else each server's host as written.
+    @param connect_retries: how many times a failed connection attempt is
+        retried, pausing C{retry_backoff} seconds first, doubling each time
+        up to C{retry_backoff_max} (each pause between half and all of
+        that).  A lock's retries stay within its C{wait} (so C{wait=0}
+        never retries); a refused token or a certificate that does not check
+        out is never retried.
+    @param environ: where the variables are read (None: C{os.environ}; C{{}}
+        ignores the environment).  See L{jesync.client.config}.
     Connections open on first use.  A dropped connection fails what was
     outstanding on it with L{ConnectionLost} and loses the locks held through
     it; the next request opens a new connection, and the old locks stay lost.
@@ -309,15 +456,34 @@ class Client:
 
     def __init__(
         self,
-        servers: str | Sequence[str] = DEFAULT_SERVER,
+        servers: Optional[Servers] = None,
         *,
         placement: str = "consistent",
         connect_timeout: Optional[float] = 5.0,
         read_timeout: Optional[float] = 10.0,
+        auth_token_file: Optional[str] = None,
+        tls: Optional[bool] = None,
+        tls_ca_file: Optional[str] = None,
+        tls_server_name: Optional[str] = None,
+        connect_retries: int = CONNECT_RETRIES,
+        retry_backoff: float = RETRY_BACKOFF,
+        retry_backoff_max: float = RETRY_BACKOFF_MAX,
+        environ: Optional[Mapping[str, str]] = None,
     ) -> None:
+        servers, self.options = ConnectOptions.resolve(
+            servers,
+            auth_token_file=auth_token_file,
+            tls=tls,
+            tls_ca_file=tls_ca_file,
+            tls_server_name=tls_server_name,
+            connect_retries=connect_retries,
+            retry_backoff=retry_backoff,
+            retry_backoff_max=retry_backoff_max,
+            environ=environ,
+        )
         self._fleet = Fleet(servers, placement)
         self.servers = self._fleet.servers
-        self._servers = [_Server(address) for address in self.servers]
+        self._servers = [_Server(address, self.options) for address in self.servers]
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
 
@@ -325,11 +491,11 @@ class Client:
         """The server C{key} lives on."""
         return self._fleet.server_for(key)
 
-    def _connection(self, index: int) -> _Connection:
-        return self._servers[index].connection(self.connect_timeout, self.read_timeout)
+    def _connection(self, index: int, wait: Optional[float] = None) -> _Connection:
+        return self._servers[index].connection(self.connect_timeout, self.read_timeout, wait)
 
-    def _connection_for(self, key: str) -> _Connection:
-        return self._connection(self._fleet.index_for(key))
+    def _connection_for(self, key: str, wait: Optional[float] = None) -> _Connection:
+        return self._connection(self._fleet.index_for(key), wait)
 
     def lock(
         self,
@@ -359,7 +525,7 @@ class Client:
             dropped (L{ConnectFailed} if it never connected).
         """
         arguments = lock_arguments(max_concurrent, wait, expires)
-        lock = self._connection_for(key).lock(key, *arguments)
+        lock = self._connection_for(key, wait).lock(key, *arguments)
         if auto_renew:
             lock.start_renewing()
         return lock
@@ -394,7 +560,7 @@ class Client:
             keys for one request line.
         """
         distinct, timeout, expires_ = lock_many_arguments(keys, wait, expires)
-        lock = self._connection(self._fleet.index_for_all(distinct)).lock_many(distinct, timeout, expires_)
+        lock = self._connection(self._fleet.index_for_all(distinct), wait).lock_many(distinct, timeout, expires_)
         if auto_renew:
             lock.start_renewing()
         return lock

@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 from jesync.errors import LockTimeout
 
 __all__ = [
+    "AuthFailed",
     "ClientError",
     "ConnectFailed",
     "ConnectionLost",
@@ -58,7 +59,36 @@ class ConnectionLost(ClientError):
 
 
 class ConnectFailed(ConnectionLost):
-    """Connecting to a server failed or timed out (so nothing was held through it)."""
+    """
+    Connecting to a server failed or timed out (so nothing was held through
+    it).  C{retryable} is false for a failure that trying again cannot mend
+    (the server's TLS certificate or name did not check out, the token file
+    cannot be read); the clients retry only the others.
+    """
+
+    def __init__(self, address: str, reason: str, retryable: bool = True) -> None:
+        super().__init__(address, reason)
+        self.retryable = retryable
+
+
+class AuthFailed(ServerError):
+    """
+    The server refused the connection's C{auth <token>}, or needs one and
+    none was sent (set C{auth_token_file}, or C{JESYNC_AUTH_TOKEN_FILE}); it
+    closes the connection.  C{message} is its reply, C{address} the server.
+    Connecting again with the same token would fail the same way, so it is
+    not retried.
+    """
+
+    def __init__(self, address: str, message: str, sent_token: bool) -> None:
+        super().__init__(message)
+        self.address = address
+        hint = (
+            "the server refused the auth token"
+            if sent_token
+            else "the server needs an auth token: set JESYNC_AUTH_TOKEN_FILE (or auth_token_file)"
+        )
+        self.args = (f"{address}: {hint} ({message})",)
 
 
 class KeyBusy(ClientError):

@@ -4,7 +4,7 @@ The servers a client talks to, and which of them each key lives on.
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Sequence, Union
 
 from jesync.client.address import Address, parse_servers
 from jesync.client.placement import make_placement
@@ -18,7 +18,7 @@ class Fleet:
     @param placement: C{"consistent"} or C{"php"} (see L{jesync.client.placement}).
     """
 
-    def __init__(self, servers: str | Sequence[str], placement: str) -> None:
+    def __init__(self, servers: Union[str, Address, Sequence[Union[str, Address]]], placement: str) -> None:
         self.servers: list[Address] = parse_servers(servers)
         self._placement = make_placement(placement, self.servers)
 

@@ -38,6 +38,10 @@ already waiting for that key, and two late answers for one key could not be
 told apart.)  Renewals are sent with a timeout of 0, never wait, and so may
 overlap.
 
+C{auth <token>} (an extension, sent first on a connection to a server with a
+token) is answered C{OK}, or C{INVALID_PARAMETER: auth failed} before the
+server closes the connection.
+
 C{fencing on} (an extension) is answered C{FENCING ON}, or C{INVALID_COMMAND}
 by a server without fencing; from then on a C{GRANTED} carries the grant's
 fencing token, and a C{GRANTED-MANY} one per key.
@@ -59,6 +63,7 @@ from typing import Any, Callable, Optional
 from jesync.client.errors import ConnectionLost, KeyBusy, LockManyTimeout, ServerError
 from jesync.client.wire import (
     ERROR_WORDS,
+    auth_request,
     Reply,
     UnexpectedReply,
     fencing_request,
@@ -203,6 +208,10 @@ class Pipeline:
     def listing(self, order: ListingOrder, on_result: OnResult, on_error: OnError) -> None:
         self._enqueue(_Request("listing", (), on_result, on_error), listing_request(order))
 
+    def auth(self, token: bytes, on_result: OnResult, on_error: OnError) -> None:
+        """C{auth <token>}: C{on_result} gets None (the server's C{OK}); a refusal errs with L{ServerError}."""
+        self._enqueue(_Request("auth", (), on_result, on_error), auth_request(token))
+
     def fencing(self, on: bool, on_result: OnResult, on_error: OnError) -> None:
         """C{fencing on} or C{off}: C{on_result} gets the server's setting; an older server errs (INVALID_COMMAND)."""
         self._enqueue(_Request("fencing", (), on_result, on_error), fencing_request(on))
@@ -265,6 +274,9 @@ class Pipeline:
         elif head.command == "status" and word == "STATUS" and reply.key == head.key:
             self._queue.popleft()
             head.on_result(reply.status)
+        elif head.command == "auth" and word == "OK":
+            self._queue.popleft()
+            head.on_result(None)
         elif head.command == "fencing" and word == "FENCING":
             self._queue.popleft()
             head.on_result(reply.fencing)

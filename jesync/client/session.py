@@ -28,12 +28,15 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Optional
 
-from jesync.client.errors import ConnectionLost, KeyBusy, ServerError
+from jesync.client.errors import AuthFailed, ConnectionLost, KeyBusy, ServerError
 from jesync.client.handle import LockState
 from jesync.client.pipeline import OnError, OnResult, Pipeline, discard
 from jesync.client.wire import Reply
 from jesync.errors import LockTimeout
 from jesync.wire import ListingOrder
+
+#: How a server refuses a connection that did not authenticate (JESync's protocol).
+AUTH_REFUSED = "INVALID_PARAMETER: auth failed"
 
 #: Builds a client's lock handle from its GRANTED (or GRANTED-MANY) reply, max_concurrent and expires.
 MakeLock = Callable[[Reply, int, int], LockState]
@@ -55,13 +58,36 @@ class Session:
 
     # -- requests --------------------------------------------------------
 
-    def enable_fencing(self, on_result: OnResult, on_error: OnError) -> None:
+    def handshake(self, token: Optional[bytes], on_result: OnResult, on_error: OnError) -> None:
+        """
+        What every client sends first on every connection: C{auth <token>}
+        (with a token), then C{fencing on} (see L{enable_fencing}), without
+        waiting.  C{on_result} gets None once the connection may be used:
+        when the server has answered C{OK}, or at once without a token.  A
+        refused token fails the session (every request on it) and
+        C{on_error} with L{AuthFailed}; so does a server that wants a token
+        when none was sent (it refuses the C{fencing on}).
+        """
+        if token is not None:
+
+            def refused(error: Exception) -> None:
+                if isinstance(error, ServerError):
+                    error = self.fail_with(AuthFailed(self.address, error.message, sent_token=True))
+                on_error(error)
+
+            self.pipeline.auth(token, on_result, refused)
+        self.enable_fencing(discard, discard, needs_auth=token is None)
+        if token is None:
+            on_result(None)
+
+    def enable_fencing(self, on_result: OnResult, on_error: OnError, needs_auth: bool = False) -> None:
         """
         Ask for fencing tokens (the clients do, first thing on every
         connection, without waiting for the answer: the requests after it
         are answered after it).  A server without them refuses
         (C{INVALID_COMMAND}): then grants carry none, and C{on_result} gets
-        False as well.
+        False as well.  With C{needs_auth} (no token was sent), a refusal
+        for want of one fails the session with L{AuthFailed}.
         """
 
         def answered(on: bool) -> None:
@@ -69,7 +95,9 @@ class Session:
             on_result(on)
 
         def refused(error: Exception) -> None:
-            if isinstance(error, ServerError):
+            if needs_auth and isinstance(error, ServerError) and error.message == AUTH_REFUSED:
+                on_error(self.fail_with(AuthFailed(self.address, error.message, sent_token=False)))
+            elif isinstance(error, ServerError):
                 answered(False)
             else:
                 on_error(error)
@@ -205,11 +233,20 @@ class Session:
 
     def fail(self, reason: str) -> None:
         """The connection is gone: its locks are lost and its requests fail with L{ConnectionLost}."""
+        self.fail_with(ConnectionLost(self.address, reason))
+
+    def fail_with(self, error: Exception) -> Exception:
+        """
+        The connection is unusable: its locks are lost and its requests fail
+        with C{error} (a later L{fail} changes nothing); return C{error}.
+        """
         if self.closed:
-            return
+            return error
+        reason = error.reason if isinstance(error, ConnectionLost) else str(error)
         for lock in dict.fromkeys(self.held.values()):
             self._lose(lock, f"the connection to {self.address} was lost ({reason})")
-        self.pipeline.fail_all(ConnectionLost(self.address, reason))
+        self.pipeline.fail_all(error)
+        return error
 
     def take_lost(self) -> list[LockState]:
         """The locks lost since the last call, whose lost callbacks are still to be called."""

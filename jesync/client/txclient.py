@@ -16,19 +16,35 @@ the Deferred it answers (see L{jesync.client.pipeline} for how).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional, Sequence
+import re
+import warnings
+from typing import Any, Callable, Iterable, Mapping, Optional
 
-from twisted.internet import defer, endpoints
-from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint, ITCPTransport
+from twisted.internet import defer, endpoints, task
 from twisted.internet.error import ConnectionDone
+from twisted.internet.interfaces import (
+    IDelayedCall,
+    IHandshakeListener,
+    IOpenSSLClientConnectionCreator,
+    IReactorTime,
+    IStreamClientEndpoint,
+    ITCPTransport,
+)
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
-from jesync.client.address import DEFAULT_SERVER, Address, UNIXAddress
-from jesync.client.errors import ConnectFailed, LockLost, describe
+from jesync.client.address import Address, TCPAddress, UNIXAddress
+from jesync.client.config import (
+    CONNECT_RETRIES,
+    RETRY_BACKOFF,
+    RETRY_BACKOFF_MAX,
+    ConnectOptions,
+    Servers,
+)
+from jesync.client.errors import ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
-from jesync.client.pipeline import discard
 from jesync.client.session import Session
 from jesync.client.wire import PING_KEY, LineSplitter, Reply, UnexpectedReply, lock_arguments, lock_many_arguments
 from jesync.listing import sort_listing
@@ -80,18 +96,71 @@ def _describe_failure(failure: Failure) -> str:
     return describe(error) if error is not None else failure.getErrorMessage()
 
 
+_PEM_CERTIFICATE = re.compile(rb"-----BEGIN CERTIFICATE-----.+?-----END CERTIFICATE-----", re.DOTALL)
+
+
+def _tls_options(options: ConnectOptions, address: TCPAddress) -> IOpenSSLClientConnectionCreator:
+    """Twisted's TLS client options: trust the CA file (or the platform's store), check the server's name."""
+    try:
+        from twisted.internet import ssl
+    except ImportError as error:  # pragma: no cover - depends on the installed extras
+        raise ConnectFailed(
+            str(address), f"TLS needs pyOpenSSL: pip install 'jesync[tls]' ({error})", retryable=False
+        ) from None
+    trust = None
+    if options.tls_ca_file is not None:
+        try:
+            with open(options.tls_ca_file, "rb") as file:
+                blocks = _PEM_CERTIFICATE.findall(file.read())
+            if not blocks:
+                raise ValueError("no PEM certificate in it")
+            trust = ssl.trustRootFromCertificates([ssl.Certificate.loadPEM(block) for block in blocks])
+        except (OSError, ValueError) as error:
+            raise ConnectFailed(
+                str(address), f"cannot use the TLS CA file {options.tls_ca_file}: {describe(error)}", retryable=False
+            ) from None
+    with warnings.catch_warnings():
+        # Twisted 25.5 with pyOpenSSL 25 sets its name-checking callback on a
+        # context pyOpenSSL considers in use, and pyOpenSSL warns of it; newer
+        # Twisted does not.  Harmless: the callback is set before any connection.
+        warnings.filterwarnings("ignore", "Attempting to mutate a Context after a Connection", DeprecationWarning)
+        return ssl.optionsForClientTLS(options.server_name(address), trustRoot=trust)
+
+
+def _is_tls_error(failure: Failure) -> bool:
+    """Whether the TLS handshake failed (the certificate or the name did not check out): not worth retrying."""
+    try:
+        from OpenSSL import SSL
+        from service_identity import CertificateError, VerificationError
+    except ImportError:  # pragma: no cover
+        return False
+    return failure.check(SSL.Error, VerificationError, CertificateError) is not None
+
+
+@implementer(IHandshakeListener)
 class _Protocol(Protocol):
     # Set on connecting: a TCP or a UNIX endpoint's, both ITCPTransports.
     transport: ITCPTransport
 
     def __init__(self, connection: _Connection) -> None:
         self.connection = connection
+        #: over TLS: fires once the TLS handshake is done, fails if the connection is lost before
+        self.handshake: Optional[defer.Deferred[None]] = None
+        #: why the connection was lost, once it is
+        self.lost_reason: Optional[Failure] = None
+
+    def handshakeCompleted(self) -> None:
+        if self.handshake is not None and not self.handshake.called:
+            self.handshake.callback(None)
 
     def dataReceived(self, data: bytes) -> None:
         self.connection.data_received(data)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         why = "the server closed the connection" if reason.check(ConnectionDone) else _describe_failure(reason)
+        self.lost_reason = reason
+        if self.handshake is not None and not self.handshake.called:
+            self.handshake.errback(reason)
         self.connection.fail(why, lost=True)
 
 
@@ -110,30 +179,89 @@ class _Connection:
 
     @classmethod
     def open(
-        cls, reactor: IReactorTime, address: Address, connect_timeout: Optional[float], read_timeout: Optional[float]
+        cls,
+        reactor: IReactorTime,
+        address: Address,
+        options: ConnectOptions,
+        connect_timeout: Optional[float],
+        read_timeout: Optional[float],
     ) -> defer.Deferred[_Connection]:
+        """Connect (with TLS and auth if C{options} say so); fails with L{ConnectFailed}."""
+        return defer.ensureDeferred(cls._open(reactor, address, options, connect_timeout, read_timeout))
+
+    @classmethod
+    async def _open(
+        cls,
+        reactor: IReactorTime,
+        address: Address,
+        options: ConnectOptions,
+        connect_timeout: Optional[float],
+        read_timeout: Optional[float],
+    ) -> _Connection:
+        try:
+            token = options.token()
+        except ValueError as error:
+            raise ConnectFailed(str(address), str(error), retryable=False) from None
         connection = cls(address, reactor, read_timeout)
         # Twisted's endpoints always have a timeout: 30 s is theirs.
         timeout = 30.0 if connect_timeout is None else connect_timeout
+        start = reactor.seconds()
         endpoint: IStreamClientEndpoint
+        tls = options.uses_tls(address)
         if isinstance(address, UNIXAddress):
             endpoint = endpoints.UNIXClientEndpoint(reactor, address.path, timeout=timeout)
         else:
             endpoint = endpoints.HostnameEndpoint(reactor, address.host, address.port, timeout=timeout)
-
-        def connected(protocol: _Protocol) -> _Connection:
-            connection._transport = protocol.transport
-            # Pipelined: nothing waits for its answer (an older server refuses it, and then grants have no tokens).
-            connection.session.enable_fencing(discard, discard)
-            connection._watch_silence()
-            return connection
-
-        def failed(failure: Failure) -> Failure:
-            if failure.check(defer.CancelledError):
-                return failure
-            raise ConnectFailed(str(address), f"cannot connect: {_describe_failure(failure)}")
-
-        return endpoints.connectProtocol(endpoint, _Protocol(connection)).addCallbacks(connected, failed)
+            if tls:
+                endpoint = endpoints.wrapClientTLS(_tls_options(options, address), endpoint)
+        protocol = _Protocol(connection)
+        if tls:
+            handshake: defer.Deferred[None] = defer.Deferred()
+            protocol.handshake = handshake
+        try:
+            await endpoints.connectProtocol(endpoint, protocol)
+        except BaseException as error:
+            if protocol.handshake is not None:
+                protocol.handshake.addErrback(lambda _: None)  # nobody will wait for it
+            if isinstance(error, Exception) and not isinstance(error, defer.CancelledError):
+                raise ConnectFailed(str(address), f"cannot connect: {describe(error)}") from None
+            raise
+        connection._transport = protocol.transport
+        # The TLS handshake and the answer to auth get what is left of the connect timeout.
+        timer = reactor.callLater(
+            max(0.0, timeout - (reactor.seconds() - start)), connection.fail, f"no answer within {timeout:g} s"
+        )
+        try:
+            if tls:
+                try:
+                    await handshake
+                except defer.CancelledError:
+                    raise
+                except Exception:
+                    failure = Failure()
+                    raise ConnectFailed(
+                        str(address), f"TLS failed: {_describe_failure(failure)}", retryable=not _is_tls_error(failure)
+                    ) from None
+            # auth (with a token) and fencing on, first on the connection; an
+            # older server refuses fencing, and then grants have no tokens.
+            try:
+                await connection.start(connection.session.handshake, token)
+            except ConnectFailed:
+                raise
+            except ConnectionLost as error:
+                # (Some Twisted versions check the certificate's name just after the handshake.)
+                lost = protocol.lost_reason
+                if tls and lost is not None and _is_tls_error(lost):
+                    raise ConnectFailed(str(address), f"TLS failed: {error.reason}", retryable=False) from None
+                raise ConnectFailed(str(address), f"cannot connect: {error.reason}") from None
+        except BaseException:
+            connection.fail("connecting failed")
+            raise
+        finally:
+            if timer.active():
+                timer.cancel()
+        connection._watch_silence()
+        return connection
 
     def _make_lock(self, reply: Reply, max_concurrent: int, expires: int) -> TwistedLock:
         return TwistedLock(self, reply, max_concurrent, expires)
@@ -231,19 +359,40 @@ class _Connection:
 class TwistedClient:
     """
     A Twisted client of one or more JESync servers; the arguments after the
-    reactor are L{jesync.client.Client}'s.  Connections open on first use.
+    reactor are L{jesync.client.Client}'s (servers, auth token file, TLS and
+    retries from the environment when not given, likewise; TLS needs
+    pyOpenSSL: C{pip install 'jesync[tls]'}).  Connections open on first use.
     """
 
     def __init__(
         self,
         reactor: IReactorTime,
-        servers: str | Sequence[str] = DEFAULT_SERVER,
+        servers: Optional[Servers] = None,
         *,
         placement: str = "consistent",
         connect_timeout: Optional[float] = 5.0,
         read_timeout: Optional[float] = 10.0,
+        auth_token_file: Optional[str] = None,
+        tls: Optional[bool] = None,
+        tls_ca_file: Optional[str] = None,
+        tls_server_name: Optional[str] = None,
+        connect_retries: int = CONNECT_RETRIES,
+        retry_backoff: float = RETRY_BACKOFF,
+        retry_backoff_max: float = RETRY_BACKOFF_MAX,
+        environ: Optional[Mapping[str, str]] = None,
     ) -> None:
         self.reactor = reactor
+        servers, self.options = ConnectOptions.resolve(
+            servers,
+            auth_token_file=auth_token_file,
+            tls=tls,
+            tls_ca_file=tls_ca_file,
+            tls_server_name=tls_server_name,
+            connect_retries=connect_retries,
+            retry_backoff=retry_backoff,
+            retry_backoff_max=retry_backoff_max,
+            environ=environ,
+        )
         self._fleet = Fleet(servers, placement)
         self.servers = self._fleet.servers
         self.connect_timeout = connect_timeout
@@ -251,18 +400,45 @@ class TwistedClient:
         self._connections: list[Optional[_Connection]] = [None] * len(self.servers)
         # index -> (the connection attempt, the requests waiting for it)
         self._opening: dict[int, tuple[defer.Deferred[_Connection], list[defer.Deferred[_Connection]]]] = {}
+        # the pauses between connection attempts, cancelled by close()
+        self._pauses: set[defer.Deferred[None]] = set()
 
     def server_for(self, key: str) -> Address:
         """The server C{key} lives on."""
         return self._fleet.server_for(key)
 
-    def _connection(self, index: int) -> defer.Deferred[_Connection]:
+    def _connection(self, index: int, wait: Optional[float] = None) -> defer.Deferred[_Connection]:
+        """The open connection, or a new one, retrying failed attempts within C{wait} (see L{Client})."""
+        connection = self._connections[index]
+        if connection is not None and not connection.closed:
+            return defer.succeed(connection)
+        return defer.ensureDeferred(self._connect_retrying(index, wait))
+
+    async def _connect_retrying(self, index: int, wait: Optional[float]) -> _Connection:
+        backoff = self.options.backoff(wait, self.reactor.seconds())
+        while True:
+            try:
+                return await self._connect_once(index)
+            except ConnectFailed as error:
+                pause = backoff.next_pause(self.reactor.seconds()) if error.retryable else None
+                if pause is None:
+                    raise
+                sleeping = task.deferLater(self.reactor, pause, lambda: None)
+                self._pauses.add(sleeping)
+                try:
+                    await sleeping
+                finally:
+                    self._pauses.discard(sleeping)
+
+    def _connect_once(self, index: int) -> defer.Deferred[_Connection]:
         connection = self._connections[index]
         if connection is not None and not connection.closed:
             return defer.succeed(connection)
         waiter: defer.Deferred[_Connection] = defer.Deferred()
         if index not in self._opening:
-            opening = _Connection.open(self.reactor, self.servers[index], self.connect_timeout, self.read_timeout)
+            opening = _Connection.open(
+                self.reactor, self.servers[index], self.options, self.connect_timeout, self.read_timeout
+            )
             self._opening[index] = (opening, [])
             opening.addBoth(self._opened, index)
         self._opening[index][1].append(waiter)
@@ -279,8 +455,10 @@ class TwistedClient:
                 else:
                     waiter.callback(result)
 
-    def _call(self, index: int, request: Callable[[_Connection], defer.Deferred[Any]]) -> defer.Deferred[Any]:
-        return self._connection(index).addCallback(request)
+    def _call(
+        self, index: int, request: Callable[[_Connection], defer.Deferred[Any]], wait: Optional[float] = None
+    ) -> defer.Deferred[Any]:
+        return self._connection(index, wait).addCallback(request)
 
     def lock(
         self,
@@ -306,7 +484,7 @@ class TwistedClient:
         except Exception:
             return defer.fail()
 
-        return self._call(index, lambda connection: connection.lock(key, *arguments)).addCallback(
+        return self._call(index, lambda connection: connection.lock(key, *arguments), wait).addCallback(
             self._renewing, auto_renew
         )
 
@@ -330,9 +508,9 @@ class TwistedClient:
             index = self._fleet.index_for_all(distinct)
         except Exception:
             return defer.fail()
-        return self._call(index, lambda connection: connection.lock_many(distinct, timeout, expires_)).addCallback(
-            self._renewing, auto_renew
-        )
+        return self._call(
+            index, lambda connection: connection.lock_many(distinct, timeout, expires_), wait
+        ).addCallback(self._renewing, auto_renew)
 
     @staticmethod
     def _renewing(lock: TwistedLock, auto_renew: bool) -> TwistedLock:
@@ -376,6 +554,8 @@ class TwistedClient:
         """Close every connection (the server releases everything held through them); fires once closed."""
         for opening, _ in list(self._opening.values()):
             opening.cancel()
+        for pause in list(self._pauses):
+            pause.cancel()
         gone = []
         for index, connection in enumerate(self._connections):
             if connection is not None:

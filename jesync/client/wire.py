@@ -140,6 +140,13 @@ def lock_many_request(keys: tuple[str, ...], timeout: int, expires: int) -> byte
     return line + b"\n"
 
 
+def auth_request(token: bytes) -> bytes:
+    """C{auth <token>}: the first line on a connection to a server with a token (answered C{OK})."""
+    if not token or _WHITESPACE.intersection(token) or len(token) > MAX_LINE - len("auth "):
+        raise ValueError("an auth token is one word, without whitespace, and fits one request line")
+    return b"auth %s\n" % token
+
+
 def fencing_request(on: bool) -> bytes:
     """
     C{fencing on} asks for a fencing token on every grant; C{fencing off}
@@ -216,7 +223,7 @@ def parse_reply(line: bytes) -> Reply:
     fields = line.split()
     word = fields[0].decode("ascii", "replace") if fields else ""
     try:
-        if word == "END" and len(fields) == 1:
+        if word in ("END", "OK") and len(fields) == 1:
             return Reply(word, None, None, text)
         if word in ERROR_WORDS:
             return Reply(word, None, None, text)

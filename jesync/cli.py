@@ -11,10 +11,12 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterable, Optional, Sequence
 
+from jesync import __version__
 from jesync.client import (
     DEFAULT_SERVER,
+    AuthFailed,
     Client,
     ConnectionLost,
     KeyStatus,
@@ -30,10 +32,12 @@ from jesync.listing import listing_sort_key
 from jesync.wire import encode_key
 
 # Exit statuses (sysexits.h where one fits).
+EXIT_BUSY = 1  # --nonblock and the lock is held: flock -n's status (--conflict-exit-code)
 EXIT_UNAVAILABLE = 69  # EX_UNAVAILABLE: a server cannot be reached, or the connection dropped
 EXIT_LOCK_LOST = 70  # EX_SOFTWARE: the lock was lost while COMMAND ran
 EXIT_TIMEOUT = 75  # EX_TEMPFAIL: the wait for the lock timed out (--conflict-exit-code)
 EXIT_REFUSED = 76  # EX_PROTOCOL: the server refused the request
+EXIT_CONFIG = 78  # EX_CONFIG: the auth token file or a JESYNC_TLS* setting is unusable
 EXIT_CANNOT_RUN = 126  # COMMAND is not executable (as in a shell)
 EXIT_NOT_FOUND = 127  # COMMAND was not found (as in a shell)
 SIGNAL_BASE = 128  # 128+N: killed by (or, before COMMAND ran, interrupted by) signal N
@@ -41,11 +45,20 @@ SIGNAL_BASE = 128  # 128+N: killed by (or, before COMMAND ran, interrupted by) s
 #: The environment variable that gives COMMAND the grant's fencing token.
 FENCING_TOKEN_VARIABLE = "JESYNC_FENCING_TOKEN"
 
+#: The environment variable that gives COMMAND the key it runs under (as
+#: C{etcdctl lock} gives C{ETCD_LOCK_KEY}).
+KEY_VARIABLE = "JESYNC_KEY"
+
+#: The shell that runs C{jesync lock -c STRING}: always this one, as
+#: system(3) does (flock -c uses $SHELL).
+SHELL = "/bin/sh"
+
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 EXIT_STATUSES = f"""\
 exit status:
   jesync lock exits with COMMAND's status (128+N if signal N killed it), or:
+    {EXIT_BUSY}      --nonblock and the lock is held, as flock -n (see --conflict-exit-code)
     {EXIT_TIMEOUT}     the wait for the lock timed out (see --conflict-exit-code)
     {EXIT_LOCK_LOST}     the lock was lost while COMMAND ran (its status is printed on stderr)
     {EXIT_NOT_FOUND}    COMMAND was not found ({EXIT_CANNOT_RUN}: not executable); the lock is released
@@ -54,13 +67,14 @@ exit status:
     0      success
     2      bad arguments
     {EXIT_UNAVAILABLE}     a server could not be reached, or the connection dropped
-    {EXIT_REFUSED}     the server refused the request
+    {EXIT_REFUSED}     the server refused the request (a wrong or missing auth token too)
+    {EXIT_CONFIG}     the auth token file (JESYNC_AUTH_TOKEN_FILE) or a JESYNC_TLS* setting is unusable
 """
 
 MAIN_EXAMPLES = f"""\
 examples:
   jesync lock nightly-report -- ./make-report.sh --daily
-  jesync lock --wait 0 deploy -- ./deploy.sh      # give up at once if busy
+  jesync lock --nonblock deploy -c './build.sh && ./deploy.sh'   # skip if busy
   jesync --server db1:11400 --server db2:11400 list --by requests
   JESYNC_SERVERS=db1,db2 jesync status nightly-report
   jesync ping
@@ -72,8 +86,9 @@ host:port, host (port 11400), [IPv6]:port, unix:/path.
 {EXIT_STATUSES}"""
 
 LOCK_DESCRIPTION = """\
-Acquire the lock KEY, run COMMAND while holding it, release it when COMMAND
-exits, and exit with COMMAND's exit status.
+Acquire the lock KEY, run COMMAND while holding it (or, with -c, the shell
+command line STRING, run by /bin/sh -c), release it when COMMAND exits, and
+exit with COMMAND's exit status.
 
 While COMMAND runs the lock is renewed every third of --expires, so a long
 command never loses it to the failsafe; if jesync itself dies, the server
@@ -89,19 +104,26 @@ answering), jesync says so on stderr at once and, after COMMAND ends, exits
 with status 70.  COMMAND is left running unless --terminate-on-loss is given,
 which sends it SIGTERM.
 
-COMMAND gets the grant's fencing token in $JESYNC_FENCING_TOKEN: a number
-larger than that of every earlier grant of KEY, to pass along with its writes
-so that whatever it writes to can refuse a write from an older holder that
-lost the lock without knowing.  It is not set if the server gives no tokens
-(a server without fencing).
+COMMAND gets KEY in $JESYNC_KEY, and the grant's fencing token in
+$JESYNC_FENCING_TOKEN: a number larger than that of every earlier grant of
+KEY, to pass along with its writes so that whatever it writes to can refuse a
+write from an older holder that lost the lock without knowing.  The token is
+not set if the server gives no tokens (a server without fencing).
+
+Compared with flock(1): -n here is --max-concurrent, the semaphore size;
+flock's -n (fail at once, silently, with status 1, if the lock is held) is
+--nonblock, which has no short form.  --wait SECONDS gives up after SECONDS
+with status 75 and a message (--wait 0: try once), where flock -w exits 1;
+-E sets the status for either.  -c always runs /bin/sh, not $SHELL.
 """
 
 LOCK_EXAMPLES = f"""\
 examples:
   jesync lock nightly-report -- ./make-report.sh --daily
   jesync lock --wait 10 --conflict-exit-code 0 backup -- rsync -a /data /backup
+  jesync lock --nonblock hourly-sync -c 'sync.sh | logger -t sync'   # in cron: skip if busy
   jesync lock --max-concurrent 3 encoder-slots -- ffmpeg -i in.mkv out.mp4
-  jesync lock deploy -- sh -c './deploy.sh --fencing-token "$JESYNC_FENCING_TOKEN"'
+  jesync lock deploy -c './deploy.sh --lock "$JESYNC_KEY" --fencing-token "$JESYNC_FENCING_TOKEN"'
 
 {EXIT_STATUSES}"""
 
@@ -176,9 +198,13 @@ class SignalRelay:
 
 
 def child_environment(lock: Lock) -> dict[str, str]:
-    """jesync's environment, with the lock's fencing token in L{FENCING_TOKEN_VARIABLE} (unset if it has none)."""
+    """
+    jesync's environment, with the lock's key in L{KEY_VARIABLE} and its
+    fencing token in L{FENCING_TOKEN_VARIABLE} (unset if it has none).
+    """
     env = dict(os.environ)
     env.pop(FENCING_TOKEN_VARIABLE, None)  # an outer jesync lock's
+    env[KEY_VARIABLE] = lock.key
     if lock.token is not None:
         env[FENCING_TOKEN_VARIABLE] = str(lock.token)
     return env
@@ -192,8 +218,9 @@ def exit_status(returncode: int) -> int:
 def run_lock(args: argparse.Namespace, client: Client) -> int:
     relay = SignalRelay()
     lock: Optional[Lock] = None
+    wait = 0 if args.nonblock else args.wait
     try:
-        lock = client.lock(args.key, args.max_concurrent, args.wait, args.expires, auto_renew=True)
+        lock = client.lock(args.key, args.max_concurrent, wait, args.expires, auto_renew=True)
         relay.acquiring = False
     except _Interrupted as interrupted:
         relay.acquiring = False  # from now on signals are only noted
@@ -201,14 +228,15 @@ def run_lock(args: argparse.Namespace, client: Client) -> int:
             lock.release()
         return SIGNAL_BASE + interrupted.signum
     except LockTimeout:
-        say(f"timed out after waiting {args.wait:g} s for the lock on {printable(args.key)!r}")
+        if not args.nonblock:  # flock -n says nothing (cron mails no output)
+            say(f"timed out after waiting {args.wait:g} s for the lock on {printable(args.key)!r}")
         return args.conflict_exit_code
     return run_holding(args, lock, relay)
 
 
 def run_holding(args: argparse.Namespace, lock: Lock, relay: SignalRelay) -> int:
     """Run COMMAND while holding C{lock}; release it however COMMAND ends."""
-    program = args.command[0]
+    program = args.program
     key = printable(lock.key)
 
     def lost(error: LockLost) -> None:
@@ -393,7 +421,26 @@ def add_connection_options(parser: argparse.ArgumentParser, default: Any) -> Non
     )
 
 
+class CommandParser(argparse.ArgumentParser):
+    """
+    A command's parser (C{jesync lock}, ...): every usage error in the
+    command's arguments, an unknown option among them, prints the command's
+    usage, not jesync's.  (argparse leaves unknown arguments to the top-level
+    parser, which would print its own.)
+    """
+
+    def parse_known_args(self, args: Optional[Iterable[str]] = None, namespace: Any = None) -> Any:
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
+
 def build_parser() -> argparse.ArgumentParser:
+    """
+    The parser.  Each command's parser is also in its namespace, as
+    C{command_parser}, for the errors found after parsing.
+    """
     formatter = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
         prog="jesync",
@@ -401,19 +448,38 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=MAIN_EXAMPLES,
         formatter_class=formatter,
     )
+    parser.add_argument(
+        "--version", action="version", version=f"jesync {__version__}", help="print jesync's version and exit"
+    )
     add_connection_options(parser, None)
-    commands = parser.add_subparsers(dest="command_name", metavar="COMMAND", required=True)
+    commands = parser.add_subparsers(
+        dest="command_name", metavar="COMMAND", required=True, parser_class=CommandParser
+    )
 
     lock = commands.add_parser(
         "lock",
         help="run a command while holding a lock",
-        usage="jesync lock KEY [options] -- COMMAND [ARGS...]",
+        usage="jesync lock [options] KEY -- COMMAND [ARGS...]\n       jesync lock [options] KEY -c STRING",
         description=LOCK_DESCRIPTION,
         epilog=LOCK_EXAMPLES,
         formatter_class=formatter,
     )
     lock.add_argument("key", metavar="KEY", help="the lock's name (no whitespace)")
-    lock.add_argument("command", metavar="COMMAND", nargs="*", help="the command to run, after --")
+    lock.add_argument(
+        "command",
+        metavar="COMMAND",
+        nargs="*",
+        default=[],
+        help="the command to run, with its arguments: after -- (so that its options stay its own)",
+    )
+    lock.add_argument(
+        "-c",
+        "--command",
+        dest="shell_command",
+        metavar="STRING",
+        help="run STRING, a shell command line (pipes, &&, $JESYNC_KEY...), with /bin/sh -c, "
+        "as flock -c does; instead of a COMMAND",
+    )
     lock.add_argument(
         "--max-concurrent",
         "-n",
@@ -422,14 +488,21 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="a semaphore: up to N holders at once [default: 1, a mutex]",
     )
-    lock.add_argument(
+    waiting = lock.add_mutually_exclusive_group()
+    waiting.add_argument(
         "--wait",
         "-w",
         type=seconds,
         default=None,
         metavar="SECONDS",
-        help="give up if the lock is not granted within SECONDS (whole seconds: a fraction is "
-        "rounded up); 0 tries once [default: wait for ever]",
+        help=f"give up, with a message and status {EXIT_TIMEOUT}, if the lock is not granted within "
+        "SECONDS (whole seconds: a fraction is rounded up); 0 tries once [default: wait for ever]",
+    )
+    waiting.add_argument(
+        "--nonblock",
+        action="store_true",
+        help=f"flock -n: if the lock is held, do not wait: exit at once with status {EXIT_BUSY} "
+        "and no message (--wait 0, with flock's status and silence)",
     )
     lock.add_argument(
         "--expires",
@@ -444,9 +517,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--conflict-exit-code",
         "-E",
         type=exit_code,
-        default=EXIT_TIMEOUT,
+        default=None,
         metavar="STATUS",
-        help=f"exit with STATUS if the wait times out [default: {EXIT_TIMEOUT}]",
+        help=f"exit with STATUS if the wait times out, or, with --nonblock, if the lock is held "
+        f"[default: {EXIT_BUSY} with --nonblock, as flock; else {EXIT_TIMEOUT}]",
     )
     lock.add_argument(
         "--terminate-on-loss",
@@ -454,6 +528,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="send COMMAND SIGTERM if the lock is lost while it runs [default: leave it running]",
     )
     add_connection_options(lock, argparse.SUPPRESS)
+    lock.set_defaults(command_parser=lock)
 
     status = commands.add_parser(
         "status",
@@ -466,6 +541,7 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("key", metavar="KEY")
     status.add_argument("--json", action="store_true", help="print one JSON object")
     add_connection_options(status, argparse.SUPPRESS)
+    status.set_defaults(command_parser=status)
 
     listing = commands.add_parser(
         "list",
@@ -483,6 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     listing.add_argument("--json", action="store_true", help="print a JSON list of objects")
     add_connection_options(listing, argparse.SUPPRESS)
+    listing.set_defaults(command_parser=listing)
 
     ping = commands.add_parser(
         "ping",
@@ -494,11 +571,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     ping.add_argument("--json", action="store_true", help="print a JSON list of objects")
     add_connection_options(ping, argparse.SUPPRESS)
+    ping.set_defaults(command_parser=ping)
     return parser
 
 
 def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
-    """Parse; COMMAND is everything after the first C{--} (so its own options stay its own)."""
+    """
+    Parse; COMMAND is everything after the first C{--} (so its own options
+    stay its own).  A usage error prints the usage of the command it is in.
+    """
     parser = build_parser()
     argv = list(argv)
     command: list[str] = []
@@ -506,18 +587,28 @@ def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
         split = argv.index("--")
         argv, command = argv[:split], argv[split + 1 :]
     args = parser.parse_args(argv)
+    command_parser: argparse.ArgumentParser = args.command_parser
     if args.command_name == "lock":
         args.command = args.command + command
-        if not args.command:
-            parser.error("jesync lock needs a COMMAND to run: jesync lock KEY -- COMMAND [ARGS...]")
+        if args.shell_command is not None:
+            if args.command:
+                command_parser.error("give -c STRING or a COMMAND after KEY, not both")
+            args.command = [SHELL, "-c", args.shell_command]
+            args.program = "the -c command"
+        elif not args.command:
+            command_parser.error("a COMMAND to run is needed: jesync lock KEY -- COMMAND [ARGS...], or -c STRING")
+        else:
+            args.program = args.command[0]
+        if args.conflict_exit_code is None:
+            args.conflict_exit_code = EXIT_BUSY if args.nonblock else EXIT_TIMEOUT
     elif command:
-        parser.error(f"jesync {args.command_name} takes no command after --")
+        command_parser.error(f"jesync {args.command_name} takes no command after --")
     try:
         args.servers = parse_servers(",".join(args.server or []) or os.environ.get("JESYNC_SERVERS") or DEFAULT_SERVER)
         if args.command_name in ("lock", "status"):
             check_key(args.key)
     except ValueError as error:
-        parser.error(str(error))
+        command_parser.error(str(error))
     return args
 
 
@@ -532,17 +623,24 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Client], int]] = {
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """The C{jesync} console script; returns the exit status."""
     args = parse_arguments(sys.argv[1:] if argv is None else argv)
-    client = Client(
-        args.servers,
-        placement=args.placement,
-        connect_timeout=args.connect_timeout,
-        read_timeout=args.read_timeout,
-    )
+    try:
+        client = Client(
+            args.servers,
+            placement=args.placement,
+            connect_timeout=args.connect_timeout,
+            read_timeout=args.read_timeout,
+        )
+    except ValueError as error:  # the token file, or a JESYNC_TLS* variable
+        say(str(error))
+        return EXIT_CONFIG
     try:
         return COMMANDS[args.command_name](args, client)
     except ConnectionLost as error:
         say(str(error))
         return EXIT_UNAVAILABLE
+    except AuthFailed as error:
+        say(str(error))
+        return EXIT_REFUSED
     except ServerError as error:
         say(f"the server refused the request: {error.message}")
         return EXIT_REFUSED

@@ -1,7 +1,9 @@
 """
 The C{jesync} command line, run as a subprocess (C{python -m jesync.cli})
 against real C{twistd jesync} servers: exit statuses, renewal, signals, a
-server killed under a running command, and the read-only commands.
+server killed under a running command, the read-only commands, and what
+it shares with flock(1) (--nonblock, -c) and etcdctl lock (the key in
+$JESYNC_KEY).
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from jesync import __version__
 from jesync.cli import (
+    EXIT_BUSY,
     EXIT_CANNOT_RUN,
     EXIT_LOCK_LOST,
     EXIT_NOT_FOUND,
@@ -29,6 +33,7 @@ from jesync.cli import (
     EXIT_TIMEOUT,
     EXIT_UNAVAILABLE,
     FENCING_TOKEN_VARIABLE,
+    KEY_VARIABLE,
     main,
     parse_arguments,
 )
@@ -153,6 +158,7 @@ class LockCommandTests(CLITestCase):
 
 class FencingTokenTests(CLITestCase):
     PRINT_TOKEN = ["sh", "-c", 'echo "${JESYNC_FENCING_TOKEN-unset}"']
+    PRINT_KEY_AND_TOKEN = 'echo "$JESYNC_KEY ${JESYNC_FENCING_TOKEN-unset}"'
 
     def test_token_in_the_environment(self) -> None:
         """
@@ -188,6 +194,121 @@ class FencingTokenTests(CLITestCase):
         result = jesync("--server", server.address, "lock", "report", "--", *self.PRINT_TOKEN, env=nested)
         self.assertEqual((result.returncode, result.stdout, result.stderr), (0, "unset\n", ""))
         self.assertIn(b"fencing on", server.received)
+        result = jesync("--server", server.address, "lock", "report", "-c", self.PRINT_KEY_AND_TOKEN, env=nested)
+        self.assertEqual((result.returncode, result.stdout, result.stderr), (0, "report unset\n", ""))
+
+    def test_key_in_the_environment(self) -> None:
+        """
+        COMMAND gets the key it runs under in $JESYNC_KEY (as etcdctl lock
+        exports ETCD_LOCK_KEY), beside the fencing token; an outer jesync
+        lock's is replaced, and a nested lock sees its own.
+        """
+        address = self.start_server()
+        self.assertEqual(KEY_VARIABLE, "JESYNC_KEY")
+        nested = cli_environment(JESYNC_KEY="outer", JESYNC_FENCING_TOKEN="stale")
+        result = jesync("--server", address, "lock", "report", "-c", self.PRINT_KEY_AND_TOKEN, env=nested)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        key, token = result.stdout.split()
+        self.assertEqual(key, "report")
+        self.assertGreater(int(token), 0)
+        result = jesync(
+            "--server", address, "lock", "outer", "--",
+            sys.executable, "-m", "jesync.cli", "--server", address, "lock", "inner", "--",
+            "sh", "-c", 'echo "$JESYNC_KEY"',
+        )
+        self.assertEqual((result.returncode, result.stdout, result.stderr), (0, "inner\n", ""))
+
+
+class NonblockTests(CLITestCase):
+    """--nonblock is flock -n: when the lock is held, exit at once, silently, with status 1 (or -E's)."""
+
+    def test_held_by_another_client(self) -> None:
+        address = self.start_server()
+        watcher = self.client(address)
+        watcher.lock("report")  # returns once the server has said GRANTED
+        result = jesync("--server", address, "lock", "--nonblock", "report", "--", "touch", str(self.marker()))
+        self.assertEqual((result.returncode, result.stdout, result.stderr), (EXIT_BUSY, "", ""))
+        self.assertEqual(EXIT_BUSY, 1)
+        self.assertFalse(self.marker().exists())
+        result = jesync("--server", address, "lock", "--nonblock", "-E", "9", "report", "-c", f"touch {self.marker()}")
+        self.assertEqual((result.returncode, result.stderr), (9, ""))
+        self.assertFalse(self.marker().exists())
+        # Nothing was left waiting.
+        self.assertEqual(watcher.status("report"), KeyStatus("report", 1, 0))
+
+    def test_held_by_another_jesync_lock(self) -> None:
+        """A lock held by a running `jesync lock`: --nonblock gives up; once it is over, --nonblock gets it."""
+        address = self.start_server()
+        started, finish = self.marker(), self.marker("finish")
+        holder = self.spawn(
+            "--server", address, "lock", "report", "-c",
+            f"touch {started}; while [ ! -e {finish} ]; do sleep 0.02; done",
+        )
+        self.wait_for(started.exists)
+        result = jesync("--server", address, "lock", "--nonblock", "report", "--", "echo", "ran")
+        self.assertEqual((result.returncode, result.stdout, result.stderr), (EXIT_BUSY, "", ""))
+        finish.touch()
+        holder.communicate(timeout=WITHIN)
+        self.assertEqual(holder.returncode, 0)
+        result = jesync("--server", address, "lock", "--nonblock", "report", "--", "echo", "ran")
+        self.assertEqual((result.returncode, result.stdout, result.stderr), (0, "ran\n", ""))
+
+    def test_free_or_a_free_slot(self) -> None:
+        """A free lock, or a semaphore (-n, unlike flock's) with a slot left: COMMAND runs at once."""
+        address = self.start_server()
+        result = jesync("--server", address, "lock", "--nonblock", "report", "--", "sh", "-c", "exit 5")
+        self.assertEqual(result.returncode, 5)
+        self.client(address).lock("slots", max_concurrent=2)
+        result = jesync("--server", address, "lock", "--nonblock", "-n", "2", "slots", "-c", "echo in")
+        self.assertEqual((result.returncode, result.stdout), (0, "in\n"))
+        result = jesync("--server", address, "lock", "--nonblock", "-n", "1", "slots", "-c", "echo in")
+        self.assertEqual((result.returncode, result.stdout), (EXIT_BUSY, ""))
+
+    def test_same_try_as_wait_0(self) -> None:
+        """--wait 0 tries once too, but says so and exits 75 (jesync's own status for a timed-out wait)."""
+        address = self.start_server()
+        self.client(address).lock("report")
+        result = jesync("--server", address, "lock", "--wait", "0", "report", "--", "true")
+        self.assertEqual(result.returncode, EXIT_TIMEOUT)
+        self.assertIn("timed out after waiting 0 s", result.stderr)
+
+
+class ShellCommandTests(CLITestCase):
+    """-c STRING runs STRING with /bin/sh -c, as flock -c does."""
+
+    def test_shell_syntax(self) -> None:
+        address = self.start_server()
+        watcher = self.client(address)
+        status_file = self.marker("status")
+        result = jesync(
+            "--server", address, "lock", "report", "-c",
+            f"printf '%s\\n' b a c | sort | tr a-z A-Z && echo done > {status_file}; exit 4",
+        )
+        self.assertEqual((result.returncode, result.stdout, result.stderr), (4, "A\nB\nC\n", ""))
+        self.assertEqual(status_file.read_text(), "done\n")
+        self.assertEqual(watcher.status("report"), KeyStatus("report", 0, 0))
+
+    def test_holds_the_lock(self) -> None:
+        """The lock is held while the shell command runs, and released after."""
+        address = self.start_server()
+        watcher = self.client(address)
+        started, finish = self.marker(), self.marker("finish")
+        process = self.spawn(
+            "--server", address, "lock", "--command", f"touch {started}; until [ -e {finish} ]; do sleep 0.02; done",
+            "report",
+        )
+        self.wait_for(started.exists)
+        self.assertEqual(watcher.status("report"), KeyStatus("report", 1, 0))
+        finish.touch()
+        process.communicate(timeout=WITHIN)
+        self.assertEqual(process.returncode, 0)
+        self.assertEqual(watcher.status("report"), KeyStatus("report", 0, 0))
+
+    def test_command_not_found_in_the_shell(self) -> None:
+        """The shell's own status: 127 for a command it cannot find."""
+        address = self.start_server()
+        result = jesync("--server", address, "lock", "report", "-c", "no-such-command-jesync")
+        self.assertEqual(result.returncode, EXIT_NOT_FOUND)
 
 
 class SignalTests(CLITestCase):
@@ -340,13 +461,40 @@ class ArgumentTests(SynchronousTestCase):
             status, out, _ = run_in_process(command, "--help")
             self.assertEqual(status, 0, command)
             self.assertIn("examples:", out, command)
-        self.assertIn("--terminate-on-loss", run_in_process("lock", "--help")[1])
+        lock_help = run_in_process("lock", "--help")[1]
+        for text in ["--terminate-on-loss", "--nonblock", "-c STRING", "JESYNC_KEY", "flock"]:
+            self.assertIn(text, lock_help)
+        # How it differs from flock(1): its -n, and its exit statuses.
+        self.assertRegex(" ".join(lock_help.split()), r"Compared with flock\(1\): -n here is --max-concurrent")
+
+    def test_version(self) -> None:
+        """jesync --version prints the package's version and exits 0."""
+        result = jesync("--version")
+        self.assertEqual((result.returncode, result.stdout, result.stderr), (0, f"jesync {__version__}\n", ""))
 
     def test_command_after_double_dash(self) -> None:
         """Everything after -- is COMMAND, its own options included."""
         args = parse_arguments(["lock", "k", "--wait", "5", "--", "ls", "-l", "--", "x"])
         self.assertEqual((args.key, args.wait, args.command), ("k", 5.0, ["ls", "-l", "--", "x"]))
         self.assertEqual(parse_arguments(["lock", "k", "make"]).command, ["make"])
+
+    def test_shell_command(self) -> None:
+        """-c STRING (--command) is /bin/sh -c STRING, before or after KEY."""
+        for argv in (["lock", "k", "-c", "a | b"], ["lock", "--command", "a | b", "k"]):
+            args = parse_arguments(argv)
+            self.assertEqual((args.key, args.command), ("k", ["/bin/sh", "-c", "a | b"]), argv)
+
+    def test_nonblock_and_conflict_exit_code(self) -> None:
+        """--nonblock's conflict status is flock's 1, a timed-out --wait's 75; -E sets either."""
+        for argv, nonblock, status in (
+            (["lock", "k", "x"], False, EXIT_TIMEOUT),
+            (["lock", "--wait", "3", "k", "x"], False, EXIT_TIMEOUT),
+            (["lock", "--nonblock", "k", "x"], True, EXIT_BUSY),
+            (["lock", "--nonblock", "-E", "0", "k", "x"], True, 0),
+            (["lock", "-w", "0", "-E", "3", "k", "x"], False, 3),
+        ):
+            args = parse_arguments(argv)
+            self.assertEqual((args.nonblock, args.conflict_exit_code), (nonblock, status), argv)
 
     def test_servers(self) -> None:
         """--server before or after the command, repeated or comma-separated; else JESYNC_SERVERS; else the default."""
@@ -364,7 +512,7 @@ class ArgumentTests(SynchronousTestCase):
     def test_bad_arguments(self) -> None:
         result = jesync("lock", "k")
         self.assertEqual(result.returncode, 2)
-        self.assertIn("needs a COMMAND", result.stderr)
+        self.assertIn("a COMMAND to run is needed", result.stderr)
         for argv in (
             ["lock", "two words", "--", "true"],
             ["lock", "k", "--wait", "-1", "--", "true"],
@@ -381,6 +529,48 @@ class ArgumentTests(SynchronousTestCase):
             self.assertEqual(status, 2, argv)
             self.assertIn("usage:", err, argv)
 
+    def test_usage_errors_show_the_command_usage(self) -> None:
+        """
+        A usage error in jesync lock (or any command) prints that command's
+        usage and the error, status 2; one before the command, jesync's.
+        """
+        lock_usage = "usage: jesync lock [options] KEY -- COMMAND [ARGS...]\n       jesync lock [options] KEY -c STRING\n"
+        for argv, error in (
+            (["lock"], "the following arguments are required: KEY"),
+            (["lock", "k"], "a COMMAND to run is needed"),
+            (["lock", "--bogus", "k", "--", "true"], "unrecognized arguments: --bogus"),
+            (["lock", "k", "--", "true", "--server", "x"], None),  # after --: COMMAND's own
+            (["lock", "two words", "--", "true"], "a key cannot contain whitespace"),
+            (["lock", "k", "--wait", "soon", "--", "true"], "argument --wait/-w"),
+            (["lock", "k", "-E", "300", "--", "true"], "argument --conflict-exit-code/-E"),
+            (["lock", "--nonblock", "--wait", "1", "k", "--", "true"], "not allowed with argument"),
+            (["lock", "k", "-c", "echo", "--", "true"], "give -c STRING or a COMMAND after KEY, not both"),
+            (["lock", "-c", "echo", "k", "true"], "give -c STRING or a COMMAND after KEY, not both"),
+            (["lock", "k", "-c", "echo", "true"], "unrecognized arguments: true"),
+            (["lock", "k", "-c"], "argument -c/--command: expected one argument"),
+            (["lock", "k", "--server", "host:99999", "--", "true"], "host:99999"),
+        ):
+            if error is None:
+                self.assertEqual(parse_arguments(argv).command, ["true", "--server", "x"])
+                continue
+            status, out, err = run_in_process(*argv)
+            self.assertEqual((status, out), (2, ""), argv)
+            self.assertTrue(err.startswith(lock_usage), (argv, err))
+            self.assertIn("jesync lock: error: ", err, argv)
+            self.assertIn(error, err, argv)
+        status, _, err = run_in_process("status", "k", "--bogus")
+        self.assertEqual(status, 2)
+        self.assertTrue(err.startswith("usage: jesync status "), err)
+        self.assertIn("jesync status: error: unrecognized arguments: --bogus", err)
+        status, _, err = run_in_process("--bogus", "lock", "k", "--", "true")
+        self.assertEqual(status, 2)
+        self.assertTrue(err.startswith("usage: jesync [-h]"), err)
+        self.assertIn("jesync: error: unrecognized arguments: --bogus", err)
+        result = jesync("lock", "--bogus", "k", "--", "true")  # the installed way: the same
+        self.assertEqual(result.returncode, 2)
+        self.assertTrue(result.stderr.startswith(lock_usage), result.stderr)
+
     def test_exit_statuses_distinct(self) -> None:
         statuses = [EXIT_UNAVAILABLE, EXIT_LOCK_LOST, EXIT_TIMEOUT, EXIT_REFUSED, EXIT_CANNOT_RUN, EXIT_NOT_FOUND, 2]
+        statuses.append(EXIT_BUSY)
         self.assertEqual(len(set(statuses)), len(statuses))

@@ -77,6 +77,18 @@ class ImportTests(SynchronousTestCase):
         self.assertFromCheckout(found)
         self.assertEqual(found["loaded"], [])
 
+    def test_clients_import_no_twisted(self) -> None:
+        """
+        C{jesync.client}, the blocking and asyncio clients and the command
+        line load no Twisted module at all; the Twisted client loads Twisted
+        when it is asked for.
+        """
+        found = loaded_after("import jesync.client, jesync.client.blocking, jesync.client.aio, jesync.cli", ("twisted",))
+        self.assertFromCheckout(found)
+        self.assertEqual(found["loaded"], [])
+        twisted = loaded_after("from jesync.client import TwistedClient", ("twisted",))
+        self.assertIn("twisted.internet.defer", twisted["loaded"])
+
     def test_wire_imports_no_twisted(self) -> None:
         """L{jesync.wire}, the rules shared with the clients, loads no Twisted module at all."""
         found = loaded_after("import jesync.wire", ("twisted",))

@@ -20,6 +20,8 @@ C{$JESYNC_TLS}, C{$JESYNC_TLS_CA_FILE} and C{$JESYNC_TLS_SERVER_NAME} when
 not given them, as the C{jesync} command does (L{jesync.client.config}).
 """
 
+from typing import TYPE_CHECKING, Any
+
 from jesync.client.address import DEFAULT_PORT, DEFAULT_SERVER, TCPAddress, UNIXAddress, parse_address
 from jesync.client.aio import AsyncClient, AsyncLock
 from jesync.client.blocking import Client, Lock
@@ -35,8 +37,25 @@ from jesync.client.errors import (
     ServerError,
 )
 from jesync.client.placement import HashRing, PHPPlacement
-from jesync.client.txclient import TwistedClient, TwistedLock
 from jesync.wire import KeyStatus
+
+if TYPE_CHECKING:
+    from jesync.client.txclient import TwistedClient, TwistedLock
+
+
+def __getattr__(name: str) -> Any:
+    """
+    The Twisted client, imported when first asked for (PEP 562): importing
+    C{jesync.client}, the blocking or the asyncio client imports no Twisted
+    module at all.
+    """
+    if name in ("TwistedClient", "TwistedLock"):
+        from jesync.client import txclient
+
+        value = getattr(txclient, name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
     "DEFAULT_PORT",

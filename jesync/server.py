@@ -398,6 +398,33 @@ def _close_now(port: IListeningPort) -> None:
         port.stopListening()
 
 
+def _tls_as_cryptography(endpoint: IStreamServerEndpoint) -> None:
+    """
+    An C{ssl:} endpoint's certificate, key and chain, as C{cryptography}'s
+    objects rather than pyOpenSSL's.  Twisted's C{ssl:} parser (through 26.10
+    at least) loads them as pyOpenSSL C{X509} and C{PKey}, which pyOpenSSL
+    deprecates handing to a context (a DeprecationWarning from 24.3, at
+    listening or at the first connection); L{CertificateOptions} takes
+    either.  Done before the endpoint listens, so before the context is made.
+    Any other endpoint is left as it is.
+    """
+    options = getattr(endpoint, "_sslContextFactory", None)
+    if options is None:
+        return
+    from OpenSSL import crypto  # only for ssl:, which needs it anyway
+
+    if isinstance(getattr(options, "certificate", None), crypto.X509):
+        options.certificate = options.certificate.to_cryptography()
+    if isinstance(getattr(options, "privateKey", None), crypto.PKey):
+        options.privateKey = options.privateKey.to_cryptography_key()
+    chain = getattr(options, "extraCertChain", None)
+    if chain:
+        options.extraCertChain = [
+            certificate.to_cryptography() if isinstance(certificate, crypto.X509) else certificate
+            for certificate in chain
+        ]
+
+
 class Listener(StreamServerEndpointService):
     """
     One endpoint of a L{LockServer}, serving C{factory} while the server
@@ -488,6 +515,7 @@ class LockServer(service.MultiService):
     def listen(self, description: str, factory: IProtocolFactory) -> None:
         """Serve C{factory} on the endpoint C{description} while this service runs."""
         endpoint = endpoints.serverFromString(self.clock, description)
+        _tls_as_cryptography(endpoint)
         Listener(description, endpoint, factory).setServiceParent(self)
 
     def listeners(self) -> List[Listener]:

@@ -61,7 +61,7 @@ class ScriptedSession:
     def __init__(self) -> None:
         self.sent = b""
         self.now = 1000.0
-        self.session = Session("memory", self._send, self._make_lock)
+        self.session = Session("memory", self._send, self._make_lock, lambda: self.now)
         self.results: dict[str, Any] = {}
 
     def _send(self, data: bytes) -> None:

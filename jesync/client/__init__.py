@@ -37,6 +37,7 @@ from jesync.client.errors import (
     ServerError,
 )
 from jesync.client.placement import HashRing, PHPPlacement
+from jesync.client.wire import Holder
 from jesync.wire import KeyStatus
 
 if TYPE_CHECKING:
@@ -58,6 +59,7 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 __all__ = [
+    "Holder",
     "DEFAULT_PORT",
     "DEFAULT_SERVER",
     "AsyncClient",

@@ -29,7 +29,7 @@ from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
 from jesync.client.pipeline import discard
 from jesync.client.session import Session
-from jesync.client.wire import PING_KEY, LineSplitter, Reply, UnexpectedReply, lock_arguments, lock_many_arguments
+from jesync.client.wire import PING_KEY, Holder, LineSplitter, Reply, UnexpectedReply, lock_arguments, lock_many_arguments
 from jesync.listing import sort_listing
 from jesync.wire import KeyStatus, ListingOrder
 
@@ -53,6 +53,16 @@ class AsyncLock(LockState):
     async def renew(self) -> None:
         """Restart the failsafe expiry; raise L{LockLost} if the lock is not held any more."""
         await self._connection.call(self._connection.session.renew, self)
+
+    async def owned(self) -> bool:
+        """
+        Ask the server whether this connection still holds the lock, as
+        L{jesync.client.Lock.owned} does (False if released or lost; if the
+        server says not, the lock is lost and its callbacks called).
+        """
+        result: bool = await self._connection.call(self._connection.session.owned, self)
+        self._connection._tell_lost()
+        return result
 
     def start_renewing(self) -> None:
         """Renew in a background task every third of C{expires}, until released or lost."""
@@ -99,11 +109,12 @@ class _Connection:
     def __init__(self, address: Address, loop: asyncio.AbstractEventLoop, read_timeout: Optional[float]) -> None:
         self.address = address
         self.loop = loop
-        self.session = Session(str(address), self._send, self._make_lock)
+        self.session = Session(str(address), self._send, self._make_lock, loop.time)
         self._read_timeout = read_timeout
         self._transport: Optional[asyncio.Transport] = None
         self._splitter = LineSplitter()
         self._silence: Optional[asyncio.TimerHandle] = None
+        self._deadline: Optional[asyncio.TimerHandle] = None
 
     @classmethod
     async def open(
@@ -213,6 +224,7 @@ class _Connection:
             self.fail(str(error))
             return
         self._watch_silence()
+        self._watch_deadlines()
         self._tell_lost()
 
     def _watch_silence(self) -> None:
@@ -222,6 +234,21 @@ class _Connection:
             self._silence = None
         if self._read_timeout is not None and self.session.pipeline.owes_reply and not self.closed:
             self._silence = self.loop.call_later(self._read_timeout, self._silent)
+
+    def _watch_deadlines(self) -> None:
+        """Wake up when the earliest lock deadline passes (deadlines only change when replies arrive)."""
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+        deadline = None if self.closed else self.session.next_deadline()
+        if deadline is not None:
+            self._deadline = self.loop.call_at(deadline, self._deadline_passed)
+
+    def _deadline_passed(self) -> None:
+        self._deadline = None
+        self.session.expire_overdue()
+        self._watch_deadlines()
+        self._tell_lost()
 
     def _silent(self) -> None:
         self._silence = None
@@ -236,6 +263,9 @@ class _Connection:
         if self._silence is not None:
             self._silence.cancel()
             self._silence = None
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
         self.session.fail(reason)
         if self._transport is not None:
             self._transport.abort()
@@ -401,6 +431,11 @@ class AsyncClient:
         """How many hold C{key} and how many wait for it."""
         connection = await self._connection(self._fleet.index_for(key))
         return await connection.call(connection.session.status, key)
+
+    async def holders(self, key: str) -> list[Holder]:
+        """Who holds C{key} and since when, as L{jesync.client.Client.holders}."""
+        connection = await self._connection(self._fleet.index_for(key))
+        return await connection.call(connection.session.holders, key)
 
     async def listing(self, order: ListingOrder = "key") -> list[KeyStatus]:
         """Every key in use on every server, in C{order} (C{"key"}, C{"requests"}, C{"grants"})."""

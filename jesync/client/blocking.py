@@ -31,7 +31,7 @@ from jesync.client.errors import ConnectFailed, ConnectionLost, LockLost, descri
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
 from jesync.client.session import Session
-from jesync.client.wire import PING_KEY, LineSplitter, Reply, UnexpectedReply, lock_arguments, lock_many_arguments
+from jesync.client.wire import PING_KEY, Holder, LineSplitter, Reply, UnexpectedReply, lock_arguments, lock_many_arguments
 from jesync.listing import sort_listing
 from jesync.wire import KeyStatus, ListingOrder
 
@@ -190,6 +190,17 @@ class Lock(LockState):
         """
         self._connection.call(self._connection.session.renew, self)
 
+    def owned(self) -> bool:
+        """
+        Ask the server whether this connection still holds the lock (every
+        key of it), as redis-py's C{owned()}: False for a lock released or
+        lost.  If the server says it does not, the lock is lost (its lost
+        callbacks are called).  Needs a server with the C{owned} command.
+        """
+        result: bool = self._connection.call(self._connection.session.owned, self)
+        self._connection._tell_lost()
+        return result
+
     def start_renewing(self) -> None:
         """Renew in a background thread every third of C{expires}, until released or lost."""
         interval = self.renew_interval
@@ -241,7 +252,7 @@ class _Connection:
         self._read_timeout = read_timeout
         # The session's callbacks run under the mutex (they only settle futures).
         self._mutex = threading.RLock()
-        self.session = Session(str(address), self._send, self._make_lock)
+        self.session = Session(str(address), self._send, self._make_lock, time.monotonic)
         self._quiet_since = time.monotonic()
         self._send_error: Optional[str] = None
         # auth (with a token) and fencing on, first on the connection; an older
@@ -333,7 +344,9 @@ class _Connection:
             with selectors.DefaultSelector() as selector:
                 selector.register(self._sock, selectors.EVENT_READ)
                 while not self.closed:
-                    if not selector.select(tick):
+                    ready = selector.select(self._wake_in(tick))
+                    self._expire_overdue()
+                    if not ready:
                         if self._overdue():
                             reason = f"no reply within {self._read_timeout:g} s"
                             break
@@ -357,6 +370,25 @@ class _Connection:
         finally:
             self.fail(self._send_error or reason)
             self._sock.close()
+
+    def _wake_in(self, tick: Optional[float]) -> Optional[float]:
+        """
+        How long the reader may wait for data: C{tick}, or less if a lock's
+        deadline comes first.  (Deadlines are set by replies, which this
+        thread reads, so a new one is always seen before the next wait.)
+        """
+        with self._mutex:
+            deadline = self.session.next_deadline()
+        if deadline is None:
+            return tick
+        left = max(0.0, deadline - time.monotonic())
+        return left if tick is None else min(tick, left)
+
+    def _expire_overdue(self) -> None:
+        """Lose the locks whose failsafe expiry ran out, and call their lost callbacks."""
+        with self._mutex:
+            self.session.expire_overdue()
+        self._tell_lost()
 
     def _overdue(self) -> bool:
         assert self._read_timeout is not None
@@ -569,6 +601,15 @@ class Client:
         """How many hold C{key} and how many wait for it."""
         connection = self._connection_for(key)
         return connection.call(connection.session.status, key)
+
+    def holders(self, key: str) -> list[Holder]:
+        """
+        Who holds C{key} and since when: a L{Holder} per holder, in the order
+        they were granted (empty if nobody holds it).  Needs a server with
+        the C{holders} command.
+        """
+        connection = self._connection_for(key)
+        return connection.call(connection.session.holders, key)
 
     def listing(self, order: ListingOrder = "key") -> list[KeyStatus]:
         """

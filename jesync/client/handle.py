@@ -101,13 +101,27 @@ class LockState:
     @property
     def seconds_left(self) -> Optional[float]:
         """
-        Seconds until the server's failsafe releases the grant, as last
-        reported by the server (counted from when its reply arrived); None if
-        it never expires.
+        Seconds until the server's failsafe releases the grant (its
+        C{deadline}); None if it never expires.
         """
         if self._expires_at is None:
             return None
         return max(0.0, self._expires_at - self._clock())
+
+    @property
+    def deadline(self) -> Optional[float]:
+        """
+        When (on the clock the handle was given: C{time.monotonic}, the
+        asyncio loop's or the reactor's) the failsafe expiry runs out unless
+        the lock is renewed first; None if it never expires.  It is counted
+        from when the lock (or its last renewal) was requested, not from when
+        the answer arrived, so the client errs on the early side: once it
+        passes, the handle is lost (its lost callbacks are called) even if
+        the server, whose count started a little later, still holds it for a
+        moment.  For a lock that had to wait, the grant is taken to have been
+        made one round trip before its answer arrived.
+        """
+        return self._expires_at
 
     @property
     def renew_interval(self) -> Optional[float]:
@@ -127,9 +141,27 @@ class LockState:
 
     # -- for the clients -------------------------------------------------
 
-    def _granted(self, seconds_left: Optional[int]) -> None:
-        """A GRANTED reply (the grant or a renewal) arrived."""
-        self._expires_at = self._clock() + seconds_left if seconds_left else None
+    def _granted(self, seconds_left: Optional[int], age: float = 0.0) -> None:
+        """
+        A GRANTED reply (the grant or a renewal) arrived; the grant was made
+        at most C{age} seconds ago (when the request was sent).
+        """
+        if not seconds_left:
+            self._expires_at = None
+            return
+        lifetime = min(seconds_left, self.expires) if self.expires else seconds_left
+        self._expires_at = self._clock() - age + lifetime
+
+    def _server_says_left(self, ms_left: int, age: float) -> None:
+        """C{owned} answered C{OWNED ms_left} (asked C{age} seconds ago): never a later deadline than the server's."""
+        if ms_left >= 0:
+            deadline = self._clock() - age + ms_left / 1000
+            if self._expires_at is None or deadline < self._expires_at:
+                self._expires_at = deadline
+
+    def _overdue(self) -> bool:
+        """Held, with its deadline passed."""
+        return self._state == "held" and self._expires_at is not None and self._clock() >= self._expires_at
 
     def _mark_released(self) -> bool:
         """Held -> released; False if it was not held."""

@@ -70,6 +70,8 @@ from jesync.client.wire import (
     lock_many_request,
     lock_request,
     listing_request,
+    holders_request,
+    owned_request,
     parse_reply,
     release_request,
     status_request,
@@ -93,7 +95,7 @@ _GRANTS = frozenset({"GRANTED", "GRANTED-MANY"})
 class _Request:
     """One request awaiting its reply."""
 
-    __slots__ = ("command", "keys", "on_result", "on_error", "may_wait", "answered", "abandoned", "rows")
+    __slots__ = ("command", "keys", "on_result", "on_error", "may_wait", "answered", "abandoned", "rows", "on_waiting")
 
     def __init__(self, command: str, keys: tuple[str, ...], on_result: OnResult, on_error: OnError) -> None:
         self.command = command
@@ -104,7 +106,9 @@ class _Request:
         # lock: its GRANTED/TIMEOUT/error has arrived (and settled it), its fence has not yet
         self.answered = False
         self.abandoned = False
-        self.rows: list[KeyStatus] = []
+        self.rows: list[Any] = []
+        #: a lock request: called when its fence shows it waiting
+        self.on_waiting: Optional[Callable[[], None]] = None
 
     @property
     def key(self) -> Optional[str]:
@@ -130,7 +134,9 @@ class Pipeline:
     timed-out wait is a L{LockTimeout} error), C{lock_many} in the
     C{GRANTED-MANY} L{Reply} (L{LockManyTimeout}), C{release} in a C{bool}
     (whether the connection held the key), C{status} in a L{KeyStatus},
-    C{listing} in a list of them, C{fencing} in a C{bool} (the server's
+    C{listing} in a list of them, C{holders} in a list of
+    L{jesync.client.wire.Holder}, C{owned} in the milliseconds left (None if
+    not held), C{fencing} in a C{bool} (the server's
     setting).  A refused request errs with L{ServerError}.  The pipeline's
     state is consistent whenever it calls them, so they may make new
     requests.
@@ -166,10 +172,15 @@ class Pipeline:
         expires: int,
         on_result: OnResult,
         on_error: OnError,
+        on_waiting: Optional[Callable[[], None]] = None,
     ) -> None:
-        """Send C{lock} (and its fence); the arguments are the protocol's, already checked."""
+        """
+        Send C{lock} (and its fence); the arguments are the protocol's,
+        already checked.  C{on_waiting} (if given) is called when the fence
+        shows that the request waits (it was not answered at once).
+        """
         line = lock_request(key, max_concurrent, timeout, expires) + status_request(key)
-        self._lock(_Request("lock", (key,), on_result, on_error), timeout, line)
+        self._lock(_Request("lock", (key,), on_result, on_error), timeout, line, on_waiting)
 
     def lock_many(
         self,
@@ -178,18 +189,22 @@ class Pipeline:
         expires: int,
         on_result: OnResult,
         on_error: OnError,
+        on_waiting: Optional[Callable[[], None]] = None,
     ) -> None:
         """
         Send C{lock-many} (and its fence, a C{status} of its first key); the
         arguments are the protocol's, already checked
-        (L{jesync.client.wire.lock_many_arguments}).
+        (L{jesync.client.wire.lock_many_arguments}); C{on_waiting} as L{lock}'s.
         """
         keys = tuple(dict.fromkeys(keys))  # as the server counts them, so that its answer names the same keys
         line = lock_many_request(keys, timeout, expires) + status_request(keys[0])
-        self._lock(_Request("lock-many", keys, on_result, on_error), timeout, line)
+        self._lock(_Request("lock-many", keys, on_result, on_error), timeout, line, on_waiting)
 
-    def _lock(self, request: _Request, timeout: int, line: bytes) -> None:
+    def _lock(
+        self, request: _Request, timeout: int, line: bytes, on_waiting: Optional[Callable[[], None]] = None
+    ) -> None:
         self._check_open()
+        request.on_waiting = on_waiting
         for key in request.keys:
             pending = self._locks.get(key)
             if pending and (timeout != 0 or any(other.may_wait for other in pending)):
@@ -204,6 +219,18 @@ class Pipeline:
 
     def status(self, key: str, on_result: OnResult, on_error: OnError) -> None:
         self._enqueue(_Request("status", (key,), on_result, on_error), status_request(key))
+
+    def owned(self, key: str, on_result: OnResult, on_error: OnError) -> None:
+        """
+        C{owned <key>} (an extension): C{on_result} gets None if this
+        connection does not hold the key, else the milliseconds until its
+        failsafe expiry (-1: none).  An older server errs (INVALID_COMMAND).
+        """
+        self._enqueue(_Request("owned", (key,), on_result, on_error), owned_request(key))
+
+    def holders(self, key: str, on_result: OnResult, on_error: OnError) -> None:
+        """C{holders <key>} (an extension): C{on_result} gets a list of L{jesync.client.wire.Holder}."""
+        self._enqueue(_Request("holders", (key,), on_result, on_error), holders_request(key))
 
     def listing(self, order: ListingOrder, on_result: OnResult, on_error: OnError) -> None:
         self._enqueue(_Request("listing", (), on_result, on_error), listing_request(order))
@@ -268,6 +295,15 @@ class Pipeline:
             head.on_error(ServerError(reply.text))
         elif head.command == "listing":
             self._listing_line(head, reply)
+        elif head.command == "holders" and word in ("HOLDER", "END") and reply.key in (head.key, None):
+            if word == "END":
+                self._queue.popleft()
+                head.on_result(head.rows)
+            else:
+                head.rows.append(reply.holder)
+        elif head.command == "owned" and word in ("OWNED", "NOT_OWNED") and reply.key == head.key:
+            self._queue.popleft()
+            head.on_result(reply.ms_left if word == "OWNED" else None)
         elif head.command == "release" and word in ("RELEASED", "NOT_RELEASED") and reply.key == head.key:
             self._queue.popleft()
             head.on_result(word == "RELEASED")
@@ -288,6 +324,8 @@ class Pipeline:
             self._queue.popleft()
             if not head.answered:
                 self._waiting[head.key] = head  # type: ignore[index]
+                if head.on_waiting is not None:
+                    head.on_waiting()
         elif reply.word in ERROR_WORDS and not head.answered:
             head.answered = True
             self._forget_lock(head)
@@ -298,7 +336,7 @@ class Pipeline:
 
     def _listing_line(self, head: _Request, reply: Reply) -> None:
         if reply.word == "STATUS":
-            head.rows.append(reply.status)  # type: ignore[arg-type]
+            head.rows.append(reply.status)
         elif reply.word == "END":
             self._queue.popleft()
             head.on_result(head.rows)

@@ -26,6 +26,7 @@ it is safe to.
 
 from __future__ import annotations
 
+import time
 from typing import Callable, Iterable, Optional
 
 from jesync.client.errors import AuthFailed, ConnectionLost, KeyBusy, ServerError
@@ -43,8 +44,16 @@ MakeLock = Callable[[Reply, int, int], LockState]
 
 
 class Session:
-    def __init__(self, address: str, send: Callable[[bytes], None], make_lock: MakeLock) -> None:
+    def __init__(
+        self,
+        address: str,
+        send: Callable[[bytes], None],
+        make_lock: MakeLock,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.address = address
+        #: the clock the requests are timed by (the locks' clock)
+        self.clock = clock
         self.pipeline = Pipeline(send, self._expired)
         self.held: dict[str, LockState] = {}  # by each of its keys
         #: whether the server gives fencing tokens: None until it has answered C{fencing on}
@@ -115,27 +124,42 @@ class Session:
     ) -> None:
         """Ask for C{key}; C{on_result} gets the new lock handle."""
         self._check_free((key,))
-        granted = self._granted(max_concurrent, expires, on_result)
-        self.pipeline.lock(key, max_concurrent, timeout, expires, granted, on_error)
+        granted, waiting = self._granted(max_concurrent, expires, on_result)
+        self.pipeline.lock(key, max_concurrent, timeout, expires, granted, on_error, waiting)
 
     def lock_many(self, keys: tuple[str, ...], timeout: int, expires: int, on_result: OnResult, on_error: OnError) -> None:
         """Ask for all of C{keys} (distinct, checked), a mutex on each; C{on_result} gets one handle for them all."""
         self._check_free(keys)
-        self.pipeline.lock_many(keys, timeout, expires, self._granted(1, expires, on_result), on_error)
+        granted, waiting = self._granted(1, expires, on_result)
+        self.pipeline.lock_many(keys, timeout, expires, granted, on_error, waiting)
 
     def _check_free(self, keys: Iterable[str]) -> None:
         for key in keys:
             if key in self.held:
                 raise KeyBusy(key, "this client already holds it")
 
-    def _granted(self, max_concurrent: int, expires: int, on_result: OnResult) -> OnResult:
+    def _granted(self, max_concurrent: int, expires: int, on_result: OnResult) -> tuple[OnResult, Callable[[], None]]:
+        """
+        The callbacks of a lock request sent now: its grant, and its fence
+        showing that it waits.  The lock's deadline is counted from when the
+        request was sent; for one that had to wait, from one round trip (the
+        time its fence took) before its grant arrived.
+        """
+        sent = self.clock()
+        round_trip: list[float] = []
+
         def granted(reply: Reply) -> None:
             lock = self._make_lock(reply, max_concurrent, expires)
+            age = round_trip[0] if round_trip else self.clock() - sent
+            lock._granted(reply.seconds_left, age)
             for key in lock.keys:
                 self.held[key] = lock
             on_result(lock)
 
-        return granted
+        def waiting() -> None:
+            round_trip.append(self.clock() - sent)
+
+        return granted, waiting
 
     def give_up(self, key: str) -> None:
         """
@@ -195,9 +219,11 @@ class Session:
             on_error(lock.lost_reason or lock._lost("it was released"))
             return
 
+        sent = self.clock()
+
         def renewed(reply: Reply) -> None:
             if lock.held:
-                lock._granted(reply.seconds_left)
+                lock._granted(reply.seconds_left, self.clock() - sent)
             on_result(None)
 
         def refused(error: Exception) -> None:
@@ -224,6 +250,73 @@ class Session:
 
     def listing(self, order: ListingOrder, on_result: OnResult, on_error: OnError) -> None:
         self.pipeline.listing(order, on_result, on_error)
+
+    def holders(self, key: str, on_result: OnResult, on_error: OnError) -> None:
+        """Who holds C{key}: C{on_result} gets a list of L{jesync.client.wire.Holder}."""
+        self.pipeline.holders(key, on_result, on_error)
+
+    def owned(self, lock: LockState, on_result: OnResult, on_error: OnError) -> None:
+        """
+        Ask the server whether this connection still holds every key of
+        C{lock} (C{owned <key>}); C{on_result} gets a bool.  A lock that is
+        not held (released or lost) is not asked about: False.  If the server
+        says a key is not held, the lock is lost (its lost callbacks are
+        due); if it says it expires sooner than the lock's C{deadline}, the
+        deadline moves earlier.
+        """
+        if not lock.held:
+            on_result(False)
+            return
+        sent = self.clock()
+        answers: list[Optional[int]] = []
+        errors: list[Exception] = []
+
+        def settled() -> None:
+            if len(answers) + len(errors) < len(lock.keys):
+                return
+            if errors:
+                on_error(errors[0])
+                return
+            if any(ms_left is None for ms_left in answers):
+                self._lose(lock, "the server says this connection does not hold it (owned)")
+            elif lock.held:
+                for ms_left in answers:
+                    lock._server_says_left(ms_left, self.clock() - sent)  # type: ignore[arg-type]
+            on_result(lock.held)
+
+        def answered(ms_left: Optional[int]) -> None:
+            answers.append(ms_left)
+            settled()
+
+        def failed(error: Exception) -> None:
+            if isinstance(error, ConnectionLost):
+                answers.append(None)  # the lock is lost with the connection
+            else:
+                errors.append(error)
+            settled()
+
+        for key in lock.keys:
+            self.pipeline.owned(key, answered, failed)
+
+    # -- the failsafe deadlines -------------------------------------------
+
+    def next_deadline(self) -> Optional[float]:
+        """The earliest C{deadline} of the locks held (None: none expires): when to call L{expire_overdue}."""
+        deadlines = [lock.deadline for lock in self.held.values() if lock.deadline is not None]
+        return min(deadlines, default=None)
+
+    def expire_overdue(self) -> None:
+        """
+        Lose every held lock whose deadline has passed without a renewal
+        (their lost callbacks are due: L{take_lost}), and release its keys
+        on the server, so that the server does not hold for a moment longer
+        what the client counts as lost.
+        """
+        for lock in [lock for lock in dict.fromkeys(self.held.values()) if lock._overdue()]:
+            self._lose(lock, f"it expired: not renewed within its failsafe expiry of {lock.expires} s")
+            if not self.closed:
+                for key in lock.keys:
+                    self.pipeline.release(key, discard, discard)
 
     # -- the connection --------------------------------------------------
 

@@ -46,7 +46,7 @@ from jesync.client.errors import ConnectFailed, ConnectionLost, LockLost, descri
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
 from jesync.client.session import Session
-from jesync.client.wire import PING_KEY, LineSplitter, Reply, UnexpectedReply, lock_arguments, lock_many_arguments
+from jesync.client.wire import PING_KEY, Holder, LineSplitter, Reply, UnexpectedReply, lock_arguments, lock_many_arguments
 from jesync.listing import sort_listing
 from jesync.wire import KeyStatus, ListingOrder
 
@@ -69,6 +69,19 @@ class TwistedLock(LockState):
     def renew(self) -> defer.Deferred[None]:
         """Restart the failsafe expiry; fails with L{LockLost} if the lock is not held any more."""
         return self._connection.start(self._connection.session.renew, self)
+
+    def owned(self) -> defer.Deferred[bool]:
+        """
+        Ask the server whether this connection still holds the lock, as
+        L{jesync.client.Lock.owned} does (False if released or lost; if the
+        server says not, the lock is lost and its callbacks called).
+        """
+
+        def told(result: bool) -> bool:
+            self._connection._tell_lost()
+            return result
+
+        return self._connection.start(self._connection.session.owned, self).addCallback(told)
 
     def start_renewing(self) -> None:
         """Renew every third of C{expires}, until released or lost."""
@@ -170,11 +183,12 @@ class _Connection:
     def __init__(self, address: Address, reactor: IReactorTime, read_timeout: Optional[float]) -> None:
         self.address = address
         self.reactor = reactor
-        self.session = Session(str(address), self._send, self._make_lock)
+        self.session = Session(str(address), self._send, self._make_lock, reactor.seconds)
         self._read_timeout = read_timeout
         self._transport: Optional[ITCPTransport] = None
         self._splitter = LineSplitter()
         self._silence: Optional[IDelayedCall] = None
+        self._deadline: Optional[IDelayedCall] = None
         self.gone: defer.Deferred[None] = defer.Deferred()
 
     @classmethod
@@ -324,6 +338,22 @@ class _Connection:
             self.fail(str(error))
             return
         self._watch_silence()
+        self._watch_deadlines()
+        self._tell_lost()
+
+    def _watch_deadlines(self) -> None:
+        """Wake up when the earliest lock deadline passes (deadlines only change when replies arrive)."""
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+        self._deadline = None
+        deadline = None if self.closed else self.session.next_deadline()
+        if deadline is not None:
+            self._deadline = self.reactor.callLater(max(0.0, deadline - self.reactor.seconds()), self._deadline_passed)
+
+    def _deadline_passed(self) -> None:
+        self._deadline = None
+        self.session.expire_overdue()
+        self._watch_deadlines()
         self._tell_lost()
 
     def _watch_silence(self) -> None:
@@ -347,6 +377,9 @@ class _Connection:
         if self._silence is not None and self._silence.active():
             self._silence.cancel()
         self._silence = None
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+        self._deadline = None
         self.session.fail(reason)
         if lost:
             if not self.gone.called:
@@ -525,6 +558,14 @@ class TwistedClient:
         except Exception:
             return defer.fail()
         return self._call(index, lambda connection: connection.start(connection.session.status, key))
+
+    def holders(self, key: str) -> defer.Deferred[list[Holder]]:
+        """Who holds C{key} and since when, as L{jesync.client.Client.holders}."""
+        try:
+            index = self._fleet.index_for(key)
+        except Exception:
+            return defer.fail()
+        return self._call(index, lambda connection: connection.start(connection.session.holders, key))
 
     def listing(self, order: ListingOrder = "key") -> defer.Deferred[list[KeyStatus]]:
         """Every key in use on every server, in C{order} (C{"key"}, C{"requests"}, C{"grants"})."""

@@ -167,6 +167,16 @@ def status_request(key: str) -> bytes:
     return b"status %s\n" % check_key(key)
 
 
+def owned_request(key: str) -> bytes:
+    """C{owned <key>}: whether this connection holds the key (C{OWNED <ms_left> <key>} or C{NOT_OWNED <key>})."""
+    return b"owned %s\n" % check_key(key)
+
+
+def holders_request(key: str) -> bytes:
+    """C{holders <key>}: a C{HOLDER} line per holder of the key, then C{END}."""
+    return b"holders %s\n" % check_key(key)
+
+
 def listing_request(order: ListingOrder) -> bytes:
     try:
         return LISTING_COMMANDS[order] + b"\n"
@@ -175,6 +185,24 @@ def listing_request(order: ListingOrder) -> bytes:
 
 
 # -- replies ---------------------------------------------------------------
+
+
+class Holder(NamedTuple):
+    """
+    One holder of a key, as C{holders} reports it: C{peer} is its address
+    (C{host:port}, C{[v6addr]:port}, C{unix:...}, or C{detached-session}
+    for an elock session in its grace period); C{held_seconds} the whole
+    seconds since it was granted (renewals do not reset it);
+    C{seconds_left} the whole seconds until its failsafe expiry, as in
+    C{GRANTED} (0: it never expires, or has less than half a second left);
+    C{token} the grant's fencing token.
+    """
+
+    key: str
+    peer: str
+    held_seconds: int
+    seconds_left: int
+    token: int
 
 
 #: The replies to a C{lock-many}, which name its keys.
@@ -203,6 +231,10 @@ class Reply(NamedTuple):
     keys: tuple[str, ...] = ()
     tokens: tuple[Optional[int], ...] = ()
     fencing: Optional[bool] = None
+    #: C{OWNED}'s milliseconds until the failsafe expiry (-1: none)
+    ms_left: Optional[int] = None
+    #: a C{HOLDER} line's holder
+    holder: Optional[Holder] = None
 
     @property
     def key(self) -> Optional[str]:
@@ -229,6 +261,12 @@ def parse_reply(line: bytes) -> Reply:
             return Reply(word, None, None, text)
         if word in MANY_REPLIES:
             return _many_reply(word, fields[1:], text)
+        if word == "OWNED" and len(fields) == 3 and int(fields[1]) >= -1:
+            return Reply(word, None, None, text, (decode_key(fields[2]),), ms_left=int(fields[1]))
+        if word == "NOT_OWNED" and len(fields) == 2:
+            return Reply(word, None, None, text, (decode_key(fields[1]),))
+        if word == "HOLDER" and len(fields) >= 6:
+            return _holder_reply(fields, text)
         if word == "FENCING" and len(fields) == 2 and fields[1] in (b"ON", b"OFF"):
             return Reply(word, None, None, text, fencing=fields[1] == b"ON")
         shape = KEYED_REPLIES.get(word)
@@ -242,6 +280,17 @@ def parse_reply(line: bytes) -> Reply:
         return Reply(word, status, int(fields[4]), text, (key,), (token,))
     except ValueError:
         raise UnexpectedReply(f"not a JESync reply: {text!r}") from None
+
+
+def _holder_reply(fields: list[bytes], text: str) -> Reply:
+    """C{HOLDER <key> <peer> <held_seconds> <seconds_left> <token>} (a peer may contain spaces); ValueError if not."""
+    key = decode_key(fields[1])
+    peer = b" ".join(fields[2:-3]).decode("utf-8", "replace")
+    held, left = int(fields[-3]), int(fields[-2])
+    if held < 0 or left < 0:
+        raise ValueError("HOLDER")
+    holder = Holder(key, peer, held, left, _token(fields[-1]))
+    return Reply("HOLDER", None, None, text, (key,), holder=holder)
 
 
 def _many_reply(word: str, fields: list[bytes], text: str) -> Reply:

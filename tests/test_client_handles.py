@@ -1,0 +1,311 @@
+"""
+Handles that tell the truth: a lock whose failsafe ran out is lost at that
+moment (counted from when it was requested), C{owned()} asks the server, and
+C{holders()} says who holds a key.  The sans-I/O core with a fake clock, then
+the three clients against real servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, Callable
+
+from twisted.internet import defer, reactor, task
+from twisted.trial.unittest import SynchronousTestCase, TestCase
+
+from jesync.client import AsyncClient, Client, Holder, LockLost
+from jesync.client.handle import LockState
+from jesync.client.session import Session
+from jesync.client.wire import Reply, parse_reply
+from tests.servers import listen_in_process, start_server
+
+WITHIN = 5.0
+
+
+class FakeSession:
+    """A L{Session} on a fake clock, its sent bytes recorded and its replies scripted."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sent = b""
+        self.session = Session("memory", self._send, self._make_lock, lambda: self.now)
+        self.results: dict[str, Any] = {}
+        self.lost: list[LockLost] = []
+
+    def _send(self, data: bytes) -> None:
+        self.sent += data
+
+    def _make_lock(self, reply: Reply, max_concurrent: int, expires: int) -> LockState:
+        lock = LockState(reply, "memory", max_concurrent, expires, lambda: self.now)
+        lock.add_lost_callback(self.lost.append)
+        return lock
+
+    def call(self, name: str, operation: Callable[..., None], *args: Any) -> None:
+        def settle(value: Any) -> None:
+            self.results[name] = value
+
+        operation(*args, settle, settle)
+
+    def reply(self, *lines: bytes) -> None:
+        for line in lines:
+            self.session.line_received(line)
+
+    def take_sent(self) -> bytes:
+        sent, self.sent = self.sent, b""
+        return sent
+
+    def tick(self, seconds: float) -> None:
+        """Let time pass, as a client's timer would: lose the overdue locks and tell their callbacks."""
+        self.now += seconds
+        self.session.expire_overdue()
+        for lock in self.session.take_lost():
+            lock._notify_lost()
+
+
+class DeadlineCoreTests(SynchronousTestCase):
+    def test_counted_from_the_request(self) -> None:
+        """The deadline is counted from when the lock was asked for, not from when its grant arrived."""
+        s = FakeSession()
+        s.call("lock", s.session.lock, "k", 1, 0, 10)
+        s.now += 0.5  # the round trip
+        s.reply(b"GRANTED 1 0 k 10 7", b"STATUS 1 0 k")
+        lock = s.results["lock"]
+        self.assertEqual(lock.deadline, 1010.0)
+        self.assertEqual(s.session.next_deadline(), 1010.0)
+        s.tick(9.4)
+        self.assertTrue(lock.held)
+        self.assertEqual(s.lost, [])
+        s.take_sent()
+        s.tick(0.1)
+        self.assertTrue(lock.lost)
+        self.assertIn("expired", lock.lost_reason.reason)
+        self.assertEqual(s.lost, [lock.lost_reason])
+        self.assertEqual(s.take_sent(), b"release k\n")  # so the server agrees at once
+        self.assertIsNone(s.session.next_deadline())
+
+    def test_waiting_lock_counts_one_round_trip(self) -> None:
+        """A lock that waited: its grant is taken to have been made one round trip before its answer arrived."""
+        s = FakeSession()
+        s.call("lock", s.session.lock, "k", 1, 60, 10)
+        s.now += 0.25
+        s.reply(b"STATUS 1 1 k")  # the fence: it waits
+        s.now += 30
+        s.reply(b"GRANTED 1 0 k 10 7")
+        self.assertEqual(s.results["lock"].deadline, 1030.25 - 0.25 + 10)
+
+    def test_renewal_moves_the_deadline(self) -> None:
+        s = FakeSession()
+        s.call("lock", s.session.lock, "k", 1, 0, 3)
+        s.reply(b"GRANTED 1 0 k 3 7", b"STATUS 1 0 k")
+        lock = s.results["lock"]
+        s.tick(2)
+        s.call("renew", s.session.renew, lock)
+        s.now += 0.2
+        s.reply(b"GRANTED 1 0 k 3 7", b"STATUS 1 0 k")
+        self.assertEqual(lock.deadline, 1005.0)
+        s.tick(2.7)
+        self.assertTrue(lock.held)
+        s.tick(0.3)
+        self.assertTrue(lock.lost)
+
+    def test_never_expires(self) -> None:
+        s = FakeSession()
+        s.call("lock", s.session.lock, "k", 1, 0, 0)
+        s.reply(b"GRANTED 1 0 k 0 7", b"STATUS 1 0 k")
+        self.assertIsNone(s.results["lock"].deadline)
+        self.assertIsNone(s.session.next_deadline())
+        s.tick(10**6)
+        self.assertTrue(s.results["lock"].held)
+
+    def test_release_after_expiry(self) -> None:
+        s = FakeSession()
+        s.call("lock", s.session.lock, "k", 1, 0, 1)
+        s.reply(b"GRANTED 1 0 k 1 7", b"STATUS 1 0 k")
+        s.tick(1)
+        s.call("release", s.session.release, s.results["lock"])
+        self.assertIs(s.results["release"], False)
+
+    def test_owned(self) -> None:
+        """owned: each key asked; OWNED keeps it held (and never moves the deadline later), NOT_OWNED loses it."""
+        s = FakeSession()
+        s.call("lock", s.session.lock, "k", 1, 0, 60)
+        s.reply(b"GRANTED 1 0 k 60 7", b"STATUS 1 0 k")
+        lock = s.results["lock"]
+        s.take_sent()
+        s.call("owned", s.session.owned, lock)
+        self.assertEqual(s.take_sent(), b"owned k\n")
+        s.reply(b"OWNED 30000 k")
+        self.assertIs(s.results["owned"], True)
+        self.assertEqual(lock.deadline, 1030.0)
+        s.call("owned", s.session.owned, lock)
+        s.reply(b"NOT_OWNED k")
+        self.assertIs(s.results["owned"], False)
+        self.assertTrue(lock.lost)
+        self.assertEqual(s.session.take_lost(), [lock])
+        s.take_sent()
+        s.call("owned", s.session.owned, lock)  # not asked again
+        self.assertEqual(s.take_sent(), b"")
+        self.assertIs(s.results["owned"], False)
+
+    def test_owned_without_expiry(self) -> None:
+        s = FakeSession()
+        s.call("lock", s.session.lock_many, ("a", "b"), 0, 0)
+        s.reply(b"GRANTED-MANY 2 0 a b 1 2", b"STATUS 1 0 a")
+        s.take_sent()
+        s.call("owned", s.session.owned, s.results["lock"])
+        self.assertEqual(s.take_sent(), b"owned a\nowned b\n")
+        s.reply(b"OWNED -1 a", b"OWNED -1 b")
+        self.assertIs(s.results["owned"], True)
+        self.assertIsNone(s.results["lock"].deadline)
+
+    def test_holders(self) -> None:
+        s = FakeSession()
+        s.call("holders", s.session.holders, "k")
+        self.assertEqual(s.take_sent(), b"holders k\n")
+        s.reply(b"HOLDER k 127.0.0.1:5000 12 48 7", b"HOLDER k unix:/tmp/a b 0 0 8", b"END")
+        self.assertEqual(
+            s.results["holders"],
+            [Holder("k", "127.0.0.1:5000", 12, 48, 7), Holder("k", "unix:/tmp/a b", 0, 0, 8)],
+        )
+        s.call("none", s.session.holders, "k")
+        s.reply(b"END")
+        self.assertEqual(s.results["none"], [])
+
+    def test_parse(self) -> None:
+        self.assertEqual(parse_reply(b"OWNED 1500 k").ms_left, 1500)
+        self.assertEqual(parse_reply(b"NOT_OWNED k").keys, ("k",))
+        self.assertEqual(parse_reply(b"HOLDER k detached-session 3 0 9").holder, Holder("k", "detached-session", 3, 0, 9))
+
+
+class BlockingHandleTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.server = start_server(self)
+        self.first = Client(self.server.address)
+        self.second = Client(self.server.address)
+        self.addCleanup(self.first.close)
+        self.addCleanup(self.second.close)
+
+    def test_lost_by_itself(self) -> None:
+        """Not renewed: lost at its deadline, callback called; an auto-renewed lock stays held."""
+        lost = threading.Event()
+        start = time.monotonic()
+        forgotten = self.first.lock("forgotten", expires=2)
+        renewed = self.first.lock("renewed", expires=2, auto_renew=True)
+        forgotten.add_lost_callback(lambda error: lost.set())
+        self.assertTrue(lost.wait(WITHIN))
+        self.assertGreaterEqual(time.monotonic() - start, 1.9)
+        self.assertTrue(forgotten.lost)
+        self.assertIn("expired", forgotten.lost_reason.reason)
+        self.assertFalse(forgotten.owned())
+        self.assertTrue(renewed.held)
+        self.assertTrue(renewed.owned())
+        time.sleep(0.5)  # past the server's own expiry too
+        self.assertTrue(renewed.owned())
+        self.assertTrue(renewed.release())
+
+    def test_owned(self) -> None:
+        lock = self.first.lock("k", expires=60)
+        self.assertTrue(lock.owned())
+        self.assertTrue(lock.release())
+        self.assertFalse(lock.owned())
+        other = self.second.lock("k", expires=60)
+        self.assertTrue(other.owned())
+        self.assertFalse(lock.owned())
+
+    def test_holders(self) -> None:
+        self.assertEqual(self.first.holders("sem"), [])
+        a = self.first.lock("sem", 2, expires=60)
+        b = self.second.lock("sem", 2, expires=0)
+        holders = self.first.holders("sem")
+        self.assertEqual([h.token for h in holders], [a.token, b.token])
+        self.assertEqual([h.key for h in holders], ["sem", "sem"])
+        self.assertTrue(58 <= holders[0].seconds_left <= 60)
+        self.assertEqual(holders[1].seconds_left, 0)
+        self.assertTrue(all(h.held_seconds >= 0 and h.peer for h in holders))
+
+
+def run(test: Callable[[], Any]) -> Any:
+    async def bounded() -> Any:
+        return await asyncio.wait_for(test(), 30)
+
+    return asyncio.run(bounded())
+
+
+class AsyncHandleTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.server = start_server(self)
+
+    def test_lost_by_itself(self) -> None:
+        async def test() -> None:
+            async with AsyncClient(self.server.address) as client:
+                lost = asyncio.Event()
+                start = time.monotonic()
+                forgotten = await client.lock("forgotten", expires=2)
+                renewed = await client.lock("renewed", expires=2, auto_renew=True)
+                forgotten.add_lost_callback(lambda error: lost.set())
+                await asyncio.wait_for(lost.wait(), WITHIN)
+                self.assertGreaterEqual(time.monotonic() - start, 1.9)
+                self.assertTrue(forgotten.lost)
+                self.assertFalse(await forgotten.owned())
+                await asyncio.sleep(0.5)
+                self.assertTrue(renewed.held and await renewed.owned())
+                self.assertTrue(await renewed.release())
+
+        run(test)
+
+    def test_owned_and_holders(self) -> None:
+        async def test() -> None:
+            async with AsyncClient(self.server.address) as first, AsyncClient(self.server.address) as second:
+                a = await first.lock("sem", 2, expires=60)
+                b = await second.lock("sem", 2, expires=60)
+                self.assertEqual([h.token for h in await first.holders("sem")], [a.token, b.token])
+                self.assertTrue(await a.owned())
+                self.assertTrue(await a.release())
+                self.assertFalse(await a.owned())
+                self.assertEqual([h.token for h in await second.holders("sem")], [b.token])
+
+        run(test)
+
+
+def sleep(seconds: float) -> defer.Deferred[None]:
+    return task.deferLater(reactor, seconds, lambda: None)
+
+
+class TwistedHandleTests(TestCase):
+    timeout = 30
+
+    async def setUp(self) -> None:
+        from jesync.client import TwistedClient
+
+        self.server = await listen_in_process(self, reactor)
+        self.first = TwistedClient(reactor, self.server.address)
+        self.second = TwistedClient(reactor, self.server.address)
+        self.addCleanup(self.first.close)
+        self.addCleanup(self.second.close)
+
+    async def test_lost_by_itself(self) -> None:
+        lost: defer.Deferred[LockLost] = defer.Deferred()
+        start = time.monotonic()
+        forgotten = await self.first.lock("forgotten", expires=2)
+        renewed = await self.first.lock("renewed", expires=2, auto_renew=True)
+        forgotten.add_lost_callback(lost.callback)
+        await lost.addTimeout(WITHIN, reactor)
+        self.assertGreaterEqual(time.monotonic() - start, 1.9)
+        self.assertTrue(forgotten.lost)
+        self.assertFalse(await forgotten.owned())
+        await sleep(0.5)
+        self.assertTrue(renewed.held and await renewed.owned())
+        self.assertTrue(await renewed.release())
+
+    async def test_owned_and_holders(self) -> None:
+        a = await self.first.lock("sem", 2, expires=60)
+        b = await self.second.lock("sem", 2, expires=60)
+        self.assertEqual([h.token for h in await self.first.holders("sem")], [a.token, b.token])
+        self.assertTrue(await a.owned())
+        self.assertTrue(await a.release())
+        self.assertFalse(await a.owned())
+        c = await self.first.lock("sem", 2, expires=60)
+        self.assertFalse(await a.owned())  # the same connection holds it again, through another handle
+        self.assertTrue(await c.owned())

@@ -341,7 +341,8 @@ class OptionsTests(SynchronousTestCase):
             server.summary,
             "JESync on tcp:11400; limits: max-connections=10000, max-keys=1000000, max-waiters=10000, "
             "max-total-waits=100000, max-held=10000, max-sessions=10000, max-key-length=1024, max-unsent=4194304, "
-            "auth-timeout=10, idle-timeout=none; keepalive 60.0; auth off",
+            "auth-timeout=10, idle-timeout=none; keepalive 60.0; auth off"
+            "; protected mode: only local clients (set --auth-token-file, or --protected-mode off)",
         )
 
     def test_every_option(self) -> None:
@@ -939,6 +940,7 @@ class GracefulStopTests(ServerTestCase):
                 "limits: max-connections=10000, max-keys=1000000, max-waiters=10000, max-total-waits=100000, "
                 "max-held=10000, max-sessions=10000, max-key-length=1024, max-unsent=4194304, auth-timeout=10, "
                 "idle-timeout=none; keepalive 60.0; auth off"
+                "; protected mode: only local clients (set --auth-token-file, or --protected-mode off)"
             ],
         )
         holder, waiter = yield server.connect_many(2)

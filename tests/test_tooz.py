@@ -24,12 +24,9 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from typing import Any, Callable, Optional
 from unittest import SkipTest
-
-from twisted.trial.unittest import SynchronousTestCase
 
 try:
     import tooz
@@ -41,8 +38,8 @@ except ImportError as error:  # the test extra installs it under CPython
     )
 
 from tests.servers import ServerProcess, environment, free_port, start_server
+from tests.test_client_blocking import WITHIN, ClientTestCase
 
-WITHIN = 5.0  # seconds anything that should happen "at once" may take
 ENTRY_POINT = "jesync = jesync.tooz_driver:JESyncDriver"
 
 
@@ -99,7 +96,7 @@ def status(port: int, key: str) -> tuple[int, int]:
     return int(granted), int(waiting)
 
 
-class ToozTestCase(SynchronousTestCase):
+class ToozTestCase(ClientTestCase):
     """
     Each class shares one server (every test uses keys of its own, and
     stops its coordinators, so releases everything, when it ends).
@@ -132,26 +129,6 @@ class ToozTestCase(SynchronousTestCase):
     def status(self, key: str) -> tuple[int, int]:
         return status(self.server.port, key)
 
-    def wait_for(self, condition: Callable[[], bool], within: float = WITHIN) -> None:
-        deadline = time.monotonic() + within
-        while not condition():
-            if time.monotonic() > deadline:
-                self.fail("timed out waiting for a condition")
-            time.sleep(0.02)
-
-    def in_thread(self, function: Callable[[], Any]) -> dict[str, Any]:
-        """Run C{function} in a thread; the dict gets its C{result} or C{error}, then C{done} is set."""
-        outcome: dict[str, Any] = {"done": threading.Event()}
-
-        def run() -> None:
-            try:
-                outcome["result"] = function()
-            except BaseException as error:
-                outcome["error"] = error
-            outcome["done"].set()
-
-        threading.Thread(target=run, daemon=True).start()
-        return outcome
 
 
 class EntryPointTests(ToozTestCase):

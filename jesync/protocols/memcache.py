@@ -490,6 +490,12 @@ class MemcacheProtocol(Grammar):
             handler(self, request, quiet)
         except LimitReached as error:
             self._respond(request, TEMPORARY_FAILURE, value=str(error).encode())
+        except TooLarge:
+            self._respond(request, VALUE_TOO_LARGE)
+        except OutOfMemory:
+            self._respond(request, OUT_OF_MEMORY)
+        except NonNumeric:
+            self._respond(request, NON_NUMERIC)
 
     def _packet(
         self,
@@ -568,19 +574,19 @@ class MemcacheProtocol(Grammar):
     # -- writes --------------------------------------------------------------------------
 
     def _bin_store(self, request: BinaryRequest, quiet: bool) -> None:
-        mode = BINARY_STORE_MODES[request.opcode]
+        """Set, Add, Replace, Append, Prepend and their quiet variants; and RaU(Q), a replace that unlocks."""
         flags, exptime = struct.unpack(">II", request.extras) if request.extras else (0, 0)
         self.factory.commands["set"] += 1
-        try:
+        if request.opcode in (RAU, RAUQ):
+            mode = "replace"
+            outcome, item = self.store.replace_and_unlock(
+                request.key, request.value, flags, _signed_int(exptime), self.connection, request.cas
+            )
+        else:
+            mode = BINARY_STORE_MODES[request.opcode]
             outcome, item = self.store.store(
                 mode, request.key, request.value, flags, _signed_int(exptime), self.connection, request.cas
             )
-        except TooLarge:
-            self._respond(request, VALUE_TOO_LARGE)
-            return
-        except OutOfMemory:
-            self._respond(request, OUT_OF_MEMORY)
-            return
         if outcome is Outcome.NOT_STORED and mode == "add":
             outcome = Outcome.EXISTS  # (memcached's binary add: "Data exists for key.")
         elif outcome is Outcome.NOT_STORED and mode == "replace":
@@ -592,19 +598,15 @@ class MemcacheProtocol(Grammar):
 
     def _bin_delta(self, request: BinaryRequest, quiet: bool) -> None:
         delta, initial, exptime = struct.unpack(">QQI", request.extras)
-        try:
-            outcome, item = self.store.add_delta(
-                request.key,
-                delta,
-                self.connection,
-                decrement=request.opcode in (DECREMENT, DECREMENTQ),
-                initial=None if exptime == NO_INITIAL else initial,
-                exptime=_signed_int(exptime),
-                cas=request.cas,
-            )
-        except NonNumeric:
-            self._respond(request, NON_NUMERIC)
-            return
+        outcome, item = self.store.add_delta(
+            request.key,
+            delta,
+            self.connection,
+            decrement=request.opcode in (DECREMENT, DECREMENTQ),
+            initial=None if exptime == NO_INITIAL else initial,
+            exptime=_signed_int(exptime),
+            cas=request.cas,
+        )
         if item is None:
             self._outcome(request, quiet, outcome)
         elif not quiet:
@@ -678,23 +680,6 @@ class MemcacheProtocol(Grammar):
             pass  # (the reference sends nothing: a GetKQ's miss)
         else:
             self._outcome(request, False, outcome)
-
-    def _bin_replace_and_unlock(self, request: BinaryRequest, quiet: bool) -> None:
-        flags, exptime = struct.unpack(">II", request.extras)
-        self.factory.commands["set"] += 1
-        try:
-            outcome, item = self.store.replace_and_unlock(
-                request.key, request.value, flags, _signed_int(exptime), self.connection, request.cas
-            )
-        except TooLarge:
-            self._respond(request, VALUE_TOO_LARGE)
-            return
-        except OutOfMemory:
-            self._respond(request, OUT_OF_MEMORY)
-            return
-        if outcome is Outcome.NOT_STORED:
-            outcome = Outcome.NOT_FOUND
-        self._outcome(request, quiet, outcome, item.cas if item is not None else 0)
 
     # == shared ==================================================================
 
@@ -791,7 +776,7 @@ def _binary_table() -> Dict[int, Tuple[str, Callable[..., None], bool, _Shape]]:
         # (what comes with an UnlockAll is ignored, as yrmcds does)
         ("unlock-all", (UNLOCK_ALL, UNLOCK_ALLQ), P._bin_unlock_all, _Shape(None, None, True)),
         ("lag", (LAG, LAGQ, LAGK, LAGKQ), P._bin_lock_and_get, _Shape((0, 4), True, False)),
-        ("rau", (RAU, RAUQ), P._bin_replace_and_unlock, _Shape((8,), True, True)),
+        ("rau", (RAU, RAUQ), P._bin_store, _Shape((8,), True, True)),
     ]
     quiet = {
         GETQ,

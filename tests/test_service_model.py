@@ -827,14 +827,23 @@ class LockServiceMachine(RuleBasedStateMachine):
             globalLogPublisher.removeObserver(self._log_observer)
 
 
-SETTINGS = settings(
-    max_examples=500,
-    stateful_step_count=50,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+def model_settings(max_examples: int, steps: int) -> settings:
+    """
+    How a model test runs: the same examples every time (derandomized, no
+    example database), no deadline, and no health check for slow or
+    heavily filtered steps.
+    """
+    return settings(
+        max_examples=max_examples,
+        stateful_step_count=steps,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
+    )
+
+
+SETTINGS = model_settings(500, 50)
 
 
 class LockServiceModelTests(SynchronousTestCase):

@@ -60,7 +60,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -79,7 +78,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout
 from jesync.interfaces import KeyStatus, Totals
 from jesync.service import Grant, LockService
-from tests.test_service_model import BEFORE, EPS, TICK, step
+from tests.test_service_model import BEFORE, EPS, TICK, model_settings, step
 
 KEYS = ["a", "b", "c", "d"]
 OWNERS = ["p", "q", "r", "s"]
@@ -1040,14 +1039,7 @@ class MultiKeyMachine(RuleBasedStateMachine):
             globalLogPublisher.removeObserver(self._log_observer)
 
 
-SETTINGS = settings(
-    max_examples=300,
-    stateful_step_count=50,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+SETTINGS = model_settings(300, 50)
 
 
 class MultiKeyModelTests(SynchronousTestCase):

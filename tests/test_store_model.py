@@ -52,7 +52,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -79,6 +78,7 @@ from jesync.store import (
     TooLarge,
 )
 from jesync.wire import decode_key
+from tests.test_service_model import model_settings
 
 START = 1_800_000_000.0  # a Unix time (2027), as tests/test_store.py
 # Sizes scale with ITEM_OVERHEAD, so that values weigh in the byte count as
@@ -781,14 +781,7 @@ class ObjectStoreMachine(RuleBasedStateMachine):
         assert all(second > self.clock.seconds() for second in store._seconds), store._seconds
 
 
-SETTINGS = settings(
-    max_examples=300,
-    stateful_step_count=60,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-)
+SETTINGS = model_settings(300, 60)
 
 
 class ObjectStoreModelTests(SynchronousTestCase):

@@ -113,6 +113,7 @@ from loadgen import (  # noqa: E402
     label,
     median_result,
     pair_ratio,
+    pin_cpus,
     raise_open_files,
     run_rounds,
     run_scenario,
@@ -479,13 +480,7 @@ def main(argv: list[str] | None = None) -> None:
         help="split: servers on the first CPU, load generator on the others; one: everything on the first CPU",
     )
     args = parser.parse_args(argv)
-    args.server_cpus = args.client_cpus = None
-    if args.pin:
-        cpus = sorted(os.sched_getaffinity(0))
-        if args.pin == "split" and len(cpus) < 2:
-            parser.error("--pin split needs at least 2 CPUs")
-        args.server_cpus = {cpus[0]}
-        args.client_cpus = set(cpus[1:]) if args.pin == "split" else {cpus[0]}
+    pin_cpus(parser, args)
     if args.extra_rounds is None:
         args.extra_rounds = args.repeat if args.max_noise is not None else 0
     scenarios = list(dict.fromkeys(args.scenario or [1, 64]))

@@ -465,6 +465,21 @@ def named_server(text: str) -> tuple[str, tuple[str, int]]:
     return check_name(name or "jesync"), loopback_address(address)
 
 
+def pin_cpus(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """
+    C{--pin}: set C{args.server_cpus} and C{args.client_cpus} (None: not
+    pinned) -- split: servers on the first CPU, load generators on the
+    others; one: everything on the first CPU.
+    """
+    args.server_cpus = args.client_cpus = None
+    if args.pin:
+        cpus = sorted(os.sched_getaffinity(0))
+        if args.pin == "split" and len(cpus) < 2:
+            parser.error("--pin split needs at least 2 CPUs")
+        args.server_cpus = {cpus[0]}
+        args.client_cpus = set(cpus[1:]) if args.pin == "split" else {cpus[0]}
+
+
 def jesync_target(text: str) -> tuple[str, Path, str]:
     """C{NAME=CHECKOUT[:PYTHON]} for --jesync."""
     name, sep, rest = text.partition("=")
@@ -918,13 +933,7 @@ def main(argv: list[str] | None = None) -> None:
         "one: everything on the first CPU (latency without cross-CPU wake-ups)",
     )
     args = parser.parse_args(argv)
-    args.server_cpus = args.client_cpus = None
-    if args.pin:
-        cpus = sorted(os.sched_getaffinity(0))
-        if args.pin == "split" and len(cpus) < 2:
-            parser.error("--pin split needs at least 2 CPUs")
-        args.server_cpus = {cpus[0]}
-        args.client_cpus = set(cpus[1:]) if args.pin == "split" else {cpus[0]}
+    pin_cpus(parser, args)
     if args.quick:
         args.seconds, args.warmup = 1.0, 0.2
     if args.extra_rounds is None:

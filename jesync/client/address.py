@@ -6,6 +6,13 @@ C{servers} argument accept.
     host               the JESync port, 11400
     [IPv6]:port        [::1]:11400 (a bare IPv6 address without a port, ::1, works too)
     unix:/path         a Unix socket
+    a:11400|b:11400    the members of one jesync cluster (C{--etcd}): one
+                       server, reached through whichever member answers
+
+Members of a cluster are separated by C{|}; servers by commas or whitespace.
+Several servers are independent lock servers among which keys are sharded;
+the members of one cluster serve one lock table, one at a time (the
+leader), so a client fails over between them rather than placing keys.
 """
 
 from __future__ import annotations
@@ -43,12 +50,41 @@ class UNIXAddress:
         return f"unix:{self.path}"
 
 
-Address = Union[TCPAddress, UNIXAddress]
+Member = Union[TCPAddress, UNIXAddress]
+
+
+@dataclass(frozen=True)
+class ClusterAddress:
+    """The members of one jesync cluster, in the order they are tried."""
+
+    members: tuple[Member, ...]
+
+    def __str__(self) -> str:
+        return "|".join(str(member) for member in self.members)
+
+
+Address = Union[TCPAddress, UNIXAddress, ClusterAddress]
 
 
 def parse_address(text: str) -> Address:
-    """Parse one server address; raise ValueError saying what is wrong with it."""
+    """Parse one server address (or a cluster's members); raise ValueError saying what is wrong with it."""
     text = text.strip()
+    if "|" in text:
+        return _parse_cluster(text)
+    return _parse_member(text)
+
+
+def _parse_cluster(text: str) -> ClusterAddress:
+    members = [_parse_member(part) for part in text.split("|")]
+    if len(set(members)) != len(members):
+        raise ValueError(f"{text!r}: a cluster member is listed twice")
+    return ClusterAddress(tuple(members))
+
+
+def _parse_member(text: str) -> Member:
+    text = text.strip()
+    if not text:
+        raise ValueError("an empty cluster member (two | in a row, or one at an end)")
     if text.startswith("unix:"):
         path = text[len("unix:") :]
         if not path:
@@ -85,13 +121,13 @@ def parse_servers(servers: str | Address | Iterable[str | Address]) -> list[Addr
     C{JESYNC_SERVERS} form).  The order matters to the PHP-compatible
     placement.  Raise ValueError if there are none or one is repeated.
     """
-    if isinstance(servers, (TCPAddress, UNIXAddress)):
+    if isinstance(servers, (TCPAddress, UNIXAddress, ClusterAddress)):
         items: list[str | Address] = [servers]
     elif isinstance(servers, str):
         items = [part for part in _SEPARATORS.split(servers) if part]
     else:
         items = list(servers)
-    addresses = [item if isinstance(item, (TCPAddress, UNIXAddress)) else parse_address(item) for item in items]
+    addresses = [item if isinstance(item, (TCPAddress, UNIXAddress, ClusterAddress)) else parse_address(item) for item in items]
     if not addresses:
         raise ValueError("no server address given")
     seen = set()

@@ -764,3 +764,55 @@ class FencingTests(ELockTestCase):
         holder.ask(b"unlock k\r\n")
         self.turn()
         self.assertEqual(waiter.take(), b"200 Acquired %d\r\n" % self.service.holders("k")[0].token)
+
+
+class OwnedTests(ELockTestCase):
+    """C{owned <key>} (an extension): whether this session holds the key."""
+
+    def test_held_then_unlocked(self) -> None:
+        client = self.elock()
+        client.ask(b"lock k\r\n")
+        self.assertEqual(client.ask(b"owned k\r\n"), b"200 owned\r\n")
+        client.ask(b"unlock k\r\n")
+        self.assertEqual(client.ask(b"owned k\r\n"), b"404 not_owned\r\n")
+
+    def test_held_by_another_session_or_a_jesync_client(self) -> None:
+        client, other, jesync = self.elock(), self.elock(), self.jesync()
+        other.ask(b"lock k\r\n")
+        jesync.ask(b"lock j\n")
+        client.ask(b"lock mine\r\n")
+        self.assertEqual(client.ask(b"owned k\r\nowned j\r\nowned free\r\n"), b"404 not_owned\r\n" * 3)
+
+    def test_with_fencing_carries_the_token(self) -> None:
+        client = self.elock()
+        client.ask(b"fencing on\r\n")
+        acquired = client.ask(b"lock k\r\n")
+        token = self.service.holders("k")[0].token
+        self.assertEqual(acquired, b"200 Acquired %d\r\n" % token)
+        self.assertEqual(client.ask(b"owned k\r\n"), b"200 owned %d\r\n" % token)
+
+    def test_starts_no_session(self) -> None:
+        client = self.elock()
+        self.assertEqual(client.ask(b"owned k\r\n"), b"404 not_owned\r\n")
+        self.assertIsNone(client.protocol.grammar.session)
+
+    def test_after_resume(self) -> None:
+        """What a resuming client asks: the resumed session's locks are owned, a new session's are not."""
+        old = self.elock()
+        old.ask(b"lock k\r\n")
+        session_id = self.session_id(old)
+        old.lose(ConnectionLost)
+        resumed = self.elock()
+        self.assertEqual(resumed.ask(b"conn_id %s\r\nowned k\r\n" % session_id), b"200 conn id set\r\n200 owned\r\n")
+        resumed.lose(ConnectionLost)
+        self.clock.advance(31)
+        too_late = self.elock()
+        self.assertEqual(
+            too_late.ask(b"conn_id %s\r\nowned k\r\n" % session_id), b"200 conn id set\r\n404 not_owned\r\n"
+        )
+
+    def test_bad_arguments(self) -> None:
+        client = self.elock()
+        self.assertEqual(client.ask(b"owned\r\n"), b"400 missing key\r\n")
+        self.assertEqual(client.ask(b"owned a b\r\n"), b"400 too many arguments\r\n")
+        self.assertFalse(client.closing)

@@ -142,6 +142,19 @@ class ELockProtocol(CommandGrammar):
         else:
             self.reply(b"403 not_locked")
 
+    def do_owned(self, args: List[bytes]) -> None:
+        """
+        An extension: C{owned <key>}: whether this session holds the key, so a
+        client that resumed its session (after a failover) can tell the locks
+        it kept from those it lost.  Starts no session.
+        """
+        key = self.key(only_argument(args, "key"))
+        grant = None if self.session is None else self.service.grant_of(key, self.session)
+        if grant is None:
+            self.reply(b"404 not_owned")
+        else:
+            self.reply(b"200 owned %d" % grant.token if self.fencing else b"200 owned")
+
     def do_unlock_all(self, args: List[bytes]) -> None:
         no_arguments(args)
         if self.session is not None:
@@ -206,6 +219,7 @@ ELockProtocol.commands = {
     b"lock": ELockProtocol.do_lock,
     b"unlock": ELockProtocol.do_unlock,
     b"unlock_all": ELockProtocol.do_unlock_all,
+    b"owned": ELockProtocol.do_owned,
     b"conn_id": ELockProtocol.do_conn_id,
     b"fencing": ELockProtocol.do_fencing,
     b"set_timeout": ELockProtocol.do_set_timeout,

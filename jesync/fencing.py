@@ -18,7 +18,7 @@ seconds (30 million grants in 5 seconds).
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Any, Optional
 
 from twisted.application import service
 from twisted.internet.interfaces import IReactorTime
@@ -62,12 +62,17 @@ class TokenMark:
 
 
 class TokenMarkService(service.Service):
-    """Keeps C{mark} ahead of C{locks}' tokens while the server runs (a child of L{jesync.server.LockServer})."""
+    """
+    Keeps C{mark} (a L{TokenMark}, or a cluster's L{jesync.cluster.journal.JournalMark})
+    ahead of C{locks}' tokens while the server runs (a child of
+    L{jesync.server.LockServer}), checking every C{every} seconds.
+    """
 
     log = Logger()
 
-    def __init__(self, mark: TokenMark, locks: ILockService, clock: IReactorTime) -> None:
+    def __init__(self, mark: Any, locks: ILockService, clock: IReactorTime, every: Optional[float] = None) -> None:
         self.mark = mark
+        self.every = EVERY if every is None else every
         self.locks = locks
         self.clock = clock
         self._loop: Optional[LoopingCall] = None
@@ -95,7 +100,7 @@ class TokenMarkService(service.Service):
         self._write(self._ahead())
         loop = self._loop = LoopingCall(self._keep_ahead)
         loop.clock = self.clock
-        loop.start(EVERY, now=False)
+        loop.start(self.every, now=False)
 
     def stopService(self) -> None:
         super().stopService()

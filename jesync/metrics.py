@@ -53,7 +53,7 @@ except ImportError as error:  # pragma: no cover - exercised by a test that hide
         "jesync.metrics needs prometheus_client: pip install 'jesync[metrics]'"
     ) from error
 
-__all__ = ["WAIT_BUCKETS", "LockMetrics", "metrics_resource"]
+__all__ = ["WAIT_BUCKETS", "ClusterMetrics", "LockMetrics", "metrics_resource"]
 
 # Upper bounds (seconds) of the wait histogram's buckets: from an immediate
 # grant (0, in the first bucket) to the longest waits worth telling apart.
@@ -104,6 +104,7 @@ class LockMetrics:
         self.connections = connections
         self.dlock = dlock
         self.memcache = memcache
+        self._first = (service, connections, dlock, memcache)
         self.registry = registry if registry is not None else CollectorRegistry()
         self._grants = Counter(
             "jesync_grants_total", "Locks granted, at once or after a wait.", registry=self.registry
@@ -128,6 +129,20 @@ class LockMetrics:
             registry=self.registry,
         )
         self.registry.register(self)
+
+    def follow(self, server: object) -> None:
+        """
+        Report the levels of C{server} (a L{jesync.server.LockServer}): a
+        cluster leader's server of its current term; None: nothing is
+        served (a standby), levels are 0.
+        """
+        if server is None:
+            self.service, self.connections, self.dlock, self.memcache = self._first
+            return
+        self.service = server.locks  # type: ignore[attr-defined]
+        self.connections = server.policy.connections  # type: ignore[attr-defined]
+        self.dlock = server.factories.get("dlock")  # type: ignore[attr-defined]
+        self.memcache = server.factories.get("memcache")  # type: ignore[attr-defined]
 
     # -- ILockObserver: on the lock server's hot path, so one update each ----
 
@@ -232,22 +247,84 @@ class _MetricsPage(_Page):
 
 
 class _HealthPage(_Page):
-    """GET: 200 C{OK} while the server is serving, 503 C{stopping} once it is not."""
+    """
+    GET: 200 C{OK} while the server is serving, 503 C{stopping} once it is
+    not.  A cluster member (C{role} given) says its role instead: 200
+    C{leader}, or 503 C{standby} (it serves no client).
+    """
 
-    def __init__(self, serving: Callable[[], bool]) -> None:
+    def __init__(self, serving: Callable[[], bool], role: Callable[[], str] | None = None) -> None:
         super().__init__()
         self.serving = serving
+        self.role = role
 
     def render_GET(self, request: Request) -> bytes:
         request.setHeader(b"Content-Type", b"text/plain; charset=utf-8")
-        if self.serving():
-            return b"OK\n"
-        request.setResponseCode(503)
-        return b"stopping\n"
+        serving = self.serving()
+        if not serving:
+            request.setResponseCode(503)
+        if self.role is not None:
+            return self.role().encode("ascii") + b"\n"
+        return b"OK\n" if serving else b"stopping\n"
+
+
+class ClusterMetrics:
+    """
+    A cluster member's own metrics, in its L{LockMetrics}' registry: its
+    role, its terms as leader, etcd's round trips and the durable writes.
+    """
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        # The member (a jesync.cluster.member.ClusterMember), once built.
+        self.member: object = None
+        self._round_trips = Histogram(
+            "jesync_etcd_request_seconds",
+            "Round trips to etcd, by operation.",
+            ["operation"],
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=registry,
+        )
+        self._transactions = Counter(
+            "jesync_durable_transactions_total", "Durable-state transactions committed to etcd.", registry=registry
+        )
+        self._operations = Counter(
+            "jesync_durable_writes_total",
+            "Durable records written or deleted in etcd (one group commit carries many).",
+            registry=registry,
+        )
+        self._commits = Histogram(
+            "jesync_durable_commit_seconds",
+            "How long a group commit took, from cutting it to etcd's answer.",
+            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5),
+            registry=registry,
+        )
+        registry.register(self)
+
+    def etcd_round_trip(self, operation: str, seconds: float) -> None:
+        self._round_trips.labels(operation).observe(seconds)
+
+    def committed(self, operations: int, seconds: float) -> None:
+        self._transactions.inc()
+        self._operations.inc(operations)
+        self._commits.observe(seconds)
+
+    def describe(self) -> Iterable[Metric]:
+        return self._levels(None, 0)
+
+    def collect(self) -> Iterable[Metric]:
+        member = self.member
+        return self._levels(getattr(member, "role", None), getattr(member, "terms", 0))
+
+    @staticmethod
+    def _levels(role: str | None, terms: int) -> list[Metric]:
+        return [
+            GaugeMetricFamily("jesync_cluster_leader", "1 while this member leads its cluster, else 0.", value=int(role == "leader")),
+            CounterMetricFamily("jesync_cluster_terms", "Elections this member has won.", value=terms),
+        ]
 
 
 def metrics_resource(
-    metrics: LockMetrics, serving: Callable[[], bool] = lambda: True
+    metrics: LockMetrics, serving: Callable[[], bool] = lambda: True, role: Callable[[], str] | None = None
 ) -> Resource:
     """
     The root of a metrics web server: C{/metrics} and C{/health}; any other
@@ -259,7 +336,7 @@ def metrics_resource(
     """
     root = _Page()
     root.putChild(b"metrics", _MetricsPage(metrics.registry))
-    root.putChild(b"health", _HealthPage(serving))
+    root.putChild(b"health", _HealthPage(serving, role))
     return root
 
 
@@ -272,9 +349,14 @@ class _QuietSite(Site):
         pass
 
 
-def metrics_site(metrics: LockMetrics, serving: Callable[[], bool] = lambda: True, verbose: bool = False) -> Site:
+def metrics_site(
+    metrics: LockMetrics,
+    serving: Callable[[], bool] = lambda: True,
+    verbose: bool = False,
+    role: Callable[[], str] | None = None,
+) -> Site:
     """L{metrics_resource} as a listenable site; C{verbose} logs every request."""
     site_class = Site if verbose else _QuietSite
-    site = site_class(metrics_resource(metrics, serving))
+    site = site_class(metrics_resource(metrics, serving, role))
     site.noisy = False
     return site

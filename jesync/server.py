@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import signal
 from dataclasses import dataclass, field
-from typing import Any, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple, Union
 
 from twisted.application import service
 from twisted.application.internet import StreamServerEndpointService
@@ -29,6 +29,9 @@ from jesync.protocols.elock import ELockFactory
 from jesync.protocols.jesync import JESyncFactory
 from jesync.service import LockService
 from jesync.sessions import DEFAULT_MAX_SESSIONS
+
+if TYPE_CHECKING:
+    from jesync.cluster.member import ClusterMember, Leadership
 
 DEFAULT_PORT = "tcp:11400"
 # The metrics endpoint's own cap on connections (scrapers and health checks).
@@ -71,6 +74,10 @@ class ServerSettings:
     memcache_memory: int = 64 * 1024 * 1024
     memcache_max_item: int = 1024 * 1024
     state_dir: Optional[str] = None
+    # Cluster mode (jesync.cluster): etcd's client URLs (none: a single process).
+    etcd: List[str] = field(default_factory=list)
+    cluster: str = "jesync"
+    lease_ttl: int = 5
     verbose: bool = False
 
     def summary(self) -> str:
@@ -171,24 +178,43 @@ def public_endpoint(description: str) -> str:
     return ":".join(shown)
 
 
-def build_server(reactor: Any, settings: ServerSettings) -> LockServer:
+def build_server(reactor: Any, settings: ServerSettings) -> Union[LockServer, ClusterMember]:
+    """
+    The server the settings describe, as a Twisted service (start it, or
+    give it a parent): a L{LockServer} (L{build_lock_server}); or, with
+    C{settings.etcd}, a member of a cluster (L{build_member}), which serves
+    such a server while it leads.  C{reactor} is its clock and what its
+    endpoints listen on.
+    """
+    if settings.etcd:
+        return build_member(reactor, settings)
+    return build_lock_server(reactor, settings)
+
+
+def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[Leadership] = None) -> LockServer:
     """
     One lock service, served over every protocol at every endpoint the
-    settings name, as a L{LockServer} (a Twisted service: start it, or give
-    it a parent).  C{reactor} is its clock and what its endpoints listen on.
+    settings name, as a L{LockServer}.  With C{cluster}, it is a cluster
+    leader's term: its tokens start above the cluster's mark, its durable
+    state goes to the term's journal, it answers only while the leadership
+    is certain, and its member serves the metrics.
     """
-    mark = None
-    if settings.state_dir is not None:
+    mark: Any = None
+    first_token = 0
+    if cluster is not None:
+        first_token = cluster.first_token
+    elif settings.state_dir is not None:
         from jesync.fencing import TokenMark
 
         mark = TokenMark(settings.state_dir)
+        first_token = mark.read()
     locks = LockService(
         reactor,
         max_keys=settings.max_keys,
         max_waiters=settings.max_waiters,
         max_held=settings.max_held,
         max_total_waits=settings.max_total_waits,
-        first_token=mark.read() if mark is not None else 0,
+        first_token=first_token,
     )
     policy = ConnectionPolicy(
         max_key_length=settings.max_key_length or 2**31,
@@ -201,6 +227,15 @@ def build_server(reactor: Any, settings: ServerSettings) -> LockServer:
         protected=settings.protected,
         connections=Connections(settings.max_connections),
     )
+    mark_every = None
+    if cluster is not None:
+        from jesync.cluster.journal import JournalMark
+
+        journal = cluster.journal_for(locks)
+        locks.observer = journal
+        policy.serving = cluster.serving
+        policy.journal = journal
+        mark, mark_every = JournalMark(journal), 1.0
     server = LockServer(locks, policy, reactor, settings.shutdown_grace)
     server.summary = settings.summary()
     verbose = settings.verbose
@@ -248,8 +283,8 @@ def build_server(reactor: Any, settings: ServerSettings) -> LockServer:
     if mark is not None:
         from jesync.fencing import TokenMarkService
 
-        TokenMarkService(mark, locks, reactor).setServiceParent(server)
-    if settings.metrics_ports:
+        TokenMarkService(mark, locks, reactor, every=mark_every).setServiceParent(server)
+    if settings.metrics_ports and cluster is None:
         from jesync.metrics import LockMetrics, metrics_site
 
         metrics = LockMetrics(locks, policy.connections, dlock, memcache=memcache)
@@ -261,6 +296,56 @@ def build_server(reactor: Any, settings: ServerSettings) -> LockServer:
         for description in settings.metrics_ports:
             server.listen(description, counted)
     return server
+
+
+def build_member(reactor: Any, settings: ServerSettings) -> ClusterMember:
+    """
+    A member of the cluster C{settings.cluster} on C{settings.etcd}: a
+    standby until it wins the election, then the leader, serving a
+    L{build_lock_server} of the settings (a new one each term).  Its metrics
+    endpoints serve whether it leads or not.
+    """
+    try:
+        from jesync.cluster.etcd import EtcdClient
+    except ImportError as error:  # pragma: no cover - the cluster extra is missing
+        raise ImportError(f"cluster mode (--etcd) needs treq: pip install 'jesync[cluster]' ({error})") from error
+    from jesync.cluster.member import LEADER, ClusterMember
+
+    metrics: Any = None
+    cluster_metrics: Any = None
+    if settings.metrics_ports:
+        from jesync.metrics import ClusterMetrics, LockMetrics
+
+        metrics = LockMetrics(LockService(reactor), Connections())
+        cluster_metrics = ClusterMetrics(metrics.registry)
+    etcd = EtcdClient(
+        reactor,
+        settings.etcd,
+        timeout=min(2.0, settings.lease_ttl / 2),
+        observer=cluster_metrics.etcd_round_trip if cluster_metrics is not None else None,
+    )
+    member = ClusterMember(
+        reactor,
+        settings,
+        etcd,
+        settings.cluster,
+        settings.lease_ttl,
+        build=build_lock_server,
+        observer=metrics,
+        on_commit=cluster_metrics.committed if cluster_metrics is not None else None,
+    )
+    if metrics is not None:
+        from jesync.metrics import metrics_site
+
+        cluster_metrics.member = member
+        member.on_serving = metrics.follow
+        site = metrics_site(metrics, serving=lambda: member.role == LEADER, verbose=settings.verbose, role=lambda: member.role)
+        counted = CountedFactory(site, Connections(METRICS_CONNECTIONS), protected=settings.protected)
+        for description in settings.metrics_ports:
+            endpoint = endpoints.serverFromString(reactor, description)
+            _tls_as_cryptography(endpoint)
+            Listener(description, endpoint, counted).setServiceParent(member)
+    return member
 
 
 class _CountedConnection(ProtocolWrapper):

@@ -187,6 +187,17 @@ class SessionTable:
         self._sessions[session_id] = session
         return session
 
+    def restore(self, session_id: str, grace_ms: int) -> Session:
+        """
+        A session a previous leader kept in etcd (cluster mode), detached: its
+        grace period starts now.  Not refused by C{limit}: it existed already.
+        """
+        session = Session(session_id, None, self._clock, self._service, self)
+        session.grace_ms = grace_ms
+        self._sessions[session_id] = session
+        session.connection_lost()
+        return session
+
     def take(self, connection: object, session_id: str) -> Session | None:
         """
         Resume the detached session C{session_id} for C{connection}, or start

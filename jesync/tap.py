@@ -10,6 +10,7 @@ import os
 import sys
 from typing import Any, Callable, List, Optional, cast
 
+from twisted.application import service
 from twisted.internet import endpoints
 from twisted.internet.error import ReactorNotRunning
 from twisted.python import usage
@@ -246,6 +247,20 @@ class Options(usage.Options):
             "fencing tokens there, so that tokens keep increasing across restarts even if the clock goes back.",
         ],
         [
+            "cluster",
+            None,
+            "jesync",
+            "With --etcd: the cluster's name; every member of one cluster uses the same name and etcd.",
+        ],
+        [
+            "lease-ttl",
+            None,
+            5,
+            "With --etcd: seconds the leader's election lease lasts without a keep-alive; a standby takes over "
+            "within this plus 2 seconds of the leader's death (2 at least: etcd's own minimum).",
+            int,
+        ],
+        [
             "shutdown-grace",
             None,
             5.0,
@@ -263,6 +278,7 @@ class Options(usage.Options):
         self["memcache_ports"] = []
         self["metrics_ports"] = []
         self["admin_ports"] = []
+        self["etcd"] = []
         self["auth_token"] = None
 
     def parseOptions(self, options: Optional[List[str]] = None) -> None:
@@ -350,6 +366,19 @@ class Options(usage.Options):
         """
         self._add_endpoint("metrics", "metrics_ports", value)
 
+    def opt_etcd(self, value: str) -> None:
+        """
+        Run as a member of a cluster whose state lives in etcd: an etcd
+        client URL (http://127.0.0.1:2379); give each member of an etcd
+        cluster, one --etcd each. One member of the cluster (--cluster) is
+        leader and serves every listener; the others stand by, listening on
+        nothing but --metrics, and take over if it dies. Needs pip install
+        'jesync[cluster]'.
+        """
+        if not value.startswith(("http://", "https://")):
+            raise usage.UsageError(f"--etcd {value}: an etcd client URL, such as http://127.0.0.1:2379")
+        self["etcd"].append(value.rstrip("/"))
+
     def getUsage(self, width: int | None = None) -> str:
         return super().getUsage(width) + "\n" + self.examples
 
@@ -371,6 +400,19 @@ class Options(usage.Options):
             raise usage.UsageError("--memcache-max-item must not be more than --memcache-memory")
         if self["state-dir"] is not None:
             self["state-dir"] = check_state_dir(self["state-dir"])
+        if self["etcd"]:
+            if self["state-dir"] is not None:
+                raise usage.UsageError("--state-dir has no use with --etcd: a cluster keeps its fencing-token mark in etcd")
+            if self["lease-ttl"] < 2:
+                raise usage.UsageError("--lease-ttl must be at least 2 seconds (etcd's minimum lease)")
+            if not self["cluster"] or any(c in self["cluster"] for c in "/ \t\n"):
+                raise usage.UsageError("--cluster: a name without slashes or spaces")
+            try:
+                importlib.import_module("treq")
+            except ImportError:
+                raise usage.UsageError("--etcd needs treq: pip install 'jesync[cluster]'") from None
+        elif self["cluster"] != "jesync" or self["lease-ttl"] != 5:
+            raise usage.UsageError("--cluster and --lease-ttl need --etcd")
 
 
 # Errors in a parameter's value name it.
@@ -386,6 +428,7 @@ for _option in (
     Options.opt_memcache_port,
     Options.opt_admin_port,
     Options.opt_metrics,
+    Options.opt_etcd,
 ):
     _option.__doc__ = " ".join((_option.__doc__ or "").split())
 
@@ -445,11 +488,14 @@ def settings_from(options: Options) -> ServerSettings:
         memcache_memory=options["memcache-memory"],
         memcache_max_item=options["memcache-max-item"],
         state_dir=options["state-dir"],
+        etcd=options["etcd"],
+        cluster=options["cluster"],
+        lease_ttl=options["lease-ttl"],
         verbose=bool(options["verbose"]),
     )
 
 
-def makeService(options: Options) -> LockServer:
+def makeService(options: Options) -> service.Service:
     """
     One lock service, served over every protocol at every endpoint given.
     Under twistd, one that cannot listen ends the process with status 1.
@@ -457,7 +503,7 @@ def makeService(options: Options) -> LockServer:
     from twisted.internet import reactor
 
     server = build_server(reactor, settings_from(options))
-    if under_twistd(options):
+    if under_twistd(options) and isinstance(server, LockServer):
         atexit.register(_exit_status)
         server.when_listening().addErrback(_not_listening, reactor)
     return server

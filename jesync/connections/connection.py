@@ -100,7 +100,8 @@ class LockConnection(Protocol):
         self._watch_idle = self.policy.idle_timeout is not None
         self.framing = self.grammar.framing(self.grammar.frame_received, self._frame_too_long, self.grammar.max_frame)
         # Waits whose replies are owed, in the order they were asked for.
-        self._pending: Dict[Deferred, None] = {}
+        # Replies owed: whether each waits for durable state (answered after a FIN).
+        self._pending: Dict[Deferred, bool] = {}
         self._output: Optional[Deque[_Output]] = None
         self._pump_call: Optional[IDelayedCall] = None
         self._read_call: Optional[IDelayedCall] = None
@@ -167,7 +168,7 @@ class LockConnection(Protocol):
                 self._last_heard = self.clock.seconds()
                 self._timer = self.clock.callLater(self.policy.idle_timeout, self._idle_check)
         elif state == HALF_CLOSED:
-            self._end_waits()
+            self._end_waits(answer_durable=True)
             self._close_if_answered()
         elif state == CLOSING:
             self._give_back()
@@ -216,7 +217,8 @@ class LockConnection(Protocol):
 
     def _send_last(self, data: bytes) -> None:
         """The last reply, after those owed (closing: nothing else is sent)."""
-        if not data:
+        serving = self.policy.serving
+        if not data or (serving is not None and not serving()):
             return
         if self.verbose:
             self.log.debug("{peer} answered {line!r}", peer=self.peer, line=data.rstrip(b"\r\n"))
@@ -375,19 +377,21 @@ class LockConnection(Protocol):
 
     # -- replies that come later ------------------------------------------------
 
-    def await_reply(self, reply: Deferred) -> None:
+    def await_reply(self, reply: Deferred, durable: bool = False) -> None:
         """
         C{reply} (a wait, with the grammar's callbacks on it) will be
         answered later: cancel it if the connection's input ends or it
         closes first; for an ordered grammar, read no further request until
-        it has fired.  After a FIN it is cancelled at once.
+        it has fired.  After a FIN it is cancelled at once.  A C{durable}
+        one (a reply waiting for durable state, L{write_durable}) is
+        cancelled only when the connection closes: a FIN is answered.
         """
         if reply.called:
             return
-        if not self.may_wait:
+        if not durable and not self.may_wait:
             reply.cancel()
             return
-        self._pending[reply] = None
+        self._pending[reply] = durable
         reply.addBoth(self._answered, reply)
         if self.grammar.ordered:
             self._update_hold()
@@ -400,18 +404,42 @@ class LockConnection(Protocol):
             self._close_if_answered()
         return result
 
-    def _end_waits(self) -> None:
-        while self._pending:
-            reply = next(iter(self._pending))
-            del self._pending[reply]
-            reply.cancel()
+    def _end_waits(self, answer_durable: bool = False) -> None:
+        # (a cancelled wait's reply may start another: end that one too)
+        while True:
+            ending = [reply for reply, durable in self._pending.items() if not (answer_durable and durable)]
+            if not ending:
+                return
+            for reply in ending:
+                del self._pending[reply]
+                reply.cancel()
 
     # -- output ---------------------------------------------------------------
+
+    def write_durable(self, data: bytes) -> None:
+        """
+        Send C{data} once everything the lock table changed so far that
+        must outlive this server is durable (cluster mode: in etcd), as an
+        owed reply; at once in single-process mode.
+        """
+        journal = self.policy.journal
+        if journal is None or self.state not in ANSWERING:
+            self.write(data)
+            return
+        waiting = journal.durable()
+        if waiting is None:
+            self.write(data)
+            return
+        waiting.addCallbacks(lambda _: self.write(data), lambda _: None)
+        self.await_reply(waiting, durable=True)
 
     def write(self, data: bytes) -> None:
         """Send C{data}, after anything already queued; nothing once the connection is closed."""
         if self.state not in ANSWERING:
             return
+        serving = self.policy.serving
+        if serving is not None and not serving():
+            return  # a deposed cluster member says nothing more
         if self._output is not None:
             self._output.append(data)
             return
@@ -458,6 +486,9 @@ class LockConnection(Protocol):
             return
         transport = self.transport
         written = 0
+        serving = self.policy.serving
+        if serving is not None and not serving():
+            return
         while output and not self._paused and written < STREAM_TURN:
             item = output[0]
             piece: Optional[bytes]

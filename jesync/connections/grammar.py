@@ -99,6 +99,9 @@ class CommandGrammar(Grammar):
     """
 
     terminator: ClassVar[bytes] = b"\n"
+    #: Whether replies wait for durable state (cluster mode): a grammar
+    #: whose locks outlive its connections (elock's sessions).
+    durable_replies: ClassVar[bool] = False
     commands: ClassVar[Dict[bytes, Callable[..., None]]] = {}
 
     def frame_received(self, line: bytes) -> None:
@@ -143,11 +146,14 @@ class CommandGrammar(Grammar):
         return setting == b"on"
 
     def reply(self, line: bytes) -> None:
-        """Send one line (without its terminator)."""
+        """Send one line (without its terminator): once durable (L{durable_replies}), or at once."""
         connection = self.connection
         if connection.verbose:
             self.log.debug("{peer} answered {line!r}", peer=connection.peer, line=line)
-        connection.write(line + self.terminator)
+        if self.durable_replies:
+            connection.write_durable(line + self.terminator)
+        else:
+            connection.write(line + self.terminator)
 
     def reply_lines(self, lines: List[bytes]) -> None:
         """Send several lines at once."""

@@ -11,7 +11,7 @@ import hmac
 import ipaddress
 import socket
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Iterator, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol
 
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.defer import Deferred, succeed
@@ -19,6 +19,8 @@ from twisted.internet.interfaces import IReactorTime
 
 if TYPE_CHECKING:
     from twisted.internet.interfaces import IConsumer, IPushProducer, ITCPTransport
+
+    from jesync.cluster.journal import Journal
     from zope.interface import Attribute
 
     class IStreamTransport(ITCPTransport, IConsumer, IPushProducer):
@@ -134,6 +136,12 @@ class ConnectionPolicy:
         loopback nor on a UNIX socket (a server without an auth token does,
         unless told C{--protected-mode off}).
     @ivar connections: the registry, shared by every factory of the server.
+    @ivar serving: cluster mode: whether this member may still answer (its
+        leadership is certain); once false, nothing more is sent on any
+        connection (see L{jesync.cluster.member}).  None: always.
+    @ivar journal: cluster mode: the durable state's journal, which replies
+        that depend on durable state wait for
+        (L{jesync.connections.connection.LockConnection.write_durable}).
     """
 
     max_key_length: int = 1024
@@ -147,6 +155,8 @@ class ConnectionPolicy:
     close_grace: float = 5.0
     protected: bool = False
     connections: Connections = field(default_factory=Connections)
+    serving: Optional[Callable[[], bool]] = None
+    journal: Optional[Journal] = None
 
     def accepts(self, token: Optional[bytes], now: float) -> bool:
         """

@@ -69,8 +69,8 @@ class TimedGrants:
     outlive the connection and end when their time runs out.
     """
 
-    def __init__(self, connection: LockConnection) -> None:
-        self.peer = f"{connection.peer}(timed)"
+    def __init__(self, peer: str) -> None:
+        self.peer = f"{peer}(timed)"
 
     def __repr__(self) -> str:
         return f"<timed dlock grants of {self.peer}>"
@@ -217,6 +217,10 @@ class DlockProtocol(Grammar):
                     self.service.release(key, way.owner)
             self._acquire_timeout(request_id, lost)
             return
+        journal = self.connection.policy.journal
+        if journal is not None and (switching or isinstance(way.owner, TimedGrants)):
+            for key in keys:  # (begun, renewed, or switched to or from a time)
+                journal.timed_changed(key)
         response = self._response(request_id, Ok)
         response.fencing_tokens.extend(grants[key].token for key in keys)
         self._send(response)
@@ -261,7 +265,7 @@ class DlockProtocol(Grammar):
 
     def _timed(self) -> TimedGrants:
         if self.timed is None:
-            self.timed = TimedGrants(self.connection)
+            self.timed = TimedGrants(self.connection.peer)
         return self.timed
 
     # -- responses ----------------------------------------------------------------
@@ -281,7 +285,8 @@ class DlockProtocol(Grammar):
     def _send(self, response: Response) -> None:
         if self.connection.verbose:
             self.log.debug("{peer} answered {response}", peer=self.connection.peer, response=_described(response))
-        self.connection.write(self._framed(response))
+        # (in cluster mode, once timed grants are in etcd)
+        self.connection.write_durable(self._framed(response))
 
     @staticmethod
     def _framed(response: Response) -> bytes:

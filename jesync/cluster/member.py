@@ -1,0 +1,585 @@
+"""
+One member of a jesync cluster: its election, its terms as leader, and how
+it stops leading.
+
+ - B{Election.}  The leader is the member whose entry is the cluster's
+   election key, C{/jesync/<cluster>/leader}, created only if absent and
+   bound to an etcd lease the leader keeps alive.  A standby looks at the
+   key every L{Timing.poll} seconds, and campaigns (a lease, then the
+   create-if-absent transaction) when it is gone: when the leader resigned,
+   or its lease expired.
+ - B{A term.}  The winner reads the durable state (L{jesync.cluster.journal}),
+   builds a fresh server (L{jesync.server.build_server}: a new lock table,
+   the same settings), restores the elock sessions (detached: their grace
+   periods start again now) and the dlock timed grants into it, writes a
+   fencing-token mark above every token given before, and only then
+   listens.  A member that cannot listen resigns and campaigns again later;
+   it never exits for that.
+ - B{Certainty.}  The lease's TTL runs on etcd from when etcd received the
+   last keep-alive, which was after this member sent it.  So this member is
+   certain to be the only leader until I{sent + TTL - margin}, measured on
+   its monotonic clock.  Every reply checks that before anything is sent
+   (L{jesync.connections.policy.ConnectionPolicy.serving}), so a leader that
+   was paused past its lease and resumes finds itself deposed before it
+   tells anyone of a grant; a timer steps it down at that moment too.  Its
+   durable writes are guarded by the election key's revision, so none can
+   land after a successor has read the state.
+ - B{Stepping down} (the lease could not be renewed in time, etcd said it is
+   gone, or a durable write failed or was refused): nothing more is sent,
+   the listeners close, every client connection is dropped, the term's lock
+   table is thrown away, and the member campaigns again like any standby.
+ - B{Resigning} (SIGTERM): the same, then the lease is revoked, which
+   deletes the election key at once: a standby takes over without waiting
+   for the lease to run out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, List, Optional
+
+from automat import MethodicalMachine
+from twisted.application import service
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.task import LoopingCall
+from twisted.logger import Logger
+from twisted.python.failure import Failure
+
+from jesync.cluster.etcd import Compare, EtcdClient, Get, Put
+from jesync.cluster.journal import DurableState, Journal, Layout
+from jesync.fencing import AHEAD
+from jesync.interfaces import ILockObserver
+from jesync.protocols.dlock import TimedGrants
+
+#: Roles, as /health and the metrics report them.
+LEADER = "leader"
+STANDBY = "standby"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How a member paces itself, from C{--lease-ttl}."""
+
+    ttl: int
+
+    @property
+    def keepalive(self) -> float:
+        """Seconds between keep-alives: three chances per TTL."""
+        return self.ttl / 3
+
+    @property
+    def margin(self) -> float:
+        """How long before the lease could expire the leader steps down."""
+        return min(1.0, self.ttl / 4)
+
+    @property
+    def poll(self) -> float:
+        """Seconds between a standby's looks at the election key."""
+        return min(0.5, self.ttl / 4)
+
+    @property
+    def retry(self) -> float:
+        """Seconds before a member that stepped down, or could not listen, campaigns again."""
+        return min(1.0, self.ttl / 2)
+
+
+def member_name() -> str:
+    """This process, as the election key names its leader."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+class Term:
+    """One leadership: its lease, the election key's revision, and what it serves."""
+
+    def __init__(self, lease: int, ttl: int, revision: int, valid_until: float, monotonic: Callable[[], float]):
+        self.lease = lease
+        self.ttl = ttl
+        self.revision = revision
+        self.valid_until = valid_until
+        self._monotonic = monotonic
+        self.ended = False
+        self.server: Any = None
+        self.journal: Optional[Journal] = None
+        self.keepalive: Optional[LoopingCall] = None
+        self.deadline: Optional[IDelayedCall] = None
+        # Called once when certainty is found lost while replying.
+        self.on_lapse: Callable[[], None] = lambda: None
+
+    def certain(self) -> bool:
+        """Whether this member is still surely the only leader (checked before every reply)."""
+        if self.ended:
+            return False
+        if self._monotonic() < self.valid_until:
+            return True
+        self.ended = True
+        self.on_lapse()
+        return False
+
+
+class ClusterMember(service.MultiService):
+    """
+    One jesync process of a cluster: a standby, or the leader serving the
+    endpoints of C{settings}.
+
+    @param reactor: its clock, and what the term's servers listen on.
+    @param settings: the server's settings (L{jesync.server.ServerSettings}).
+    @param etcd: the cluster's etcd.
+    @param cluster: the cluster's name (its keys' prefix).
+    @param ttl: the election lease's TTL, in seconds.
+    @param build: builds a term's server (L{jesync.server.build_server}).
+    @param monotonic: the clock certainty is measured on.
+    @param observer: the lock service's other observer (metrics), handed to
+        each term's journal.
+    """
+
+    log = Logger()
+    _machine = MethodicalMachine()
+
+    def __init__(
+        self,
+        reactor: Any,
+        settings: Any,
+        etcd: EtcdClient,
+        cluster: str,
+        ttl: int,
+        build: Callable[..., Any],
+        monotonic: Callable[[], float] = time.monotonic,
+        name: Optional[str] = None,
+        observer: Optional[ILockObserver] = None,
+        on_commit: Optional[Callable[[int, float], None]] = None,
+    ) -> None:
+        super().__init__()
+        self.reactor = reactor
+        self.clock: IReactorTime = reactor
+        self.settings = settings
+        self.etcd = etcd
+        self.layout = Layout(cluster)
+        self.cluster = cluster
+        self.timing = Timing(ttl)
+        self.build = build
+        self.monotonic = monotonic
+        self.name = name or member_name()
+        self.observer = observer
+        self.on_commit = on_commit
+        self.term: Optional[Term] = None
+        self.role = STANDBY
+        self.terms = 0
+        self._next: Optional[IDelayedCall] = None
+        self._leader_seen: Optional[bytes] = None
+        self._etcd_down = False
+        self._leading: List[Deferred[None]] = []
+        # Called with each new term's server once it serves, and None when it ends (metrics follow it).
+        self.on_serving: Callable[[Any], None] = lambda server: None
+
+    # -- states -----------------------------------------------------------------
+
+    @_machine.state(initial=True)
+    def idle(self) -> None:
+        "Not started."
+
+    @_machine.state()
+    def standing_by(self) -> None:
+        "Campaigning, or watching another member lead."
+
+    @_machine.state()
+    def taking_over(self) -> None:
+        "Won: reading the durable state and starting to listen."
+
+    @_machine.state()
+    def leading(self) -> None:
+        "Serving."
+
+    @_machine.state()
+    def stopped(self) -> None:
+        "Stopped (resigned, if it led)."
+
+    # -- inputs -----------------------------------------------------------------
+
+    @_machine.input()
+    def start(self) -> None:
+        "The service starts."
+
+    @_machine.input()
+    def won(self, term: Term) -> None:
+        "This member's entry is the election key now."
+
+    @_machine.input()
+    def serving(self) -> None:
+        "The term's server listens on every endpoint."
+
+    @_machine.input()
+    def deposed(self, why: str) -> None:
+        "Leadership is no longer certain, or could not begin."
+
+    @_machine.input()
+    def stop(self) -> None:
+        "The service stops (SIGTERM)."
+
+    # -- outputs ----------------------------------------------------------------
+
+    @_machine.output()
+    def _look_now(self) -> None:
+        self._schedule(0)
+
+    @_machine.output()
+    def _begin_term(self, term: Term) -> None:
+        self.term = term
+        self.terms += 1
+        term.on_lapse = lambda: self.clock.callLater(0, self._lapsed, term)
+        keepalive = term.keepalive = LoopingCall(self._keep_alive, term)
+        keepalive.clock = self.clock
+        keepalive.start(self.timing.keepalive, now=False)
+        self._arm_deadline(term)
+        self.log.info(
+            "cluster {cluster}: {name} won the election (revision {revision}); taking over",
+            cluster=self.cluster,
+            name=self.name,
+            revision=term.revision,
+        )
+        self._take_over(term)
+
+    @_machine.output()
+    def _announce(self) -> None:
+        self.role = LEADER
+        term = self.term
+        assert term is not None
+        self.log.info("cluster {cluster}: {name} leads and serves", cluster=self.cluster, name=self.name)
+        self.on_serving(term.server)
+        leading, self._leading = self._leading, []
+        for waiting in leading:
+            waiting.callback(None)
+
+    @_machine.output()
+    def _step_down(self, why: str) -> None:
+        self.log.warn(
+            "cluster {cluster}: {name} steps down: {why}", cluster=self.cluster, name=self.name, why=why
+        )
+        self._end_term().addBoth(lambda _: None)
+
+    @_machine.output()
+    def _look_later(self, why: str) -> None:
+        self._schedule(self.timing.retry)
+
+    @_machine.output()
+    def _stop_looking(self) -> None:
+        if self._next is not None and self._next.active():
+            self._next.cancel()
+        self._next = None
+
+    @_machine.output()
+    def _resign(self) -> Deferred[None]:
+        self.log.info("cluster {cluster}: {name} resigns", cluster=self.cluster, name=self.name)
+        return self._end_term()
+
+    @_machine.output()
+    def _give_back(self, term: Term) -> None:
+        """Won after all, but stopping: let the lease go."""
+        self.etcd.revoke(term.lease).addErrback(lambda _: None)
+
+    @_machine.output()
+    def _nothing(self) -> Deferred[None]:
+        return succeed(None)
+
+    idle.upon(start, enter=standing_by, outputs=[_look_now])
+    standing_by.upon(won, enter=taking_over, outputs=[_begin_term])
+    standing_by.upon(stop, enter=stopped, outputs=[_stop_looking, _nothing], collector=lambda outs: list(outs)[-1])
+    taking_over.upon(serving, enter=leading, outputs=[_announce])
+    taking_over.upon(deposed, enter=standing_by, outputs=[_step_down, _look_later])
+    taking_over.upon(stop, enter=stopped, outputs=[_resign], collector=lambda outs: list(outs)[-1])
+    leading.upon(deposed, enter=standing_by, outputs=[_step_down, _look_later])
+    leading.upon(stop, enter=stopped, outputs=[_resign], collector=lambda outs: list(outs)[-1])
+    stopped.upon(won, enter=stopped, outputs=[_give_back])
+    stopped.upon(deposed, enter=stopped, outputs=[])
+    idle.upon(stop, enter=stopped, outputs=[_nothing], collector=lambda outs: list(outs)[-1])
+
+    # -- the service ------------------------------------------------------------
+
+    def startService(self) -> None:
+        super().startService()
+        self.log.info(
+            "cluster {cluster}: {name} joins, as a standby (lease TTL {ttl} s)",
+            cluster=self.cluster,
+            name=self.name,
+            ttl=self.timing.ttl,
+        )
+        self.start()
+
+    def stopService(self) -> Deferred[None]:
+        """Resign (if leading), then stop the metrics listeners."""
+        stopped: Deferred[None] = self.stop()
+        stopped.addBoth(lambda _: super(ClusterMember, self).stopService())
+        return stopped.addBoth(lambda _: self.etcd.close()).addBoth(lambda _: None)
+
+    def when_leading(self) -> Deferred[None]:
+        """Fires when this member next serves as leader (at once if it does)."""
+        if self.role == LEADER:
+            return succeed(None)
+        waiting: Deferred[None] = Deferred()
+        self._leading.append(waiting)
+        return waiting
+
+    @property
+    def server(self) -> Any:
+        """The current term's server, while leading."""
+        return self.term.server if self.role == LEADER and self.term is not None else None
+
+    # -- standing by ------------------------------------------------------------
+
+    def _schedule(self, delay: float) -> None:
+        if self._next is not None and self._next.active():
+            self._next.cancel()
+        self._next = self.clock.callLater(delay, self._look)
+
+    def _look(self) -> None:
+        """Is there a leader?  If not, campaign."""
+        self._next = None
+        self.etcd.get(self.layout.leader).addCallbacks(self._looked, self._etcd_failed)
+
+    def _looked(self, result: Any) -> None:
+        if self.running is False or self.term is not None:
+            return
+        _, kvs = result
+        self._etcd_back()
+        if kvs:
+            if kvs[0].value != self._leader_seen:
+                self._leader_seen = kvs[0].value
+                self.log.info(
+                    "cluster {cluster}: {name} stands by; the leader is {leader}",
+                    cluster=self.cluster,
+                    name=self.name,
+                    leader=kvs[0].value.decode("utf-8", "replace"),
+                )
+            self._schedule(self.timing.poll)
+            return
+        self._campaign()
+
+    def _campaign(self) -> None:
+        sent = self.monotonic()
+        claimed = self.etcd.grant(self.timing.ttl)
+        claimed.addCallback(self._claim, sent)
+        claimed.addErrback(self._etcd_failed)
+
+    def _claim(self, lease: Any, sent: float) -> Deferred[None]:
+        lease_id, ttl = lease
+        entry = json.dumps({"member": self.name, "endpoints": list(self.settings.ports)}).encode("utf-8")
+        claim = self.etcd.txn(
+            [Compare(self.layout.leader, "CREATE", 0)], [Put(self.layout.leader, entry, lease_id)], [Get(self.layout.leader)]
+        )
+
+        def decided(result: Any) -> None:
+            if not result.succeeded:
+                self.etcd.revoke(lease_id).addErrback(lambda _: None)
+                self._schedule(self.timing.poll)
+                return
+            term = Term(lease_id, ttl, result.revision, sent + ttl - self.timing.margin, self.monotonic)
+            self.won(term)
+
+        return claim.addCallback(decided)
+
+    def _etcd_failed(self, reason: Failure) -> None:
+        if not self._etcd_down:
+            self._etcd_down = True
+            self.log.warn(
+                "cluster {cluster}: {name} cannot reach etcd ({error}); trying again",
+                cluster=self.cluster,
+                name=self.name,
+                error=reason.getErrorMessage(),
+            )
+        if self.running and self.term is None:
+            self._schedule(self.timing.retry)
+
+    def _etcd_back(self) -> None:
+        if self._etcd_down:
+            self._etcd_down = False
+            self.log.info("cluster {cluster}: {name} reaches etcd again", cluster=self.cluster, name=self.name)
+
+    # -- a term -----------------------------------------------------------------
+
+    def _take_over(self, term: Term) -> None:
+        loaded = self.etcd.get(self.layout.state, prefix=True)
+        loaded.addCallback(lambda result: self._start_serving(term, self.layout.load([(kv.key, kv.value) for kv in result[1]])))
+        loaded.addErrback(self._could_not_serve, term)
+
+    def _start_serving(self, term: Term, state: DurableState) -> Optional[Deferred[None]]:
+        if term is not self.term or term.ended:
+            return None
+        now = self.clock.seconds()
+        first_token = max(state.mark, int(now * 1e6))
+        journal_holder: List[Journal] = []
+
+        def journal_for(locks: Any) -> Journal:
+            journal = Journal(
+                self.etcd,
+                self.layout,
+                term.revision,
+                locks,
+                self.clock,
+                on_failure=lambda why: self._lapsed(term, why),
+                observer=self.observer,
+                on_commit=self.on_commit,
+            )
+            journal_holder.append(journal)
+            return journal
+
+        server = term.server = self.build(
+            self.reactor, self.settings, cluster=Leadership(first_token, term.certain, journal_for)
+        )
+        journal = term.journal = journal_holder[0]
+        restored = restore(server, state, now, journal)
+        self.log.info(
+            "cluster {cluster}: restored {sessions} elock sessions holding {keys} keys and {timed} dlock timed grants",
+            cluster=self.cluster,
+            sessions=restored[0],
+            keys=restored[1],
+            timed=restored[2],
+        )
+        for raw in state.unreadable:
+            self.log.warn("cluster {cluster}: ignored an unreadable record {key!r}", cluster=self.cluster, key=raw)
+        # Every token from now on is above every token given before.
+        journal.mark_reached(first_token + AHEAD)
+        written = journal.durable() or succeed(None)
+        return written.addCallback(lambda _: self._listen(term))
+
+    def _listen(self, term: Term) -> None:
+        if term is not self.term or term.ended:
+            return
+        server = term.server
+        server.startService()  # raises ListenFailed at once if an endpoint cannot listen
+        server.when_listening().addCallbacks(lambda _: self._listening(term), self._could_not_serve, errbackArgs=(term,))
+
+    def _listening(self, term: Term) -> None:
+        if term is self.term and not term.ended:
+            self.serving()
+
+    def _could_not_serve(self, reason: Failure, term: Term) -> None:
+        if term is self.term:
+            self.deposed(f"cannot serve: {reason.getErrorMessage()}")
+
+    def _keep_alive(self, term: Term) -> None:
+        sent = self.monotonic()
+
+        def renewed(ttl_left: int) -> None:
+            if term is not self.term or term.ended:
+                return
+            if ttl_left <= 0:
+                self._lapsed(term, "etcd says the lease is gone")
+                return
+            term.valid_until = max(term.valid_until, sent + term.ttl - self.timing.margin)
+            self._arm_deadline(term)
+
+        def failed(reason: Failure) -> None:
+            if term is self.term and not term.ended:
+                self.log.warn(
+                    "cluster {cluster}: keep-alive failed ({error}); steps down in {left:.1f} s unless one succeeds",
+                    cluster=self.cluster,
+                    error=reason.getErrorMessage(),
+                    left=max(0.0, term.valid_until - self.monotonic()),
+                )
+
+        self.etcd.keepalive(term.lease).addCallbacks(renewed, failed)
+
+    def _arm_deadline(self, term: Term) -> None:
+        if term.deadline is not None and term.deadline.active():
+            term.deadline.cancel()
+        left = max(0.0, term.valid_until - self.monotonic())
+        term.deadline = self.clock.callLater(left, self._check_certain, term)
+
+    def _check_certain(self, term: Term) -> None:
+        term.deadline = None
+        if not term.certain():
+            self._lapsed(term, "the lease could not be renewed in time")
+        elif term is self.term:
+            self._arm_deadline(term)
+
+    def _lapsed(self, term: Term, why: str = "the lease ran out before a reply could be sent") -> None:
+        term.ended = True
+        if term is self.term:
+            self.deposed(why)
+
+    def _end_term(self) -> Deferred[None]:
+        """Send nothing more, close everything, throw the lock table away, and let the lease go."""
+        term, self.term = self.term, None
+        if self.role == LEADER:
+            self.on_serving(None)
+        self.role = STANDBY
+        self._leader_seen = None
+        if term is None:
+            return succeed(None)
+        term.ended = True
+        if term.keepalive is not None and term.keepalive.running:
+            term.keepalive.stop()
+        if term.deadline is not None and term.deadline.active():
+            term.deadline.cancel()
+        if term.journal is not None:
+            term.journal.stop()
+        stopped: Deferred[Any] = succeed(None)
+        server = term.server
+        if server is not None and server.running:
+            server.grace = 0
+            stopped = server.stopService()
+        # Revoking deletes the election key: a standby need not wait out the lease.
+        return stopped.addBoth(lambda _: self.etcd.revoke(term.lease)).addErrback(
+            lambda reason: self.log.info("cluster {cluster}: the lease was not revoked ({error}); it runs out by itself",
+                                         cluster=self.cluster, error=reason.getErrorMessage())
+        )
+
+
+@dataclass
+class Leadership:
+    """
+    What a term's server needs from its member (L{jesync.server.build_server}'s C{cluster}).
+
+    @ivar first_token: every fencing token is above it.
+    @ivar serving: whether the member may still answer (checked before every reply).
+    @ivar journal_for: the term's journal, for the server's lock table.
+    """
+
+    first_token: int
+    serving: Callable[[], bool]
+    journal_for: Callable[[Any], Journal]
+
+
+def restore(server: Any, state: DurableState, now: float, journal: Journal) -> tuple:
+    """
+    Put the durable state into a new term's server: each elock session
+    detached (its grace period starting now) with its keys, and each dlock
+    timed grant until its release time; every grant keeps its token.  A
+    record that cannot be restored (a timed grant past its time) is
+    deleted.  Returns (sessions, their keys, timed grants) restored.
+    """
+    locks = server.locks
+    sessions = server.factories["elock"].sessions
+    keys = 0
+    for record in state.sessions:
+        session = sessions.restore(record.session_id, record.grace_ms)
+        for key, token in record.keys.items():
+            if _restore_grant(locks, key, session, 0, token):
+                keys += 1
+        journal.session_changed(session)
+    owner = TimedGrants("restored")
+    timed = 0
+    for record in state.timed:
+        left = record.release_us / 1e6 - now
+        if left > 0 and _restore_grant(locks, record.key, owner, left, record.token):
+            timed += 1
+        journal.timed_changed(record.key)
+    return len(state.sessions), keys, timed
+
+
+def _restore_grant(locks: Any, key: str, owner: object, expires: float, token: int) -> bool:
+    try:
+        grant = locks.request(key, owner, 1, 0, expires)
+    except Exception as error:  # a limit the settings set lower now
+        Logger().warn("cluster: could not restore {key!r}: {error}", key=key, error=error)
+        return False
+    if isinstance(grant, Deferred):
+        grant.addErrback(lambda _: None)
+        Logger().warn("cluster: could not restore {key!r}: it is held twice in the durable state", key=key)
+        return False
+    grant.token = token
+    return True

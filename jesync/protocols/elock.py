@@ -57,6 +57,9 @@ class ELockProtocol(CommandGrammar):
 
     terminator = b"\r\n"
     ordered = True
+    # Sessions outlive a failover: in cluster mode a reply is sent once the
+    # session's keys are in etcd (L{jesync.cluster.journal}).
+    durable_replies = True
     session: Optional[Session] = None
     _quitting = False
     # Whether "200 Acquired" carries the grant's fencing token (`fencing on`).
@@ -189,7 +192,11 @@ class ELockProtocol(CommandGrammar):
         milliseconds = parse_integer(only_argument(args, "timeout"), "timeout")
         if milliseconds < 0:
             raise BadRequest("timeout must not be negative")
-        self._session().grace_ms = milliseconds
+        session = self._session()
+        session.grace_ms = milliseconds
+        journal = self.connection.policy.journal
+        if journal is not None and self.service.owned(session):
+            journal.session_changed(session)
         self.reply(b"200 timeout set")
 
     def do_stats(self, args: List[bytes]) -> None:

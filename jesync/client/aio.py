@@ -16,7 +16,8 @@ import ssl
 import time
 from typing import Any, Awaitable, Callable, Generator, Iterable, Mapping, Optional
 
-from jesync.client.address import Address, UNIXAddress
+from jesync.client.address import Address, Member, UNIXAddress
+from jesync.client.cluster import Members
 from jesync.client.config import (
     CONNECT_RETRIES,
     RETRY_BACKOFF,
@@ -29,7 +30,15 @@ from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
 from jesync.client.pipeline import discard
 from jesync.client.session import Session
-from jesync.client.wire import PING_KEY, Holder, LineSplitter, Reply, UnexpectedReply, lock_arguments, lock_many_arguments
+from jesync.client.wire import (
+    PING_KEY,
+    Holder,
+    LineSplitter,
+    Reply,
+    UnexpectedReply,
+    lock_arguments,
+    lock_many_arguments,
+)
 from jesync.listing import sort_listing
 from jesync.wire import KeyStatus, ListingOrder
 
@@ -104,12 +113,12 @@ class _Protocol(asyncio.Protocol):
 
 
 class _Connection:
-    """One connection to one server: a transport and its L{Session}."""
+    """One connection to one server (or one member of a cluster): a transport and its L{Session}."""
 
-    def __init__(self, address: Address, loop: asyncio.AbstractEventLoop, read_timeout: Optional[float]) -> None:
+    def __init__(self, address: Member, loop: asyncio.AbstractEventLoop, read_timeout: Optional[float]) -> None:
         self.address = address
         self.loop = loop
-        self.session = Session(str(address), self._send, self._make_lock, loop.time)
+        self.session = Session(str(address), self._send, self._make_lock, loop.time, read_timeout)
         self._read_timeout = read_timeout
         self._transport: Optional[asyncio.Transport] = None
         self._splitter = LineSplitter()
@@ -118,8 +127,14 @@ class _Connection:
 
     @classmethod
     async def open(
-        cls, address: Address, options: ConnectOptions, connect_timeout: Optional[float], read_timeout: Optional[float]
+        cls,
+        address: Member,
+        options: ConnectOptions,
+        connect_timeout: Optional[float],
+        read_timeout: Optional[float],
+        confirm: bool = False,
     ) -> _Connection:
+        """Connect (with TLS and auth if C{options} say so; with C{confirm}, until the server answers)."""
         try:
             token = options.token()
         except ValueError as error:
@@ -148,13 +163,15 @@ class _Connection:
         connection._transport = transport
         # auth (with a token) and fencing on, first on the connection; an older
         # server refuses fencing, and then grants have no tokens.
-        ready = connection.start(connection.session.handshake, token)
+        ready = connection.start(
+            lambda on_result, on_error: connection.session.handshake(token, on_result, on_error, confirm)
+        )
         left = None if connect_timeout is None else max(0.0, connect_timeout - (loop.time() - start))
         try:
             await asyncio.wait_for(asyncio.shield(ready), left)
         except asyncio.TimeoutError:
-            connection.fail("no answer to auth")
-            raise ConnectFailed(str(address), f"no answer to auth within {connect_timeout:g} s") from None
+            connection.fail("no answer")
+            raise ConnectFailed(str(address), f"no answer within {connect_timeout:g} s") from None
         except ConnectionLost as error:
             raise ConnectFailed(str(address), f"cannot connect: {error.reason}") from None
         except BaseException:
@@ -246,7 +263,10 @@ class _Connection:
 
     def _deadline_passed(self) -> None:
         self._deadline = None
-        self.session.expire_overdue()
+        overdue = self.session.expire_overdue()
+        if overdue is not None:
+            self.fail(overdue)
+            return
         self._watch_deadlines()
         self._tell_lost()
 
@@ -331,6 +351,7 @@ class AsyncClient:
         self.servers = self._fleet.servers
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        self._members = [Members(address) for address in self.servers]
         self._connections: list[Optional[_Connection]] = [None] * len(self.servers)
         self._opening: list[Optional[asyncio.Future[_Connection]]] = [None] * len(self.servers)
 
@@ -341,24 +362,28 @@ class AsyncClient:
     async def _connection(self, index: int, wait: Optional[float] = None) -> _Connection:
         """The open connection, or a new one, retrying failed attempts within C{wait} (see L{Client})."""
         loop = asyncio.get_running_loop()
-        backoff = self.options.backoff(wait, loop.time())
+        attempts = self._members[index].attempts(self.options.backoff(wait, loop.time()))
         while True:
             try:
-                return await self._connect_once(index)
+                return await self._connect_once(index, attempts.member)
             except ConnectFailed as error:
-                pause = backoff.next_pause(loop.time()) if error.retryable else None
+                pause = attempts.failed(error, loop.time())
                 if pause is None:
-                    raise
-                await asyncio.sleep(pause)
+                    raise attempts.error()
+                if pause:
+                    await asyncio.sleep(pause)
 
-    async def _connect_once(self, index: int) -> _Connection:
+    async def _connect_once(self, index: int, member: Member) -> _Connection:
+        """The open connection, or a new one to C{member} (unless another caller is already connecting)."""
         connection = self._connections[index]
         if connection is not None and not connection.closed:
             return connection
         opening = self._opening[index]
         if opening is None:
             opening = self._opening[index] = asyncio.ensure_future(
-                _Connection.open(self.servers[index], self.options, self.connect_timeout, self.read_timeout)
+                _Connection.open(
+                    member, self.options, self.connect_timeout, self.read_timeout, self._members[index].is_cluster
+                )
             )
             opening.add_done_callback(lambda _: self._opened(index))
         # Shielded: one caller giving up must not cancel the others' connection.
@@ -368,7 +393,8 @@ class AsyncClient:
         opening, self._opening[index] = self._opening[index], None
         assert opening is not None
         if not opening.cancelled() and opening.exception() is None:
-            self._connections[index] = opening.result()
+            connection = self._connections[index] = opening.result()
+            self._members[index].answered(connection.address)
 
     def lock(
         self,

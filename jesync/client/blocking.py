@@ -19,7 +19,8 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Callable, Iterable, Mapping, Optional
 
-from jesync.client.address import Address, TCPAddress, UNIXAddress
+from jesync.client.address import Address, Member, TCPAddress, UNIXAddress
+from jesync.client.cluster import Members
 from jesync.client.config import (
     CONNECT_RETRIES,
     RETRY_BACKOFF,
@@ -31,11 +32,20 @@ from jesync.client.errors import ConnectFailed, ConnectionLost, LockLost, descri
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
 from jesync.client.session import Session
-from jesync.client.wire import PING_KEY, Holder, LineSplitter, Reply, UnexpectedReply, lock_arguments, lock_many_arguments
+from jesync.client.wire import (
+    PING_KEY,
+    Holder,
+    LineSplitter,
+    Reply,
+    UnexpectedReply,
+    lock_arguments,
+    lock_many_arguments,
+)
 from jesync.listing import sort_listing
 from jesync.wire import KeyStatus, ListingOrder
 
-def open_socket(address: Address, timeout: Optional[float]) -> socket.socket:
+
+def open_socket(address: Member, timeout: Optional[float]) -> socket.socket:
     """Connect to C{address}; raise L{ConnectFailed}."""
     try:
         if isinstance(address, UNIXAddress):
@@ -114,7 +124,7 @@ class _TLS:
 
 
 def open_connection(
-    address: Address, options: ConnectOptions, timeout: Optional[float]
+    address: Member, options: ConnectOptions, timeout: Optional[float]
 ) -> tuple[socket.socket, Optional[_TLS]]:
     """Connect to C{address} (with TLS if C{options} say so, the handshake done); raise L{ConnectFailed}."""
     sock = open_socket(address, timeout)
@@ -229,17 +239,20 @@ class Lock(LockState):
 
 class _Connection:
     """
-    One connection to one server: a socket, a reader thread, and the
-    L{Session} (outstanding requests, held locks), guarded by a mutex.  Once
-    it has failed it stays failed (L{closed}); the L{Client} opens a new one.
+    One connection to one server (or one member of a cluster): a socket, a
+    reader thread, and the L{Session} (outstanding requests, held locks),
+    guarded by a mutex.  Once it has failed it stays failed (L{closed}); the
+    L{Client} opens a new one.  With C{confirm} (a cluster member) it is
+    ready only once the server has answered (L{Session.handshake}).
     """
 
     def __init__(
         self,
-        address: Address,
+        address: Member,
         options: ConnectOptions,
         connect_timeout: Optional[float],
         read_timeout: Optional[float],
+        confirm: bool = False,
     ) -> None:
         self.address = address
         try:
@@ -252,18 +265,18 @@ class _Connection:
         self._read_timeout = read_timeout
         # The session's callbacks run under the mutex (they only settle futures).
         self._mutex = threading.RLock()
-        self.session = Session(str(address), self._send, self._make_lock, time.monotonic)
+        self.session = Session(str(address), self._send, self._make_lock, time.monotonic, read_timeout)
         self._quiet_since = time.monotonic()
         self._send_error: Optional[str] = None
         # auth (with a token) and fencing on, first on the connection; an older
         # server refuses fencing, and then grants have no tokens.
-        ready = self.start(self.session.handshake, token)
+        ready = self.start(lambda on_result, on_error: self.session.handshake(token, on_result, on_error, confirm))
         start_background(self._read_until_closed, f"jesync reader {address}")
         try:
             ready.result(connect_timeout)
         except FutureTimeout:
-            self.fail("no answer to auth")
-            raise ConnectFailed(str(address), f"no answer to auth within {connect_timeout:g} s") from None
+            self.fail("no answer")
+            raise ConnectFailed(str(address), f"no answer within {connect_timeout:g} s") from None
         except ConnectionLost as error:
             raise ConnectFailed(str(address), f"cannot connect: {error.reason}") from None
 
@@ -345,7 +358,10 @@ class _Connection:
                 selector.register(self._sock, selectors.EVENT_READ)
                 while not self.closed:
                     ready = selector.select(self._wake_in(tick))
-                    self._expire_overdue()
+                    overdue = self._expire_overdue()
+                    if overdue is not None:
+                        reason = overdue
+                        break
                     if not ready:
                         if self._overdue():
                             reason = f"no reply within {self._read_timeout:g} s"
@@ -384,11 +400,16 @@ class _Connection:
         left = max(0.0, deadline - time.monotonic())
         return left if tick is None else min(tick, left)
 
-    def _expire_overdue(self) -> None:
-        """Lose the locks whose failsafe expiry ran out, and call their lost callbacks."""
+    def _expire_overdue(self) -> Optional[str]:
+        """
+        Lose the locks whose failsafe expiry ran out, and call their lost
+        callbacks; the reason to close the connection if a waiting lock's
+        answer is overdue (L{Session.expire_overdue}).
+        """
         with self._mutex:
-            self.session.expire_overdue()
+            overdue = self.session.expire_overdue()
         self._tell_lost()
+        return overdue
 
     def _overdue(self) -> bool:
         assert self._read_timeout is not None
@@ -411,11 +432,12 @@ class _Connection:
 
 
 class _Server:
-    """A server's address and its current connection, opened on demand."""
+    """A server's address (a cluster's members) and its current connection, opened on demand."""
 
     def __init__(self, address: Address, options: ConnectOptions) -> None:
         self.address = address
         self._options = options
+        self._members = Members(address)
         self._connection: Optional[_Connection] = None
         self._connecting = threading.Lock()
 
@@ -423,22 +445,28 @@ class _Server:
         self, connect_timeout: Optional[float], read_timeout: Optional[float], wait: Optional[float] = None
     ) -> _Connection:
         """
-        The open connection, or a new one; a failed attempt is retried (see
+        The open connection, or a new one (to whichever member of a cluster
+        answers: L{jesync.client.cluster}); a failed attempt is retried (see
         L{jesync.client.config.Backoff}) within C{wait} seconds (None: no
         limit but the number of retries).
         """
-        backoff = self._options.backoff(wait, time.monotonic())
+        attempts = self._members.attempts(self._options.backoff(wait, time.monotonic()))
         while True:
             try:
                 with self._connecting:
                     if self._connection is None or self._connection.closed:
-                        self._connection = _Connection(self.address, self._options, connect_timeout, read_timeout)
+                        member = attempts.member
+                        self._connection = _Connection(
+                            member, self._options, connect_timeout, read_timeout, self._members.is_cluster
+                        )
+                        self._members.answered(member)
                     return self._connection
             except ConnectFailed as error:
-                pause = backoff.next_pause(time.monotonic()) if error.retryable else None
+                pause = attempts.failed(error, time.monotonic())
                 if pause is None:
-                    raise
-                time.sleep(pause)
+                    raise attempts.error()
+                if pause:
+                    time.sleep(pause)
 
     def close(self) -> None:
         with self._connecting:

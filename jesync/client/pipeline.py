@@ -158,6 +158,11 @@ class Pipeline:
         """Whether the server owes an immediate reply (so silence means trouble)."""
         return bool(self._queue)
 
+    def is_waiting(self, key: str) -> bool:
+        """Whether a lock request for C{key} (a C{lock-many}: its first key) is past its fence, and its caller still waits."""
+        request = self._waiting.get(key)
+        return request is not None and not request.abandoned
+
     def outstanding(self) -> bool:
         """Whether any request at all is unanswered (waiting locks included)."""
         return bool(self._queue or self._waiting)

@@ -27,7 +27,7 @@ it is safe to.
 from __future__ import annotations
 
 import time
-from typing import Callable, Iterable, Optional
+from typing import Any, Callable, Iterable, Optional
 
 from jesync.client.errors import AuthFailed, ConnectionLost, KeyBusy, ServerError
 from jesync.client.handle import LockState
@@ -50,10 +50,16 @@ class Session:
         send: Callable[[bytes], None],
         make_lock: MakeLock,
         clock: Callable[[], float] = time.monotonic,
+        reply_margin: Optional[float] = None,
     ) -> None:
         self.address = address
         #: the clock the requests are timed by (the locks' clock)
         self.clock = clock
+        #: how late past its wait a waiting lock's answer may be before the
+        #: connection is given up for dead (the clients' read_timeout; None: for ever)
+        self.reply_margin = reply_margin
+        # the lock requests waiting with a bounded wait, by their first key: when their answer is due
+        self._answers_due: dict[str, float] = {}
         self.pipeline = Pipeline(send, self._expired)
         self.held: dict[str, LockState] = {}  # by each of its keys
         #: whether the server gives fencing tokens: None until it has answered C{fencing on}
@@ -67,27 +73,44 @@ class Session:
 
     # -- requests --------------------------------------------------------
 
-    def handshake(self, token: Optional[bytes], on_result: OnResult, on_error: OnError) -> None:
+    def handshake(self, token: Optional[bytes], on_result: OnResult, on_error: OnError, confirm: bool = False) -> None:
         """
         What every client sends first on every connection: C{auth <token>}
         (with a token), then C{fencing on} (see L{enable_fencing}), without
         waiting.  C{on_result} gets None once the connection may be used:
-        when the server has answered C{OK}, or at once without a token.  A
-        refused token fails the session (every request on it) and
-        C{on_error} with L{AuthFailed}; so does a server that wants a token
-        when none was sent (it refuses the C{fencing on}).
+        when the server has answered C{OK}, or at once without a token; with
+        C{confirm} (a member of a cluster, which must prove that it serves:
+        see L{jesync.client.cluster}), only once it has answered the
+        C{fencing on} as well.  A refused token fails the session (every
+        request on it) and C{on_error} with L{AuthFailed}; so does a server
+        that wants a token when none was sent (it refuses the C{fencing
+        on}).  Exactly one of the two is called.
         """
+        settled: list[bool] = []
+
+        def once(callback: Callable[[Any], None]) -> Callable[[Any], None]:
+            def call(value: Any) -> None:
+                if not settled:
+                    settled.append(True)
+                    callback(value)
+
+            return call
+
+        ready, failed = once(on_result), once(on_error)
         if token is not None:
 
             def refused(error: Exception) -> None:
                 if isinstance(error, ServerError):
                     error = self.fail_with(AuthFailed(self.address, error.message, sent_token=True))
-                on_error(error)
+                failed(error)
 
-            self.pipeline.auth(token, on_result, refused)
-        self.enable_fencing(discard, discard, needs_auth=token is None)
-        if token is None:
-            on_result(None)
+            self.pipeline.auth(token, discard if confirm else ready, refused)
+        if confirm:
+            self.enable_fencing(lambda _: ready(None), failed, needs_auth=token is None)
+        else:
+            self.enable_fencing(discard, discard, needs_auth=token is None)
+            if token is None:
+                ready(None)
 
     def enable_fencing(self, on_result: OnResult, on_error: OnError, needs_auth: bool = False) -> None:
         """
@@ -124,49 +147,65 @@ class Session:
     ) -> None:
         """Ask for C{key}; C{on_result} gets the new lock handle."""
         self._check_free((key,))
-        granted, waiting = self._granted(max_concurrent, expires, on_result)
-        self.pipeline.lock(key, max_concurrent, timeout, expires, granted, on_error, waiting)
+        granted, failed, waiting = self._granted(key, max_concurrent, timeout, expires, on_result, on_error)
+        self.pipeline.lock(key, max_concurrent, timeout, expires, granted, failed, waiting)
 
-    def lock_many(self, keys: tuple[str, ...], timeout: int, expires: int, on_result: OnResult, on_error: OnError) -> None:
+    def lock_many(
+        self, keys: tuple[str, ...], timeout: int, expires: int, on_result: OnResult, on_error: OnError
+    ) -> None:
         """Ask for all of C{keys} (distinct, checked), a mutex on each; C{on_result} gets one handle for them all."""
         self._check_free(keys)
-        granted, waiting = self._granted(1, expires, on_result)
-        self.pipeline.lock_many(keys, timeout, expires, granted, on_error, waiting)
+        granted, failed, waiting = self._granted(keys[0], 1, timeout, expires, on_result, on_error)
+        self.pipeline.lock_many(keys, timeout, expires, granted, failed, waiting)
 
     def _check_free(self, keys: Iterable[str]) -> None:
         for key in keys:
             if key in self.held:
                 raise KeyBusy(key, "this client already holds it")
 
-    def _granted(self, max_concurrent: int, expires: int, on_result: OnResult) -> tuple[OnResult, Callable[[], None]]:
+    def _granted(
+        self, key: str, max_concurrent: int, timeout: int, expires: int, on_result: OnResult, on_error: OnError
+    ) -> tuple[OnResult, OnError, Callable[[], None]]:
         """
-        The callbacks of a lock request sent now: its grant, and its fence
-        showing that it waits.  The lock's deadline is counted from when the
-        request was sent; for one that had to wait, from one round trip (the
-        time its fence took) before its grant arrived.
+        The callbacks of a lock request sent now: its grant, its failure, and
+        its fence showing that it waits.  The lock's deadline is counted from
+        when the request was sent; for one that had to wait, from one round
+        trip (the time its fence took) before its grant arrived.  A request
+        that waits at most C{timeout} seconds is owed its answer by then:
+        if it has none C{reply_margin} seconds later, L{expire_overdue}
+        gives the connection up (a paused server never answers).
         """
         sent = self.clock()
         round_trip: list[float] = []
 
         def granted(reply: Reply) -> None:
+            self._answers_due.pop(key, None)
             lock = self._make_lock(reply, max_concurrent, expires)
             age = round_trip[0] if round_trip else self.clock() - sent
             lock._granted(reply.seconds_left, age)
-            for key in lock.keys:
-                self.held[key] = lock
+            for each in lock.keys:
+                self.held[each] = lock
             on_result(lock)
+
+        def failed(error: Exception) -> None:
+            self._answers_due.pop(key, None)
+            on_error(error)
 
         def waiting() -> None:
             round_trip.append(self.clock() - sent)
+            if timeout >= 0 and self.reply_margin is not None:
+                self._answers_due[key] = sent + timeout + self.reply_margin
 
-        return granted, waiting
+        return granted, failed, waiting
 
     def give_up(self, key: str) -> None:
         """
         The caller of an unanswered lock request for C{key} (a C{lock_many}:
-        its first key) stopped waiting: release what it is granted.
+        its first key) stopped waiting: release what it is granted.  (Its
+        answer, which nobody waits for, is no longer watched for either.)
         """
         self.pipeline.abandon(key)
+        self._answers_due.pop(key, None)
 
     def release(self, lock: LockState, on_result: OnResult, on_error: OnError) -> None:
         """
@@ -301,22 +340,42 @@ class Session:
     # -- the failsafe deadlines -------------------------------------------
 
     def next_deadline(self) -> Optional[float]:
-        """The earliest C{deadline} of the locks held (None: none expires): when to call L{expire_overdue}."""
+        """
+        The earliest C{deadline} of the locks held, or when a waiting lock's
+        answer is overdue (None: neither): when to call L{expire_overdue}.
+        """
         deadlines = [lock.deadline for lock in self.held.values() if lock.deadline is not None]
+        deadlines.extend(self._answers_due.values())
         return min(deadlines, default=None)
 
-    def expire_overdue(self) -> None:
+    def expire_overdue(self) -> Optional[str]:
         """
         Lose every held lock whose deadline has passed without a renewal
         (their lost callbacks are due: L{take_lost}), and release its keys
         on the server, so that the server does not hold for a moment longer
         what the client counts as lost.
+
+        If a waiting lock's answer is overdue (its wait and C{reply_margin}
+        have passed), the server has stopped answering: the session fails,
+        and the reason is returned for the client to close the connection
+        with (L{fail}); else None.
         """
+        now = self.clock()
+        for key, due in list(self._answers_due.items()):
+            if now < due:
+                continue
+            if not self.pipeline.is_waiting(key):
+                del self._answers_due[key]  # answered, though nobody was waiting for it any more
+                continue
+            reason = f"no answer to the lock on {key!r} within {self.reply_margin:g} s after its wait"
+            self.fail(reason)
+            return reason
         for lock in [lock for lock in dict.fromkeys(self.held.values()) if lock._overdue()]:
             self._lose(lock, f"it expired: not renewed within its failsafe expiry of {lock.expires} s")
             if not self.closed:
                 for key in lock.keys:
                     self.pipeline.release(key, discard, discard)
+        return None
 
     # -- the connection --------------------------------------------------
 
@@ -336,6 +395,7 @@ class Session:
         if self.closed:
             return error
         reason = error.reason if isinstance(error, ConnectionLost) else str(error)
+        self._answers_due.clear()
         for lock in dict.fromkeys(self.held.values()):
             self._lose(lock, f"the connection to {self.address} was lost ({reason})")
         self.pipeline.fail_all(error)

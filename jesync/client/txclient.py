@@ -34,7 +34,8 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from jesync.client.address import Address, TCPAddress, UNIXAddress
+from jesync.client.address import Address, Member, TCPAddress, UNIXAddress
+from jesync.client.cluster import Members
 from jesync.client.config import (
     CONNECT_RETRIES,
     RETRY_BACKOFF,
@@ -46,7 +47,15 @@ from jesync.client.errors import ConnectFailed, ConnectionLost, LockLost, descri
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
 from jesync.client.session import Session
-from jesync.client.wire import PING_KEY, Holder, LineSplitter, Reply, UnexpectedReply, lock_arguments, lock_many_arguments
+from jesync.client.wire import (
+    PING_KEY,
+    Holder,
+    LineSplitter,
+    Reply,
+    UnexpectedReply,
+    lock_arguments,
+    lock_many_arguments,
+)
 from jesync.listing import sort_listing
 from jesync.wire import KeyStatus, ListingOrder
 
@@ -178,12 +187,12 @@ class _Protocol(Protocol):
 
 
 class _Connection:
-    """One connection to one server: a transport and its L{Session}."""
+    """One connection to one server (or one member of a cluster): a transport and its L{Session}."""
 
-    def __init__(self, address: Address, reactor: IReactorTime, read_timeout: Optional[float]) -> None:
+    def __init__(self, address: Member, reactor: IReactorTime, read_timeout: Optional[float]) -> None:
         self.address = address
         self.reactor = reactor
-        self.session = Session(str(address), self._send, self._make_lock, reactor.seconds)
+        self.session = Session(str(address), self._send, self._make_lock, reactor.seconds, read_timeout)
         self._read_timeout = read_timeout
         self._transport: Optional[ITCPTransport] = None
         self._splitter = LineSplitter()
@@ -195,22 +204,27 @@ class _Connection:
     def open(
         cls,
         reactor: IReactorTime,
-        address: Address,
+        address: Member,
         options: ConnectOptions,
         connect_timeout: Optional[float],
         read_timeout: Optional[float],
+        confirm: bool = False,
     ) -> defer.Deferred[_Connection]:
-        """Connect (with TLS and auth if C{options} say so); fails with L{ConnectFailed}."""
-        return defer.ensureDeferred(cls._open(reactor, address, options, connect_timeout, read_timeout))
+        """
+        Connect (with TLS and auth if C{options} say so; with C{confirm},
+        until the server answers); fails with L{ConnectFailed}.
+        """
+        return defer.ensureDeferred(cls._open(reactor, address, options, connect_timeout, read_timeout, confirm))
 
     @classmethod
     async def _open(
         cls,
         reactor: IReactorTime,
-        address: Address,
+        address: Member,
         options: ConnectOptions,
         connect_timeout: Optional[float],
         read_timeout: Optional[float],
+        confirm: bool,
     ) -> _Connection:
         try:
             token = options.token()
@@ -259,7 +273,9 @@ class _Connection:
             # auth (with a token) and fencing on, first on the connection; an
             # older server refuses fencing, and then grants have no tokens.
             try:
-                await connection.start(connection.session.handshake, token)
+                await connection.start(
+                    lambda on_result, on_error: connection.session.handshake(token, on_result, on_error, confirm)
+                )
             except ConnectFailed:
                 raise
             except ConnectionLost as error:
@@ -287,7 +303,10 @@ class _Connection:
     # -- requests --------------------------------------------------------
 
     def start(
-        self, operation: Callable[..., None], *args: Any, canceller: Optional[Callable[[defer.Deferred[Any]], None]] = None
+        self,
+        operation: Callable[..., None],
+        *args: Any,
+        canceller: Optional[Callable[[defer.Deferred[Any]], None]] = None,
     ) -> defer.Deferred[Any]:
         """Make a session request; the Deferred fires with its result."""
         deferred: defer.Deferred[Any] = defer.Deferred(canceller)
@@ -352,7 +371,10 @@ class _Connection:
 
     def _deadline_passed(self) -> None:
         self._deadline = None
-        self.session.expire_overdue()
+        overdue = self.session.expire_overdue()
+        if overdue is not None:
+            self.fail(overdue)
+            return
         self._watch_deadlines()
         self._tell_lost()
 
@@ -430,6 +452,7 @@ class TwistedClient:
         self.servers = self._fleet.servers
         self.connect_timeout = connect_timeout
         self.read_timeout = read_timeout
+        self._members = [Members(address) for address in self.servers]
         self._connections: list[Optional[_Connection]] = [None] * len(self.servers)
         # index -> (the connection attempt, the requests waiting for it)
         self._opening: dict[int, tuple[defer.Deferred[_Connection], list[defer.Deferred[_Connection]]]] = {}
@@ -448,14 +471,16 @@ class TwistedClient:
         return defer.ensureDeferred(self._connect_retrying(index, wait))
 
     async def _connect_retrying(self, index: int, wait: Optional[float]) -> _Connection:
-        backoff = self.options.backoff(wait, self.reactor.seconds())
+        attempts = self._members[index].attempts(self.options.backoff(wait, self.reactor.seconds()))
         while True:
             try:
-                return await self._connect_once(index)
+                return await self._connect_once(index, attempts.member)
             except ConnectFailed as error:
-                pause = backoff.next_pause(self.reactor.seconds()) if error.retryable else None
+                pause = attempts.failed(error, self.reactor.seconds())
                 if pause is None:
-                    raise
+                    raise attempts.error()
+                if not pause:
+                    continue
                 sleeping = task.deferLater(self.reactor, pause, lambda: None)
                 self._pauses.add(sleeping)
                 try:
@@ -463,14 +488,20 @@ class TwistedClient:
                 finally:
                     self._pauses.discard(sleeping)
 
-    def _connect_once(self, index: int) -> defer.Deferred[_Connection]:
+    def _connect_once(self, index: int, member: Member) -> defer.Deferred[_Connection]:
+        """The open connection, or a new one to C{member} (unless another caller is already connecting)."""
         connection = self._connections[index]
         if connection is not None and not connection.closed:
             return defer.succeed(connection)
         waiter: defer.Deferred[_Connection] = defer.Deferred()
         if index not in self._opening:
             opening = _Connection.open(
-                self.reactor, self.servers[index], self.options, self.connect_timeout, self.read_timeout
+                self.reactor,
+                member,
+                self.options,
+                self.connect_timeout,
+                self.read_timeout,
+                self._members[index].is_cluster,
             )
             self._opening[index] = (opening, [])
             opening.addBoth(self._opened, index)
@@ -481,6 +512,7 @@ class TwistedClient:
         _, waiters = self._opening.pop(index)
         if isinstance(result, _Connection):
             self._connections[index] = result
+            self._members[index].answered(result.address)
         for waiter in waiters:
             if not waiter.called:
                 if isinstance(result, Failure):

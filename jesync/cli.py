@@ -25,7 +25,7 @@ from jesync.client import (
     LockTimeout,
     ServerError,
 )
-from jesync.client.address import parse_servers
+from jesync.client.address import ClusterAddress, parse_servers
 from jesync.client.placement import PLACEMENTS
 from jesync.client.wire import check_key
 from jesync.listing import listing_sort_key
@@ -77,11 +77,15 @@ examples:
   jesync lock --nonblock deploy -c './build.sh && ./deploy.sh'   # skip if busy
   jesync --server db1:11400 --server db2:11400 list --by requests
   JESYNC_SERVERS=db1,db2 jesync status nightly-report
+  JESYNC_SERVERS='a:11400|b:11400|c:11400' jesync lock deploy -- ./deploy.sh
   jesync ping
 
 servers: --server (repeatable, or comma-separated), else $JESYNC_SERVERS
 (separated by commas or spaces), else {DEFAULT_SERVER}.  Addresses:
-host:port, host (port 11400), [IPv6]:port, unix:/path.
+host:port, host (port 11400), [IPv6]:port, unix:/path.  Several servers are
+independent, and keys are shared out among them; the members of one jesync
+cluster are one server, written a:11400|b:11400|c:11400 (quote the |), and
+jesync uses whichever member answers (the leader).
 
 {EXIT_STATUSES}"""
 
@@ -103,6 +107,15 @@ If the lock is lost while COMMAND runs (the server went away or stopped
 answering), jesync says so on stderr at once and, after COMMAND ends, exits
 with status 70.  COMMAND is left running unless --terminate-on-loss is given,
 which sends it SIGTERM.
+
+With the members of a cluster (--server 'a:11400|b:11400|c:11400'), jesync
+connects to whichever member answers.  A failover (the leader dies, is
+paused or steps down) always loses the lock: it is bound to the connection,
+and the new leader soon grants it to another client.  So with a cluster,
+--terminate-on-loss is the default: COMMAND gets SIGTERM as soon as the lock
+is lost, and jesync exits 70 once it has ended (--no-terminate-on-loss leaves
+it running).  A lost lock is noticed when its connection fails or its
+renewal (every third of --expires) gets no answer within --read-timeout.
 
 COMMAND gets KEY in $JESYNC_KEY, and the grant's fencing token in
 $JESYNC_FENCING_TOKEN: a number larger than that of every earlier grant of
@@ -216,6 +229,9 @@ def exit_status(returncode: int) -> int:
 
 
 def run_lock(args: argparse.Namespace, client: Client) -> int:
+    if args.terminate_on_loss is None:
+        # A failover loses the lock, and another leader soon grants it to someone else.
+        args.terminate_on_loss = isinstance(client.server_for(args.key), ClusterAddress)
     relay = SignalRelay()
     lock: Optional[Lock] = None
     wait = 0 if args.nonblock else args.wait
@@ -394,8 +410,9 @@ def add_connection_options(parser: argparse.ArgumentParser, default: Any) -> Non
         action="append",
         metavar="ADDRESS",
         default=default,
-        help=f"a server: host:port, host, [IPv6]:port or unix:/path; repeat (or separate with commas) "
-        f"for several [default: $JESYNC_SERVERS, else {DEFAULT_SERVER}]",
+        help=f"a server: host:port, host, [IPv6]:port or unix:/path, or the members of one cluster "
+        f"separated by | ('a:11400|b:11400|c:11400': whichever answers); repeat (or separate with commas) "
+        f"for several servers [default: $JESYNC_SERVERS, else {DEFAULT_SERVER}]",
     )
     group.add_argument(
         "--placement",
@@ -417,7 +434,7 @@ def add_connection_options(parser: argparse.ArgumentParser, default: Any) -> Non
         metavar="SECONDS",
         default=default if default is argparse.SUPPRESS else 10.0,
         help="give a server up for dead if it does not answer for this long (a lock that waits "
-        "is not affected) [default: 10]",
+        "is given its --wait plus this long) [default: 10]",
     )
 
 
@@ -524,8 +541,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     lock.add_argument(
         "--terminate-on-loss",
-        action="store_true",
-        help="send COMMAND SIGTERM if the lock is lost while it runs [default: leave it running]",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="send COMMAND SIGTERM if the lock is lost while it runs [default: yes with a cluster's "
+        "members (a failover loses the lock), else no: leave it running]",
     )
     add_connection_options(lock, argparse.SUPPRESS)
     lock.set_defaults(command_parser=lock)

@@ -9,7 +9,9 @@ All three take the same arguments and offer the same operations: C{lock}
 (returning a lock handle with C{release}, C{renew}, automatic renewal, loss
 notification and the grant's fencing C{token}), C{lock_many} (several keys,
 all or nothing, as one handle with a C{tokens} dict), C{status}, C{listing}
-and C{ping}, over one or several servers.  A timed-out wait raises
+and C{ping}, over one or several servers; a server may be the members of
+one jesync cluster (C{"a:11400|b:11400|c:11400"}), reached through
+whichever member answers (L{jesync.client.cluster}).  A timed-out wait raises
 L{LockTimeout}; every other failed request
 raises a L{ClientError} (bad arguments raise ValueError or TypeError before
 anything is sent).

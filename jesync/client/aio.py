@@ -317,7 +317,8 @@ class AsyncClient:
     L{jesync.client.Client}'s (servers, auth token file, TLS and retries
     from the environment when not given, likewise).  Connections open on
     first use, in the running loop.  C{async with AsyncClient(...)} closes
-    it at the end.
+    it at the end.  A cluster's members (C{"a:11400|b:11400|c:11400"}) are
+    failed over as L{jesync.client.Client} says.
     """
 
     def __init__(

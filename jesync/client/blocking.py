@@ -481,14 +481,19 @@ class Client:
     @param servers: one address (C{"host:port"}, C{"host"} for port 11400,
         C{"[::1]:11400"}, C{"unix:/path"}), several in one string separated by
         commas or spaces, or a list.  None (the default): C{$JESYNC_SERVERS},
-        else 127.0.0.1:11400, as the C{jesync} command does.
+        else 127.0.0.1:11400, as the C{jesync} command does.  The members of
+        one jesync cluster are one server, written C{"a:11400|b:11400|c:11400"}:
+        the client connects to whichever member answers (see below).
     @param placement: how a key picks its server when there are several:
         C{"consistent"} (consistent hashing) or C{"php"} (as the JESync PHP
         driver does); see L{jesync.client.placement}.
     @param connect_timeout: seconds to wait for a connection (None: the OS's).
     @param read_timeout: seconds the server may stay silent while it owes a
-        reply before the connection is given up for dead (None: for ever).
-        A lock that is waiting owes no reply; this never cuts a wait short.
+        reply (to any request: release, renew, status, ...) before the
+        connection is given up for dead (None: for ever).  A lock that is
+        waiting owes no reply; this never cuts a wait short, but a lock
+        asked with C{wait} seconds is given up for dead if it has no answer
+        C{read_timeout} seconds after its wait.
     @param auth_token_file: a file whose first line is the token the servers
         want (their C{--auth-token-file}); it is sent as C{auth <token>} first
         on every connection, read from the file again for each.  None:
@@ -512,6 +517,18 @@ class Client:
     Connections open on first use.  A dropped connection fails what was
     outstanding on it with L{ConnectionLost} and loses the locks held through
     it; the next request opens a new connection, and the old locks stay lost.
+
+    A cluster's members (C{a|b|c}) are tried in turn, starting with the one
+    that answered last, until one answers C{fencing on} within
+    C{connect_timeout}: a refused connection (a standby), a connect timeout
+    and no answer (a paused leader, whose socket still accepts) all move on
+    to the next member; after a pass over all of them, the retries above
+    apply.  A refused token or certificate is never failed over.  A JESync
+    lock is bound to its connection, so when the leader dies, stops
+    answering (a request unanswered for C{read_timeout}) or steps down, the
+    locks held through it are lost (their handles say so, their lost
+    callbacks are called) like on any dropped connection; the next request
+    connects to whichever member answers then (see L{jesync.client.cluster}).
     """
 
     def __init__(

@@ -3,7 +3,8 @@ What the three clients read from their arguments or, when an argument is not
 given, from the environment, as the C{jesync} command does: the servers, the
 auth token file, TLS, and how connection attempts are retried.
 
-    JESYNC_SERVERS          the servers, when none are given ("db1,db2:7777", "unix:/run/jesync.sock")
+    JESYNC_SERVERS          the servers, when none are given ("db1,db2:7777", "unix:/run/jesync.sock";
+                            a cluster's members: "a:11400|b:11400|c:11400")
     JESYNC_AUTH_TOKEN_FILE  a file whose first line is the token sent as C{auth <token>}
     JESYNC_TLS              "1" (yes, true, on) to connect with TLS, "0" (no, false, off) not to
     JESYNC_TLS_CA_FILE      the CA certificates (PEM) that sign the servers' certificates (implies TLS)

@@ -49,7 +49,9 @@ class ConnectionLost(ClientError):
     Every request outstanding on the connection fails with this, and every
     lock held through it is lost: the server releases a connection's locks
     when it closes, so by the time you see this another client may hold them.
-    The next request reconnects; it never brings the old locks back.
+    The next request reconnects (to a cluster: to whichever member answers
+    now); it never brings the old locks back, so a failover loses them.
+    C{address} is the server (for a connection to a cluster, the member).
     """
 
     def __init__(self, address: str, reason: str) -> None:
@@ -63,7 +65,9 @@ class ConnectFailed(ConnectionLost):
     Connecting to a server failed or timed out (so nothing was held through
     it).  C{retryable} is false for a failure that trying again cannot mend
     (the server's TLS certificate or name did not check out, the token file
-    cannot be read); the clients retry only the others.
+    cannot be read); the clients retry only the others, and fail over to
+    another member of a cluster only on those.  Failing to reach any member
+    of a cluster raises one naming each member and why.
     """
 
     def __init__(self, address: str, reason: str, retryable: bool = True) -> None:

@@ -127,7 +127,9 @@ class Session:
             on_result(on)
 
         def refused(error: Exception) -> None:
-            if needs_auth and isinstance(error, ServerError) and error.message == AUTH_REFUSED:
+            if isinstance(error, AuthFailed):  # the session failed with the refusal of its token
+                on_error(error)
+            elif needs_auth and isinstance(error, ServerError) and error.message == AUTH_REFUSED:
                 on_error(self.fail_with(AuthFailed(self.address, error.message, sent_token=False)))
             elif isinstance(error, ServerError):
                 answered(False)

@@ -417,6 +417,8 @@ class TwistedClient:
     reactor are L{jesync.client.Client}'s (servers, auth token file, TLS and
     retries from the environment when not given, likewise; TLS needs
     pyOpenSSL: C{pip install 'jesync[tls]'}).  Connections open on first use.
+    A cluster's members (C{"a:11400|b:11400|c:11400"}) are failed over as
+    L{jesync.client.Client} says.
     """
 
     def __init__(

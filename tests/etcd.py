@@ -1,7 +1,8 @@
 """
 Real etcd processes for the tests: one member (L{EtcdProcess}) or a cluster
 of them (L{EtcdCluster}) on free loopback ports, each with a data directory
-of its own, killed when the test ends (L{start_etcd}, L{start_etcd_cluster}).
+of its own, killed when the test ends (L{start_etcd}, L{start_etcd_cluster}),
+or one member shared by many tests (L{shared_etcd}).
 
 Which etcd (L{find_etcd}): the binary named by C{JESYNC_TEST_ETCD}, else
 C{etcd} on the PATH (Debian's etcd-server), else the one the pip package
@@ -15,6 +16,7 @@ about 1.5 election timeouts rounded up to whole seconds: 2 s here.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import platform
@@ -284,6 +286,24 @@ def start_etcd(testcase, binary: Optional[str] = None) -> EtcdProcess:
     etcd = EtcdProcess(binary or require_etcd())
     testcase.addCleanup(etcd.close)
     return etcd.start()
+
+
+_shared: Optional[EtcdProcess] = None
+
+
+def shared_etcd() -> EtcdProcess:
+    """
+    One etcd member shared by the tests of a run that use keys of their own
+    and never stop it: started on first use, killed at exit (or with the
+    test process); skips the test if no etcd is found.
+    """
+    global _shared
+    if _shared is None or not _shared.running():
+        etcd = EtcdProcess(require_etcd())
+        atexit.register(etcd.close)
+        etcd.start()
+        _shared = etcd
+    return _shared
 
 
 def start_etcd_cluster(testcase, size: int = 3, binary: Optional[str] = None) -> EtcdCluster:

@@ -2,8 +2,8 @@
 L{jesync.cluster.etcd.EtcdClient} against real etcd processes (tests/etcd.py
 finds the binary, or the tests skip saying how to get one).
 
-One etcd serves every test of L{EtcdClientTests}, each test under keys of
-its own; the failover tests start a 3-member cluster of their own.  Nothing
+One etcd (L{shared_etcd}) serves every test of L{EtcdClientTests}, each
+test under keys of its own; the failover tests start a 3-member cluster of their own.  Nothing
 sleeps: the tests wait for events (watch events, a Deferred firing) with a
 bounded timeout.
 """
@@ -30,7 +30,7 @@ from jesync.cluster.etcd import (
     WatchEvent,
     _prefix_end,
 )
-from tests.etcd import MIN_LEASE_TTL, EtcdProcess, require_etcd, start_etcd_cluster
+from tests.etcd import MIN_LEASE_TTL, shared_etcd, start_etcd_cluster
 from tests.servers import free_port
 from tests.support import TIMEOUT, ConnectionTracker
 
@@ -58,22 +58,9 @@ class EventCollector:
 
 class EtcdClientTests(TestCase):
     timeout = 30
-    etcd: EtcdProcess
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        cls.etcd = EtcdProcess(require_etcd())
-        try:
-            cls.etcd.start()
-        except BaseException:
-            cls.etcd.close()
-            raise
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        cls.etcd.close()
 
     def setUp(self) -> None:
+        self.etcd = shared_etcd()
         self.observed: List[Tuple[str, float]] = []
         self.client = self.make_client([self.etcd.endpoint])
         # Each test's keys are under a prefix of its own.

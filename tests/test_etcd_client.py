@@ -56,6 +56,35 @@ class EventCollector:
         return waiting.addTimeout(TIMEOUT, reactor)
 
 
+class EtcdClientInputTests(TestCase):
+    """What needs no etcd: the key ranges of prefixes, and bad arguments refused at once."""
+
+    def test_prefix_end(self):
+        self.assertEqual(_prefix_end(b"a/"), b"a0")
+        self.assertEqual(_prefix_end(b"a\xff"), b"b")
+        self.assertEqual(_prefix_end(b"\xff\xff"), b"\x00")
+        self.assertEqual(_prefix_end(b""), b"\x00")
+
+    def test_compare_bad_input(self):
+        """A compare etcd could not take is refused at once, saying why."""
+        for bad, message in [
+            (lambda: Compare(b"k", "MODIFIED", 1), "Compare target must be one of CREATE, MOD"),
+            (lambda: Compare(b"k", "MOD", 1, "SAME"), "Compare result must be one of EQUAL"),
+            (lambda: Compare(b"k", "VALUE", 1), "Compare of VALUE takes bytes"),
+            (lambda: Compare(b"k", "MOD", b"1"), "Compare of MOD takes int"),
+        ]:
+            with self.assertRaises(ValueError) as raised:
+                bad()
+            self.assertIn(message, str(raised.exception))
+
+    def test_bad_endpoints(self):
+        with self.assertRaises(ValueError):
+            EtcdClient(reactor, [])
+        with self.assertRaises(ValueError) as raised:
+            EtcdClient(reactor, ["127.0.0.1:2379"])
+        self.assertIn("http://127.0.0.1:2379", str(raised.exception))
+
+
 class EtcdClientTests(TestCase):
     timeout = 30
 
@@ -102,12 +131,6 @@ class EtcdClientTests(TestCase):
         self.assertEqual(revision, max(kv.mod_revision for kv in kvs) + 2)
         # Four pages of three keys at most.
         self.assertEqual([name for name, _ in self.observed].count("get"), 4)
-
-    def test_prefix_end(self):
-        self.assertEqual(_prefix_end(b"a/"), b"a0")
-        self.assertEqual(_prefix_end(b"a\xff"), b"b")
-        self.assertEqual(_prefix_end(b"\xff\xff"), b"\x00")
-        self.assertEqual(_prefix_end(b""), b"\x00")
 
     @inlineCallbacks
     def test_delete(self):
@@ -172,18 +195,6 @@ class EtcdClientTests(TestCase):
         self.assertEqual((result.succeeded, result.responses), (True, [None, None]))
         _, kvs = yield self.client.get(self.prefix, prefix=True)
         self.assertEqual([(kv.key, kv.value) for kv in kvs], [(b, b"2")])
-
-    def test_compare_bad_input(self):
-        """A compare etcd could not take is refused at once, saying why."""
-        for bad, message in [
-            (lambda: Compare(b"k", "MODIFIED", 1), "Compare target must be one of CREATE, MOD"),
-            (lambda: Compare(b"k", "MOD", 1, "SAME"), "Compare result must be one of EQUAL"),
-            (lambda: Compare(b"k", "VALUE", 1), "Compare of VALUE takes bytes"),
-            (lambda: Compare(b"k", "MOD", b"1"), "Compare of MOD takes int"),
-        ]:
-            with self.assertRaises(ValueError) as raised:
-                bad()
-            self.assertIn(message, str(raised.exception))
 
     @inlineCallbacks
     def test_etcd_error(self):
@@ -339,13 +350,6 @@ class EtcdClientTests(TestCase):
         self.assertEqual(len(tracker.protocols), connections)
         # The client dropped every connection it gave up on.
         yield tracker.wait_lost()
-
-    def test_bad_endpoints(self):
-        with self.assertRaises(ValueError):
-            EtcdClient(reactor, [])
-        with self.assertRaises(ValueError) as raised:
-            EtcdClient(reactor, ["127.0.0.1:2379"])
-        self.assertIn("http://127.0.0.1:2379", str(raised.exception))
 
     @inlineCallbacks
     def test_observer(self):

@@ -1,0 +1,871 @@
+"""
+A blocking client of the elock protocol whose session survives a dropped
+connection and a cluster's failover.
+
+An elock session owns its locks and outlives its connection for a grace
+period (C{set_timeout}); a new connection takes it back with C{conn_id
+<id>}.  L{ELockClient} starts a session when it is made and keeps it: one
+background thread does all its I/O, one request at a time (elock answers in
+request order, and a waiting C{lock} holds back what follows it).  While
+idle, the thread watches the connection and sends a heartbeat (C{conn_id})
+every C{heartbeat} seconds, so a server that died, closed the connection or
+stopped answering (a paused leader still accepts connections) is noticed
+without waiting for the next request.
+
+Then it reconnects to whichever member answers (the one that last answered
+first, then the others in order, in rounds with backoff, for at most the
+grace period), resumes the session, and asks C{owned <key>} for every key it
+held: a resumed session may have lost locks (its grace period ran out, or the
+new leader never had them), and on jesync C{conn_id <unknown id>} starts a
+new empty session, so a successful C{conn_id} alone proves nothing.  Keys it
+no longer holds are reported lost: their handle's C{lost} becomes true and
+its C{on_lost} callbacks are called once, from a thread of their own (never
+under the client's lock, never blocking its I/O).  A request interrupted by
+the failover is settled by L{jesync.client.elock_wire.after_resume}.
+
+Nothing here needs the Twisted reactor.
+"""
+
+from __future__ import annotations
+
+import logging
+import selectors
+import socket
+import ssl
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from typing import Any, Callable, Deque, Mapping, Optional, Sequence, Union
+
+from jesync.client import elock_wire
+from jesync.client.address import Address, Member
+from jesync.client.blocking import open_connection, start_background
+from jesync.client.config import CONNECT_RETRIES, RETRY_BACKOFF, RETRY_BACKOFF_MAX, Backoff, ConnectOptions
+from jesync.client.elock_wire import AGAIN, ELockReply, Owned, Request
+from jesync.client.errors import (
+    AuthFailed,
+    ClientError,
+    ConnectFailed,
+    ConnectionLost,
+    KeyBusy,
+    LockLost,
+    ServerError,
+    describe,
+)
+from jesync.client.wire import LineSplitter, UnexpectedReply
+
+log = logging.getLogger("jesync.client.elock")
+
+__all__ = ["ELockClient", "ELockHandle"]
+
+#: A request is sent again after at most this many failovers; then it fails.
+MAX_FAILOVERS_PER_REQUEST = 3
+#: The resume asks C{owned} about this many keys per round trip.
+OWNED_BATCH = 128
+#: The server's answer to a wrong token, or to a request before C{auth} when it wants one.
+AUTH_REFUSED = ELockReply(403, "auth failed")
+#: The longest pause between heartbeats (a shorter grace period pings more often).
+HEARTBEAT_MAX = 5.0
+
+LostCallback = Callable[[LockLost], object]
+
+
+class _Broken(Exception):
+    """The connection failed (the reason is the message); the session may still be resumed."""
+
+
+class _AuthRefused(Exception):
+    """The server refused the connection's token, or wants one (C{403 auth failed}; it closes the connection)."""
+
+
+class _Refused(Exception):
+    """A member answered but cannot take the session back now (C{403 cannot set conn id})."""
+
+
+class ELockHandle:
+    """
+    A lock an L{ELockClient}'s session holds on C{key}.  Use it as a context
+    manager (released when the block ends), or call L{release}.
+
+    It stays held across failovers the session survives.  If the session
+    loses it (the resume found it not held), C{lost} becomes true,
+    C{lost_reason} says why (a L{LockLost}), the callbacks given to
+    L{on_lost} are called once with that error, and leaving a C{with} block
+    raises it.
+
+    @ivar key: the key.
+    @ivar token: the grant's fencing token (None from a server without
+        fencing tokens).
+    """
+
+    def __init__(self, client: ELockClient, key: str, token: Optional[int]) -> None:
+        self.key = key
+        self.token = token
+        self.lost_reason: Optional[LockLost] = None
+        self._client = client
+        self._state = "held"
+        self._callbacks: list[LostCallback] = []
+        self._mutex = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<ELockHandle {self.key!r} {self._state}>"
+
+    @property
+    def held(self) -> bool:
+        return self._state == "held"
+
+    @property
+    def lost(self) -> bool:
+        return self._state == "lost"
+
+    @property
+    def released(self) -> bool:
+        return self._state == "released"
+
+    def on_lost(self, callback: LostCallback) -> None:
+        """
+        Call C{callback(error)} (a L{LockLost}) once if the lock is lost: at
+        once if it already is, else from a background thread when it is.
+        """
+        with self._mutex:
+            if self._state != "lost":
+                self._callbacks.append(callback)
+                return
+        assert self.lost_reason is not None
+        _call_quietly(callback, self.lost_reason)
+
+    def release(self) -> bool:
+        """True if the session held the lock until now; False if it had been lost or released."""
+        if not self.held:
+            return False
+        return self._client.unlock(self.key)
+
+    def owned(self) -> bool:
+        """
+        Ask the server whether the session still holds the lock (False once
+        released or lost); if it says no, the lock is lost (its callbacks are
+        called).
+        """
+        if not self.held:
+            return False
+        return self._client.owned(self.key)
+
+    def __enter__(self) -> ELockHandle:
+        return self
+
+    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
+        if not self.release() and kind is None and self.lost_reason is not None:
+            raise self.lost_reason
+
+    # -- the client's side -----------------------------------------------
+
+    def _set_released(self) -> None:
+        with self._mutex:
+            if self._state == "held":
+                self._state = "released"
+
+    def _set_lost(self, reason: str) -> list[LostCallback]:
+        """Mark it lost; the callbacks to call (outside every lock), once."""
+        with self._mutex:
+            if self._state != "held":
+                return []
+            self._state = "lost"
+            self.lost_reason = LockLost(self.key, reason)
+            callbacks, self._callbacks = self._callbacks, []
+        return callbacks
+
+
+def _call_quietly(callback: LostCallback, error: LockLost) -> None:
+    try:
+        callback(error)
+    except Exception:
+        log.exception("a lost-lock callback failed")
+
+
+class _Pending:
+    """A request waiting for the I/O thread: what to send, its wait's deadline, and where its result goes."""
+
+    def __init__(self, request: Request, wait: int = 0) -> None:
+        self.request = request
+        self.wait = wait
+        self.deadline = time.monotonic() + wait
+        self.future: Future[Any] = Future()
+
+    def wait_left(self) -> int:
+        """A lock's wait left, whole seconds rounded up (0 once its time is up: one last try)."""
+        left = self.deadline - time.monotonic()
+        return max(0, int(-(-left // 1)))
+
+
+class _Connection:
+    """One connection to one member: a socket (maybe TLS), and its reply lines."""
+
+    def __init__(self, address: Member, options: ConnectOptions, connect_timeout: Optional[float]) -> None:
+        self.address = address
+        self.sock, self._tls = open_connection(address, options, connect_timeout)
+        self.sock.settimeout(connect_timeout)  # bounds every send
+        self._splitter = LineSplitter()
+        self._lines: Deque[bytes] = deque()
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.sock, selectors.EVENT_READ)
+
+    def send(self, data: bytes) -> None:
+        try:
+            if self._tls is not None:
+                self._tls.send(data)
+            else:
+                self.sock.sendall(data)
+        except OSError as error:
+            raise _Broken(f"sending failed: {describe(error)}") from None
+
+    def reply(self, timeout: float) -> ELockReply:
+        """The next reply, waiting at most C{timeout} seconds for it; raise L{_Broken}."""
+        deadline = time.monotonic() + timeout
+        while not self._lines:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise _Broken(f"no reply within {timeout:g} s")
+            if self._selector.select(left):
+                self._receive()
+        try:
+            reply = elock_wire.parse_reply(self._lines.popleft())
+        except UnexpectedReply as error:
+            raise _Broken(str(error)) from None
+        if reply == AUTH_REFUSED:
+            raise _AuthRefused(str(reply))
+        return reply
+
+    def ask(self, lines: Sequence[bytes], timeout: float) -> list[ELockReply]:
+        """Send C{lines} together; their replies, each within C{timeout} of the one before."""
+        self.send(b"".join(lines))
+        return [self.reply(timeout) for _ in lines]
+
+    def watch(self, timeout: float, wake: socket.socket) -> None:
+        """
+        While idle: wait up to C{timeout} for C{wake} to be readable; raise
+        L{_Broken} if meanwhile the server closes the connection or says
+        anything (nothing was asked).
+        """
+        with selectors.DefaultSelector() as selector:
+            selector.register(self.sock, selectors.EVENT_READ, "server")
+            selector.register(wake, selectors.EVENT_READ, "wake")
+            for key, _ in selector.select(timeout):
+                if key.data == "server":
+                    self._receive()
+                    if self._lines:
+                        raise _Broken(f"an unexpected reply: {self._lines[0]!r}")
+
+    def _receive(self) -> None:
+        try:
+            data = self.sock.recv(65536)
+            if not data:
+                raise _Broken("the server closed the connection")
+            if self._tls is not None:
+                data = self._tls.received(data)
+            self._lines.extend(self._splitter.feed(data))
+        except ssl.SSLZeroReturnError:
+            raise _Broken("the server closed the connection") from None
+        except UnexpectedReply as error:
+            raise _Broken(str(error)) from None
+        except OSError as error:
+            raise _Broken(describe(error)) from None
+
+    def close(self) -> None:
+        self._selector.close()
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+class ELockClient:
+    """
+    A client of one elock server or of one jesync cluster's members, holding
+    one session.
+
+    @param servers: one address (C{"host:port"}; a host alone means the
+        elock port, 11401; C{"unix:/path"}), or the members of one cluster
+        separated by C{|} (C{"a:11401|b:11401|c:11401"}), or an address
+        object, or a list of the members.
+    @param grace: the session's grace period, in seconds (C{set_timeout}):
+        how long the server keeps its locks after its connection drops, and
+        how long this client keeps trying to get it back.
+    @param connect_timeout: seconds to wait for a connection (and for each send).
+    @param reply_timeout: seconds a server may take to answer (beyond a
+        lock's own wait) before the connection is given up for dead and the
+        client fails over.
+    @param heartbeat: seconds between heartbeats while idle (None: a third of
+        C{grace}, at most 5).
+    @param auth_token_file, tls, tls_ca_file, tls_server_name, environ: as for
+        L{jesync.client.Client} (read from C{$JESYNC_...} when not given).
+    @param connect_retries, retry_backoff, retry_backoff_max: how starting a
+        new session retries (L{jesync.client.config.Backoff}); a resume
+        retries with the same backoff for the grace period instead.
+
+    Making it connects and starts the session (raising L{ConnectFailed} or
+    L{AuthFailed} if no member lets it).  If the session cannot be resumed
+    within its grace period, every lock is reported lost, the request that
+    was waiting raises L{ConnectionLost}, and the next request starts a new
+    session.
+    """
+
+    def __init__(
+        self,
+        servers: Union[str, Address, Sequence[Union[str, Member]]],
+        *,
+        grace: float = 30.0,
+        connect_timeout: float = 5.0,
+        reply_timeout: float = 10.0,
+        heartbeat: Optional[float] = None,
+        auth_token_file: Optional[str] = None,
+        tls: Optional[bool] = None,
+        tls_ca_file: Optional[str] = None,
+        tls_server_name: Optional[str] = None,
+        connect_retries: int = CONNECT_RETRIES,
+        retry_backoff: float = RETRY_BACKOFF,
+        retry_backoff_max: float = RETRY_BACKOFF_MAX,
+        environ: Optional[Mapping[str, str]] = None,
+    ) -> None:
+        self.members = elock_wire.parse_members(servers)
+        _, self.options = ConnectOptions.resolve(
+            self.members[0],
+            auth_token_file=auth_token_file,
+            tls=tls,
+            tls_ca_file=tls_ca_file,
+            tls_server_name=tls_server_name,
+            connect_retries=connect_retries,
+            retry_backoff=retry_backoff,
+            retry_backoff_max=retry_backoff_max,
+            environ=environ,
+        )
+        self._grace_ms = elock_wire.grace_milliseconds(grace)
+        self.grace = self._grace_ms / 1000
+        for name, value in (("connect_timeout", connect_timeout), ("reply_timeout", reply_timeout)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise ValueError(f"{name} must be a number of seconds, more than 0, not {value!r}")
+        self.connect_timeout = float(connect_timeout)
+        self.reply_timeout = float(reply_timeout)
+        if heartbeat is None:
+            heartbeat = min(HEARTBEAT_MAX, max(self.grace / 3, 0.05))
+        elif isinstance(heartbeat, bool) or not isinstance(heartbeat, (int, float)) or not heartbeat > 0:
+            raise ValueError(f"heartbeat must be a number of seconds, more than 0, not {heartbeat!r}")
+        self.heartbeat = float(heartbeat)
+
+        self._mutex = threading.Lock()
+        self._queue: Deque[_Pending] = deque()
+        self._handles: dict[str, ELockHandle] = {}
+        self._asking: set[str] = set()
+        self._closing = False
+        self._stopped = threading.Event()
+        self._session_id: Optional[str] = None
+        self._member_index = 0
+        self._fencing = True
+        self._connection: Optional[_Connection] = None
+        self._heard_at = time.monotonic()
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        self._wake_reader.setblocking(False)
+        try:
+            self._start_session()
+        except BaseException:
+            self._wake_reader.close()
+            self._wake_writer.close()
+            raise
+        self._thread_done = threading.Event()
+        start_background(self._run, "jesync elock client")
+
+    def __repr__(self) -> str:
+        return f"<ELockClient session {self._session_id} via {self.address}>"
+
+    # -- the public operations ----------------------------------------------
+
+    @property
+    def session_id(self) -> Optional[str]:
+        """The session's id (None while it has none: after one was given up, until the next request)."""
+        return self._session_id
+
+    @property
+    def address(self) -> Member:
+        """The member the client talks to (or last talked to)."""
+        return self.members[self._member_index]
+
+    def lock(self, key: str, wait: float = 0) -> ELockHandle:
+        """
+        Acquire C{key} for the session.
+
+        @param wait: seconds to wait for it if someone else holds it (0: do
+            not wait); elock counts whole seconds, so a fraction is rounded up.
+        @raise LockTimeout: someone else holds it (and still did after C{wait}).
+        @raise KeyBusy: this client holds it already, or is asking for it.
+        @raise ServerError: the server refused the request (e.g. a limit).
+        @raise ConnectionLost: no member answered within the grace period
+            (L{ConnectFailed}: none would start a new session).
+        """
+        request = Request("lock", key)
+        request.line()  # check the key now
+        seconds = elock_wire.wait_seconds(wait)
+        with self._mutex:
+            held = self._handles.get(key)
+            if held is not None and held.held:
+                raise KeyBusy(key, "this client holds it already")
+            if key in self._asking:
+                raise KeyBusy(key, "this client is asking for it already")
+            self._asking.add(key)
+        try:
+            return self._call(_Pending(request, seconds))
+        finally:
+            with self._mutex:
+                self._asking.discard(key)
+
+    def unlock(self, key: str) -> bool:
+        """
+        Release C{key}: True if the session held it until now; False if not
+        (never held, released already, or lost: that raises nothing).
+        """
+        Request("unlock", key).line()
+        with self._mutex:
+            handle = self._handles.get(key)
+        if handle is not None and not handle.held:
+            return False
+        result: bool = self._call(_Pending(Request("unlock", key)))
+        return result
+
+    def unlock_all(self) -> None:
+        """Release every lock of the session."""
+        self._call(_Pending(Request("unlock_all")))
+
+    def owned(self, key: str) -> bool:
+        """
+        Ask the server whether the session holds C{key}.  A handle the server
+        says is not held any more is lost (its callbacks are called).  Needs
+        a server with C{owned} (jesync; L{ServerError} from others).
+        """
+        Request("owned", key).line()
+        result: bool = self._call(_Pending(Request("owned", key)))
+        return result
+
+    def held(self) -> list[ELockHandle]:
+        """The handles the session holds, as far as this client knows."""
+        with self._mutex:
+            return [handle for handle in self._handles.values() if handle.held]
+
+    def close(self) -> None:
+        """
+        End the session (C{quit}): the server releases its locks at once.
+        Waits for a request another thread has outstanding (a C{lock} waits
+        up to its C{wait}).  Never raises for an unreachable server: its
+        locks then end with the grace period.
+        """
+        with self._mutex:
+            if self._closing:
+                return
+            self._closing = True
+            quitting = _Pending(Request("quit"))
+            self._queue.append(quitting)
+        self._wake()
+        try:
+            quitting.future.result()
+        except ClientError as error:
+            log.info("could not end the elock session %s: %s", self._session_id, error)
+        self._thread_done.wait()
+        self._wake_reader.close()
+        self._wake_writer.close()
+
+    def __enter__(self) -> ELockClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- handing requests to the I/O thread -------------------------------
+
+    def _call(self, pending: _Pending) -> Any:
+        with self._mutex:
+            if self._closing:
+                raise ClientError("the elock client is closed")
+            self._queue.append(pending)
+        self._wake()
+        return pending.future.result()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_writer.send(b"x")
+        except OSError:
+            pass  # its buffer is full: the thread is awake anyway
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_reader.recv(4096):
+                pass
+        except OSError:
+            pass
+
+    # -- the I/O thread -----------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while True:
+                pending = self._next()
+                if pending is None:
+                    return
+                self._serve(pending)
+        except BaseException:
+            log.exception("the elock client's I/O thread failed")
+        finally:
+            self._stop()
+
+    def _next(self) -> Optional[_Pending]:
+        """The next request; meanwhile watch the connection and send heartbeats."""
+        while True:
+            self._drain_wake()
+            with self._mutex:
+                if self._queue:
+                    return self._queue.popleft()
+                if self._closing:
+                    return None
+            connection = self._connection
+            if connection is None:
+                with selectors.DefaultSelector() as selector:
+                    selector.register(self._wake_reader, selectors.EVENT_READ)
+                    selector.select()
+                continue
+            quiet = time.monotonic() - self._heard_at
+            if quiet >= self.heartbeat:
+                return _Pending(Request("ping"))
+            try:
+                connection.watch(self.heartbeat - quiet, self._wake_reader)
+            except _Broken as broken:
+                try:
+                    self._fail_over(str(broken), None)
+                except ClientError as error:
+                    log.warning("elock session lost: %s", error)
+
+    def _serve(self, pending: _Pending) -> None:
+        request = pending.request
+        failovers = 0
+        try:
+            if self._connection is None:
+                if request.kind == "quit":
+                    pending.future.set_result(self._done(request, None))
+                    return
+                self._start_session()
+            while True:
+                connection = self._connection
+                assert connection is not None
+                try:
+                    connection.send(request.line(pending.wait_left()))
+                    reply = connection.reply(pending.wait_left() + self.reply_timeout)
+                    self._heard_at = time.monotonic()
+                    result = self._answered(request, reply, pending.wait)
+                except _Broken as broken:
+                    if failovers == MAX_FAILOVERS_PER_REQUEST:
+                        raise ConnectionLost(str(connection.address), f"{broken} (after {failovers} failovers)")
+                    failovers += 1
+                    held = self._fail_over(str(broken), request)
+                    outcome = elock_wire.after_resume(request, held)
+                    if outcome is AGAIN:
+                        continue
+                    result = self._done(request, outcome)
+                break
+        except BaseException as error:
+            pending.future.set_exception(error)
+        else:
+            pending.future.set_result(result)
+
+    def _answered(self, request: Request, reply: ELockReply, wait: int) -> Any:
+        """A request's result from its reply (raising its error)."""
+        if request.kind == "lock":
+            return self._done(request, elock_wire.acquired(reply, request.key or "", wait))
+        if request.kind == "unlock":
+            return self._done(request, elock_wire.unlocked(reply))
+        if request.kind == "owned":
+            return self._done(request, elock_wire.owned(reply))
+        if request.kind == "ping":
+            try:
+                answered = elock_wire.session_id(reply)
+            except UnexpectedReply as error:
+                raise _Broken(str(error)) from None
+            if answered != self._session_id:
+                raise _Broken(f"the heartbeat's conn_id answered another session: {reply}")
+            return None
+        if request.kind == "unlock_all":
+            if reply.status != 200:
+                raise elock_wire.refused(reply)
+            return self._done(request, None)
+        return self._done(request, None)  # quit: the server closes the connection
+
+    def _done(self, request: Request, outcome: Any) -> Any:
+        """Bring the handles up to date with a request's outcome; the caller's result."""
+        key = request.key or ""
+        lost: list[tuple[ELockHandle, list[LostCallback]]] = []
+        with self._mutex:
+            if request.kind == "lock":
+                granted = ELockHandle(self, key, outcome)
+                self._handles[key] = granted
+                return granted
+            if request.kind == "unlock":
+                released = self._handles.pop(key, None)
+                if released is not None:
+                    released._set_released()
+                return outcome
+            if request.kind == "owned":
+                assert isinstance(outcome, Owned)
+                handle = self._handles.get(key)
+                if handle is not None and not outcome.held:
+                    self._handles.pop(key)
+                    lost.append((handle, handle._set_lost("the server says the session does not hold it")))
+                elif handle is not None and outcome.token is not None:
+                    handle.token = outcome.token
+                result = outcome.held
+            elif request.kind in ("unlock_all", "quit"):
+                for handle in self._handles.values():
+                    handle._set_released()
+                self._handles.clear()
+                if request.kind == "quit":
+                    self._end_connection()
+                return None
+            else:
+                return outcome
+        self._tell_lost(lost)
+        return result
+
+    # -- sessions -------------------------------------------------------------
+
+    def _members_from(self, index: int) -> list[tuple[int, Member]]:
+        """Every member, starting with the one at C{index}."""
+        order = list(range(index, len(self.members))) + list(range(index))
+        return [(i, self.members[i]) for i in order]
+
+    def _open(self, address: Member) -> tuple[_Connection, list[bytes]]:
+        """A connection to C{address}, and the lines that must open it (C{auth <token>})."""
+        try:
+            token = self.options.token()
+        except ValueError as error:
+            raise ConnectFailed(str(address), str(error), retryable=False) from None
+        connection = _Connection(address, self.options, self.connect_timeout)
+        return connection, [] if token is None else [elock_wire.auth_request(token)]
+
+    def _authenticate(self, connection: _Connection, opening: list[bytes], lines: list[bytes]) -> list[ELockReply]:
+        """
+        Send C{opening} (C{auth <token>}, or nothing) and C{lines}; the
+        replies to C{lines}.  Raise L{AuthFailed} if the server refuses the
+        token, or wants one and got none.
+        """
+        try:
+            replies = connection.ask(opening + lines, self.reply_timeout)
+        except _AuthRefused as refusal:
+            raise AuthFailed(str(connection.address), str(refusal), bool(opening)) from None
+        if opening and replies[0].status != 200:
+            raise AuthFailed(str(connection.address), str(replies[0]), True)
+        return replies[len(opening) :]
+
+    def _settle(self, connection: _Connection, opening: list[bytes], lines: list[bytes]) -> list[ELockReply]:
+        """
+        The session's settings on a new connection (after C{opening}:
+        C{set_timeout}, then C{fencing on} if the server has it), with
+        C{lines} after them; their replies.
+        """
+        head = [elock_wire.set_timeout_request(self._grace_ms)] + ([elock_wire.FENCING_ON] if self._fencing else [])
+        replies = self._authenticate(connection, opening, head + lines)
+        if replies[0].status != 200:
+            raise elock_wire.refused(replies[0])
+        if self._fencing and replies[1].status != 200:
+            if not elock_wire.is_unknown_command(replies[1]):
+                raise elock_wire.refused(replies[1])
+            self._fencing = False  # a server without fencing tokens: grants carry none
+        return replies[len(head) :]
+
+    def _start_session(self) -> None:
+        """Connect to a member and start a new session; raise L{ConnectFailed} (or L{AuthFailed})."""
+        backoff = self.options.backoff(None, time.monotonic())
+        while True:
+            failures = []
+            for index, address in self._members_from(self._member_index):
+                try:
+                    connection, opening = self._open(address)
+                except ConnectFailed as error:
+                    if not error.retryable:
+                        raise
+                    failures.append(error.reason)
+                    continue
+                try:
+                    (reply,) = self._settle(connection, opening, [elock_wire.CONN_ID])
+                    session_id = elock_wire.session_id(reply)
+                except (_Broken, UnexpectedReply) as broken:
+                    connection.close()
+                    failures.append(f"{address}: {broken}")
+                    continue
+                except ClientError:
+                    connection.close()
+                    raise
+                self._use(connection, index)
+                self._session_id = session_id
+                return
+            pause = backoff.next_pause(time.monotonic())
+            if pause is None:
+                raise ConnectFailed(_names(self.members), "; ".join(failures))
+            if self._stopped.wait(pause):
+                raise ConnectFailed(_names(self.members), "the client was closed")
+
+    def _use(self, connection: _Connection, index: int) -> None:
+        self._connection = connection
+        self._member_index = index
+        self._heard_at = time.monotonic()
+
+    def _end_connection(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def _fail_over(self, reason: str, request: Optional[Request]) -> Optional[dict[str, Optional[int]]]:
+        """
+        The connection failed: resume the session through whichever member
+        answers within the grace period, report lost the keys it no longer
+        holds, and return what it holds of those asked about (None if the
+        server could not say).  Raise L{ConnectionLost} if no member took the
+        session back in time: every lock is lost, and the next request
+        starts a new session.
+        """
+        failed = self._connection.address if self._connection is not None else self.address
+        self._end_connection()
+        log.info("elock session %s: connection to %s failed (%s); resuming it", self._session_id, failed, reason)
+        with self._mutex:
+            keys = elock_wire.keys_to_check((key for key, handle in self._handles.items() if handle.held), request)
+        quitting = request is not None and request.kind == "quit"
+        retries = 0 if quitting else 1 + int(self.grace / max(self.options.retry_backoff, 0.01))
+        backoff = Backoff(
+            retries, self.options.retry_backoff, self.options.retry_backoff_max, self.grace, time.monotonic()
+        )
+        failures: list[str] = [f"{failed}: {reason}"]
+        while True:
+            for index, address in self._members_from(self._member_index):
+                try:
+                    held = self._resume(address, keys)
+                except AuthFailed as error:
+                    failures.append(str(error))
+                    break
+                except ConnectFailed as error:
+                    failures.append(str(error))
+                    if not error.retryable:
+                        break
+                    continue
+                except (_Broken, _Refused, UnexpectedReply, ServerError) as error:
+                    failures.append(f"{address}: {error}")
+                    continue
+                self._member_index = index
+                self._lose_unheld(held, address, request)
+                return held
+            else:
+                pause = backoff.next_pause(time.monotonic())
+                if pause is not None and not self._stopped.wait(pause):
+                    continue
+            # Out of time, or a failure trying again cannot mend: the session is gone.
+            self._session_id = None
+            if request is not None and request.kind == "quit":
+                self._done(request, None)  # it was ending anyway: its locks end with the grace period
+            else:
+                self._lose_all(f"no member took the session back within its grace period ({self.grace:g} s)")
+            raise ConnectionLost(_names(self.members), "; ".join(failures[-len(self.members) - 1 :]))
+
+    def _resume(self, address: Member, keys: list[str]) -> Optional[dict[str, Optional[int]]]:
+        """Take the session back through C{address}; what it holds of C{keys} (None: the server cannot say)."""
+        assert self._session_id is not None
+        connection, opening = self._open(address)
+        try:
+            (reply,) = self._authenticate(connection, opening, [elock_wire.resume_request(self._session_id)])
+            if reply.status == 403:
+                raise _Refused(f"{reply} (still attached to the old connection?)")
+            if reply.status != 200:
+                raise elock_wire.refused(reply)
+            self._settle(connection, [], [])
+            held: Optional[dict[str, Optional[int]]] = {}
+            for start in range(0, len(keys), OWNED_BATCH):
+                batch = keys[start : start + OWNED_BATCH]
+                answers = connection.ask([elock_wire.owned_request(key) for key in batch], self.reply_timeout)
+                if any(elock_wire.is_unknown_command(answer) for answer in answers):
+                    # It cannot say what the session kept: give everything up.
+                    connection.ask([elock_wire.UNLOCK_ALL], self.reply_timeout)
+                    held = None
+                    break
+                assert held is not None
+                for key, answer in zip(batch, answers):
+                    verdict = elock_wire.owned(answer)
+                    if verdict.held:
+                        held[key] = verdict.token
+        except BaseException:
+            connection.close()
+            raise
+        self._use(connection, self.members.index(address))
+        log.info("elock session %s resumed through %s", self._session_id, address)
+        return held
+
+    def _lose_unheld(
+        self, held: Optional[dict[str, Optional[int]]], address: Member, request: Optional[Request]
+    ) -> None:
+        """
+        Report lost the handles whose keys the resumed session does not hold
+        (but not those an interrupted C{unlock}, C{unlock_all} or C{quit}
+        was giving back: they are released).
+        """
+        reason = (
+            f"{address} cannot say whether the session kept it (no owned command), so it was released"
+            if held is None
+            else f"the session no longer held it when resumed through {address}"
+        )
+        lost = []
+        holds = held or {}
+        with self._mutex:
+            for key, handle in list(self._handles.items()):
+                if not handle.held or (request is not None and request.kind in ("unlock_all", "quit")):
+                    continue
+                if request is not None and request.kind == "unlock" and key == request.key:
+                    continue
+                if key in holds:
+                    if holds[key] is not None:
+                        handle.token = holds[key]
+                    continue
+                del self._handles[key]
+                lost.append((handle, handle._set_lost(reason)))
+        self._tell_lost(lost)
+
+    def _lose_all(self, reason: str) -> None:
+        with self._mutex:
+            lost = [(handle, handle._set_lost(reason)) for handle in self._handles.values()]
+            self._handles.clear()
+        self._tell_lost(lost)
+
+    def _tell_lost(self, lost: list[tuple[ELockHandle, list[LostCallback]]]) -> None:
+        """Call the lost callbacks from a thread of their own (a callback may use this client)."""
+        calls = [(callback, handle.lost_reason) for handle, callbacks in lost for callback in callbacks]
+        for handle, _ in lost:
+            log.warning("elock session %s lost %r: %s", self._session_id, handle.key, handle.lost_reason)
+        if calls:
+            start_background(_call_all, "jesync elock lost callbacks", calls)
+
+    def _stop(self) -> None:
+        """The I/O thread ends: fail whatever is queued, drop the connection."""
+        self._stopped.set()
+        with self._mutex:
+            self._closing = True
+            queued = list(self._queue)
+            self._queue.clear()
+            for handle in self._handles.values():
+                handle._set_released()
+            self._handles.clear()
+        for pending in queued:
+            if pending.request.kind == "quit":
+                pending.future.set_result(None)
+            else:
+                pending.future.set_exception(ClientError("the elock client is closed"))
+        self._end_connection()
+        self._thread_done.set()
+
+
+def _call_all(calls: list[tuple[LostCallback, LockLost]]) -> None:
+    for callback, error in calls:
+        _call_quietly(callback, error)
+
+
+def _names(members: Sequence[Member]) -> str:
+    return "|".join(str(member) for member in members)

@@ -19,6 +19,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.client import (
     AuthFailed,
+    Client,
     ClientError,
     ConnectFailed,
     ConnectionLost,
@@ -331,6 +332,24 @@ class LockingTests(ELockServerTestCase):
         self.assertTrue(waiting["result"].held)
         self.assertRaises(LockTimeout, self.first.lock, "report")
 
+    def test_interrupted_wait_gives_the_lock_back(self) -> None:
+        """A caller interrupted while its lock waits (^C) does not leave the session holding it once granted."""
+
+        class Interrupted(Exception):
+            pass
+
+        def interrupt(signum: int, frame: Any) -> None:
+            raise Interrupted()
+
+        handle = self.first.lock("report")
+        previous = signal.signal(signal.SIGALRM, interrupt)
+        self.addCleanup(signal.signal, signal.SIGALRM, previous)
+        signal.setitimer(signal.ITIMER_REAL, 0.3)
+        self.assertRaises(Interrupted, self.second.lock, "report", wait=30)
+        handle.release()  # granted to the second client's session, which gives it back
+        self.wait_for(lambda: raw_elock(self.address, b"lock report\r\n") == [b"200 Acquired"])
+        self.assertEqual(self.second.held(), [])
+
     def test_twice(self) -> None:
         self.first.lock("k")
         self.assertRaises(KeyBusy, self.first.lock, "k")
@@ -446,8 +465,6 @@ class ResumeTests(ELockServerTestCase):
         self.assertTrue(waiting["result"].owned())
 
     def _waiters(self, key: str) -> int:
-        from jesync.client import Client
-
         with Client(self.server.address, environ={}) as jesync:
             return jesync.status(key).waiting
 

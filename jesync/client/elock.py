@@ -412,8 +412,14 @@ class ELockClient:
             if key in self._asking:
                 raise KeyBusy(key, "this client is asking for it already")
             self._asking.add(key)
+        pending = _Pending(request, seconds)
         try:
-            return self._call(_Pending(request, seconds))
+            return self._call(pending)
+        except BaseException:
+            if not pending.future.done():
+                # The caller stopped waiting (KeyboardInterrupt): don't leave the session holding it.
+                pending.future.add_done_callback(self._unlock_unwanted)
+            raise
         finally:
             with self._mutex:
                 self._asking.discard(key)
@@ -487,6 +493,14 @@ class ELockClient:
             self._queue.append(pending)
         self._wake()
         return pending.future.result()
+
+    def _unlock_unwanted(self, future: Future[Any]) -> None:
+        """A lock nobody waits for any more was granted: queue its unlock (in the I/O thread: never wait)."""
+        if future.cancelled() or future.exception() is not None:
+            return
+        with self._mutex:
+            if not self._closing:
+                self._queue.append(_Pending(Request("unlock", future.result().key)))
 
     def _wake(self) -> None:
         try:

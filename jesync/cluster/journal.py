@@ -36,7 +36,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple, Union
 
-from twisted.internet.defer import Deferred, DeferredList
+from twisted.internet.defer import Deferred, DeferredList, fail
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -260,7 +260,7 @@ class Journal:
         Each caller gets a Deferred of its own, which it may cancel.
         """
         if self.failed is not None:
-            return Deferred.fromFailure(Failure(Deposed(self.failed)))
+            return fail(Deposed(self.failed))
         if self._dirty:
             needed = self._cut + 1
         elif self._in_flight:
@@ -362,26 +362,26 @@ class Journal:
 
     def stop(self) -> None:
         """Write nothing more (the term is over): replies still waiting are never sent."""
-        self._end("the term is over")
+        if self.failed is None:
+            self.failed = "the term is over"
+            self._end()
 
     def fail(self, why: str) -> None:
-        """A write failed: write nothing more, and tell C{on_failure}."""
+        """A write failed: write nothing more, tell C{on_failure} (which ends the term), then the waiting replies."""
         if self.failed is None:
-            self._end(why)
+            self.failed = why
             self.on_failure(why)
+            self._end()
 
-    def _end(self, why: str) -> None:
-        """Write nothing more; every reply waiting for durability fails with L{Deposed}."""
-        if self.failed is not None:
-            return
-        self.failed = why
+    def _end(self) -> None:
+        """Every reply waiting for durability fails with L{Deposed}."""
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush_call = None
         waiters, self._waiters = self._waiters, []
         for _, waiting in waiters:
             if not waiting.called:
-                waiting.errback(Failure(Deposed(why)))
+                waiting.errback(Failure(Deposed(self.failed or "")))
 
 
 class JournalMark:

@@ -36,7 +36,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Set, Tuple, Union
 
-from twisted.internet.defer import Deferred, DeferredList, fail
+from twisted.internet.defer import Deferred, DeferredList, FirstError, fail
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 from zope.interface import implementer
@@ -303,8 +303,8 @@ class Journal:
         for key in sorted(timed):
             grant = next((grant for grant in self.service.holders(key) if isinstance(grant.owner, TimedGrants)), None)
             if grant is not None and grant.expires_at is not None:
-                record = TimedRecord(key, int(grant.expires_at * 1e6), grant.token)
-                operations.append(Put(layout.timed_key(key), record.encode()))
+                timed_record = TimedRecord(key, int(grant.expires_at * 1e6), grant.token)
+                operations.append(Put(layout.timed_key(key), timed_record.encode()))
             else:
                 operations.append(Delete(layout.timed_key(key)))
         if self._mark is not None:
@@ -352,7 +352,7 @@ class Journal:
     def _failed_batch(self, reason: Failure, *ignored: object) -> None:
         self._in_flight = False
         error = reason.value
-        if hasattr(error, "subFailure"):  # a FirstError from the DeferredList
+        if isinstance(error, FirstError):  # (from the DeferredList)
             error = error.subFailure.value
         self.fail(f"a durable write failed: {error}")
 

@@ -113,7 +113,7 @@ class Term:
         self.keepalive: Optional[LoopingCall] = None
         self.deadline: Optional[IDelayedCall] = None
         # Called once when certainty is found lost while replying.
-        self.on_lapse: Callable[[], None] = lambda: None
+        self.on_lapse: Callable[[], object] = lambda: None
 
     def certain(self) -> bool:
         """Whether this member is still surely the only leader (checked before every reply)."""
@@ -568,11 +568,11 @@ def restore(server: Any, state: DurableState, now: float, journal: Journal) -> t
         journal.session_changed(session)
     owner = TimedGrants("restored")
     timed = 0
-    for record in state.timed:
-        left = record.release_us / 1e6 - now
-        if left > 0 and _restore_grant(locks, record.key, owner, left, record.token):
+    for timed_record in state.timed:
+        left = timed_record.release_us / 1e6 - now
+        if left > 0 and _restore_grant(locks, timed_record.key, owner, left, timed_record.token):
             timed += 1
-        journal.timed_changed(record.key)
+        journal.timed_changed(timed_record.key)
     return len(state.sessions), keys, timed
 
 

@@ -262,3 +262,65 @@ class ExecStartTests(SynchronousTestCase):
                     break
                 reply += data
         return reply
+
+
+CLUSTER_UNIT = os.path.join(REPOSITORY, "etc", "jesync-cluster.service")
+
+
+class ClusterUnitTests(SynchronousTestCase):
+    """C{etc/jesync-cluster.service}: a cluster member's unit, as sound and as sandboxed as the single server's."""
+
+    def settings(self) -> Dict[str, List[str]]:
+        with open(CLUSTER_UNIT, encoding="utf-8") as unit:
+            lines = [line.strip() for line in unit]
+        settings: Dict[str, List[str]] = {}
+        for line in lines:
+            if line and not line.startswith(("#", ";", "[")):
+                key, _, value = line.partition("=")
+                settings.setdefault(key.strip(), []).append(value.strip())
+        return settings
+
+    def test_same_sandbox_as_the_single_server(self) -> None:
+        single, cluster = unit_settings(), self.settings()
+        for key in set(single) - {"ExecStart", "Description", "After", "StateDirectory"}:
+            self.assertEqual(cluster.get(key), single[key], key)
+
+    def test_exec_start_joins_a_cluster(self) -> None:
+        (command,) = self.settings()["ExecStart"]
+        argv = shlex.split(command)
+        self.assertEqual(argv[argv.index("--logger") + 1], "jesync.journal.observer")
+        self.assertGreaterEqual(argv.count("--etcd"), 3)
+        self.assertIn("--cluster", argv)
+        self.assertNotIn("--state-dir", argv)
+        # The command line is one twistd jesync accepts.
+        from jesync.tap import Options
+
+        options = Options()
+        with_token = argv[argv.index("jesync") + 1 :]
+        token_file = tempfile.NamedTemporaryFile("w", suffix=".token", delete=False)
+        self.addCleanup(os.unlink, token_file.name)
+        token_file.write("a-token\n")
+        token_file.close()
+        with_token[with_token.index("--auth-token-file") + 1] = token_file.name
+        options.parseOptions(with_token)
+        self.assertEqual(len(options["etcd"]), argv.count("--etcd"))
+
+    def test_verify_and_security(self) -> None:
+        _, version = systemd_analyze()
+        directory = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, directory, True)
+        with open(CLUSTER_UNIT, encoding="utf-8") as unit:
+            text = unit.read()
+        copy = os.path.join(directory, "jesync.service")
+        with open(copy, "w", encoding="utf-8") as unit:
+            unit.write(text.replace(f"ExecStart={UNIT_TWISTD} ", f"ExecStart={TWISTD} "))
+        result = analyze("verify", "--man=no", copy)
+        self.assertEqual(result.returncode, 0, result.stdout)
+        self.assertNotIn("jesync.service", result.stdout, "systemd-analyze verify warned:\n" + result.stdout)
+        if version < OFFLINE_SECURITY_SINCE:
+            return
+        result = analyze("security", "--offline=yes", "--no-pager", copy)
+        match = re.search(r"Overall exposure level for jesync\.service: (\d+\.\d+) (\w+)", result.stdout)
+        self.assertIsNotNone(match, result.stdout)
+        assert match is not None
+        self.assertLessEqual(LEVELS.index(match.group(2)), LEVELS.index("OK"), result.stdout)

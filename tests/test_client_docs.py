@@ -1,7 +1,7 @@
 """
 The README's "Using it from Python" and "Using it from the shell" examples
-work as written, against a real server (the only change: the address
-127.0.0.1:11400 becomes the test server's).
+work as written, against a real server (the only change: the addresses
+127.0.0.1:11400 and, for elock, 127.0.0.1:11401 become the test server's).
 """
 
 from __future__ import annotations
@@ -18,10 +18,11 @@ from unittest import SkipTest
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.servers import ROOT, environment, start_server
+from tests.servers import ROOT, environment, free_port, start_server
 
 README = ROOT / "README.md"
 DEFAULT_ADDRESS = "127.0.0.1:11400"
+DEFAULT_ELOCK_ADDRESS = "127.0.0.1:11401"
 
 
 def section(text: str, title: str) -> str | None:
@@ -45,13 +46,20 @@ class PythonExamples:
     """Checks on a "Using it from Python" section (a mixin, so any text can be checked)."""
 
     def check_python_section(self, text: str) -> None:
-        server = start_server(self)
+        elock_port = free_port()
+        server = start_server(self, extra_args=["--elock-port", f"tcp:{elock_port}:interface=127.0.0.1"])
         examples = blocks(text, "python")
         self.assertGreaterEqual(len(examples), 4)
         first_output = blocks(text, "console")[0]
         for number, example in enumerate(examples):
             result = subprocess.run(
-                [sys.executable, "-c", example.replace(DEFAULT_ADDRESS, server.address)],
+                [
+                    sys.executable,
+                    "-c",
+                    example.replace(DEFAULT_ADDRESS, server.address).replace(
+                        DEFAULT_ELOCK_ADDRESS, f"127.0.0.1:{elock_port}"
+                    ),
+                ],
                 env=environment(),
                 capture_output=True,
                 text=True,

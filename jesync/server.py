@@ -111,6 +111,11 @@ class ServerSettings:
             + "; limits: "
             + ", ".join(f"{name}={show_number(value) if value else 'none'}" for name, value in limits.items())
             + f"; keepalive {self.keepalive or 'system'}"
+            + (
+                f"; cluster {self.cluster} on etcd {', '.join(self.etcd)} (lease TTL {self.lease_ttl} s)"
+                if self.etcd
+                else ""
+            )
             + f"; auth {'required' if self.auth_token is not None else 'off'}"
             + (
                 ""

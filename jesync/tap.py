@@ -133,6 +133,7 @@ class Options(usage.Options):
         f"  twistd -n jesync --memcache-port {SUGGESTED_MEMCACHE_PORT}   and a memcached store with yrmcds's object locks\n"
         "  twistd -n jesync --port ssl:11443:privateKey=key.pem:certKey=cert.pem --auth-token-file /etc/jesync/token\n"
         "  twistd -n jesync --metrics tcp:9400:interface=127.0.0.1\n"
+        "  twistd -n jesync --etcd http://127.0.0.1:2379 --cluster locks   a cluster member (one of several)\n"
     )
     optFlags = [
         ["verbose", "v", "Log every command and reply (at debug level)."],

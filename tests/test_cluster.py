@@ -94,6 +94,17 @@ class ElectionTests(unittest.TestCase):
         client = LineClient(leader.port, b"\n")
         self.addCleanup(client.close)
         self.assertEqual(client.ask("lock a 1 0 10"), "GRANTED 1 0 a 10")
+        elock = LineClient(leader.elock_port, b"\r\n")
+        self.addCleanup(elock.close)
+        self.assertEqual(elock.ask("lock b"), "200 Acquired")
+        metrics = leader.metrics()
+        for line in ("jesync_cluster_terms_total 1.0", "jesync_keys 2.0", "jesync_connections 2.0"):
+            self.assertIn(line, metrics)
+        for name in ("jesync_durable_transactions_total", "jesync_durable_writes_total"):
+            self.assertRegex(metrics, rf"(?m)^{name} [1-9]")
+        self.assertRegex(metrics, r'(?m)^jesync_etcd_request_seconds_count\{operation="grant"\} [1-9]')
+        self.assertRegex(metrics, r'(?m)^jesync_etcd_request_seconds_count\{operation="txn"\} [1-9]')
+        self.assertIn("jesync_keys 0.0", standbys[0].metrics())
 
     def test_a_member_that_cannot_listen_resigns_and_tries_again(self) -> None:
         etcd = start_etcd(self)

@@ -46,7 +46,7 @@ from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
-from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone
+from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone, _HTTP11ClientFactory
 from twisted.web.http import PotentialDataLoss
 from twisted.web.iweb import IResponse
 
@@ -462,6 +462,12 @@ class _WatchStream(Protocol):
 # -- the client -----------------------------------------------------------------
 
 
+class _QuietFactory(_HTTP11ClientFactory):
+    """The pool's connection factory, without a log line for every connection it opens and closes."""
+
+    noisy = False
+
+
 class EtcdClient:
     """
     etcd's KV, lease and watch APIs over the members at C{endpoints} (URLs
@@ -496,10 +502,13 @@ class EtcdClient:
         self._observer = observer
         self._preferred = 0
         self._pool = HTTPConnectionPool(reactor, persistent=True)
+        self._pool._factory = _QuietFactory
         self._pool.maxPersistentPerHost = MAX_IDLE_CONNECTIONS
         self._http = HTTPClient(Agent(reactor, pool=self._pool))
         # Watches never share: each has its own connection while it lasts.
-        self._watch_http = HTTPClient(Agent(reactor, pool=HTTPConnectionPool(reactor, persistent=False)))
+        watch_pool = HTTPConnectionPool(reactor, persistent=False)
+        watch_pool._factory = _QuietFactory
+        self._watch_http = HTTPClient(Agent(reactor, pool=watch_pool))
         self._watches: List[Watch] = []
 
     # -- KV --

@@ -4,8 +4,11 @@ Clients of JESync lock servers (jesync, or any JESync-compatible one).
  - L{Client}: blocking, for ordinary Python code.
  - L{AsyncClient}: asyncio.
  - L{TwistedClient}: Twisted, returning Deferreds.
+ - L{ELockClient}: the elock protocol, blocking: one session whose locks
+   survive a dropped connection and a cluster failover
+   (L{jesync.client.elock}).
 
-All three take the same arguments and offer the same operations: C{lock}
+The first three take the same arguments and offer the same operations: C{lock}
 (returning a lock handle with C{release}, C{renew}, automatic renewal, loss
 notification and the grant's fencing C{token}), C{lock_many} (several keys,
 all or nothing, as one handle with a C{tokens} dict), C{status}, C{listing}
@@ -24,9 +27,10 @@ not given them, as the C{jesync} command does (L{jesync.client.config}).
 
 from typing import TYPE_CHECKING, Any
 
-from jesync.client.address import DEFAULT_PORT, DEFAULT_SERVER, TCPAddress, UNIXAddress, parse_address
+from jesync.client.address import DEFAULT_PORT, DEFAULT_SERVER, ClusterAddress, TCPAddress, UNIXAddress, parse_address
 from jesync.client.aio import AsyncClient, AsyncLock
 from jesync.client.blocking import Client, Lock
+from jesync.client.elock import ELockClient, ELockHandle
 from jesync.client.errors import (
     AuthFailed,
     ClientError,
@@ -69,6 +73,9 @@ __all__ = [
     "AuthFailed",
     "Client",
     "ClientError",
+    "ClusterAddress",
+    "ELockClient",
+    "ELockHandle",
     "ConnectFailed",
     "ConnectionLost",
     "HashRing",

@@ -136,3 +136,22 @@ class ImportTests(SynchronousTestCase):
                 ]
             ),
         )
+
+    def test_single_process_needs_no_cluster_code(self) -> None:
+        """
+        A server without --etcd (every listener, metrics included) starts,
+        serves and stops without loading cluster mode, its etcd client or
+        treq: single-process mode needs neither etcd nor the cluster extra.
+        """
+        found = loaded_after(
+            "from twisted.internet import reactor\n"
+            "from jesync.server import ServerSettings, build_server\n"
+            "settings = ServerSettings(ports=['tcp:0:interface=127.0.0.1'], elock_ports=['tcp:0:interface=127.0.0.1'],\n"
+            "                          dlock_ports=['tcp:0:interface=127.0.0.1'], metrics_ports=['tcp:0:interface=127.0.0.1'])\n"
+            "server = build_server(reactor, settings)\n"
+            "server.startService()\n"
+            "assert server.listeners() and all(listener.port for listener in server.listeners())\n"
+            "server.stopService()",
+            ("jesync.cluster", "treq"),
+        )
+        self.assertEqual(found["loaded"], [])

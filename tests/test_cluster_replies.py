@@ -1,0 +1,149 @@
+"""
+The connection layer in cluster mode, on a fake clock and fake transports:
+replies that depend on durable state wait for it (in request order, a FIN
+answered, a failed write answered with nothing), and once the leadership
+is not certain nothing more is sent on any connection.  The journal here
+stands in for L{jesync.cluster.journal.Journal}'s contract (C{durable()}:
+None, or a Deferred that fires once the state is in etcd, or fails);
+tests/test_cluster_journal.py tests the real one against etcd.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Set
+
+from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SynchronousTestCase
+
+from jesync.cluster.journal import Deposed
+from jesync.protocols.dlock import DlockFactory, TimedGrants
+from tests.support import UnitServer
+from tests.test_dlock import lock as dlock_lock
+from tests.test_dlock import parse_responses, status_name
+
+
+class StandInJournal:
+    """Holds every reply while C{holding}; records what it was told changed."""
+
+    def __init__(self) -> None:
+        self.holding = False
+        self.waits: List[Deferred[None]] = []
+        self.timed: Set[str] = set()
+
+    def durable(self) -> Optional[Deferred[None]]:
+        if not self.holding:
+            return None
+        waiting: Deferred[None] = Deferred()
+        self.waits.append(waiting)
+        return waiting
+
+    def commit(self) -> None:
+        self.holding = False
+        waits, self.waits = self.waits, []
+        for waiting in waits:
+            if not waiting.called:
+                waiting.callback(None)
+
+    def fail(self) -> None:
+        waits, self.waits = self.waits, []
+        for waiting in waits:
+            waiting.errback(Failure(Deposed("refused")))
+
+    def timed_changed(self, key: str) -> None:
+        self.timed.add(key)
+
+    def session_changed(self, session: object) -> None:
+        pass
+
+
+class DurableReplyTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.server = UnitServer()
+        self.journal = StandInJournal()
+        self.server.policy.journal = self.journal  # type: ignore[assignment]
+
+    def test_an_elock_reply_waits_for_its_commit_and_later_requests_wait_behind_it(self) -> None:
+        client = self.server.connect_elock()
+        self.journal.holding = True
+        self.assertEqual(client.ask(b"lock a\r\nlock b\r\n"), b"")
+        self.assertEqual(len(self.journal.waits), 1)  # the second request is not read yet
+        self.journal.commit()
+        self.server.clock.advance(0)  # (held requests are read again on the next turn)
+        self.assertEqual(client.take(), b"200 Acquired\r\n200 Acquired\r\n")
+
+    def test_a_fin_still_gets_the_reply_owed(self) -> None:
+        client = self.server.connect_elock()
+        self.journal.holding = True
+        client.send(b"lock a\r\n")
+        client.protocol.readConnectionLost()
+        self.assertFalse(client.closing)
+        self.journal.commit()
+        self.assertEqual(client.take(), b"200 Acquired\r\n")
+        self.server.clock.advance(0)
+        self.assertTrue(client.closing)
+
+    def test_a_refused_write_sends_nothing(self) -> None:
+        client = self.server.connect_elock()
+        self.journal.holding = True
+        client.send(b"lock a\r\n")
+        self.journal.fail()
+        self.assertEqual(client.take(), b"")
+
+    def test_jesync_replies_never_wait(self) -> None:
+        client = self.server.connect()
+        self.journal.holding = True
+        self.assertEqual(client.ask(b"lock a\n"), b"GRANTED 1 0 a 120\n")
+        self.assertEqual(self.journal.waits, [])
+
+    def test_a_dlock_timed_grant_is_journalled_before_its_reply(self) -> None:
+        factory = DlockFactory(self.server.service, policy=self.server.policy)
+        client = self.server._connect(factory, None, None)
+        self.journal.holding = True
+        client.send(self.frame(dlock_lock(["t"], release_micro=5_000_000)))
+        self.assertEqual(client.take(), b"")
+        self.assertEqual(self.journal.timed, {"t"})
+        [grant] = self.server.service.holders("t")
+        self.assertIsInstance(grant.owner, TimedGrants)
+        self.journal.commit()
+        [response] = parse_responses(client.take())
+        self.assertEqual(status_name(response), "Ok")
+
+    @staticmethod
+    def frame(request) -> bytes:
+        body = request.SerializeToString()
+        return len(body).to_bytes(4, "big") + body
+
+
+class CertaintyTests(SynchronousTestCase):
+    """C{policy.serving}: once it says no, nothing is sent, on any connection."""
+
+    def setUp(self) -> None:
+        self.server = UnitServer()
+        self.serving = True
+        self.server.policy.serving = lambda: self.serving
+
+    def test_nothing_is_sent_once_leadership_is_uncertain(self) -> None:
+        holder = self.server.connect()
+        waiter = self.server.connect()
+        self.assertEqual(holder.ask(b"lock a\n"), b"GRANTED 1 0 a 120\n")
+        self.assertEqual(waiter.ask(b"lock a\n"), b"")
+        self.serving = False
+        # The grant happens in the lock table, but nobody is told of it.
+        self.assertEqual(holder.ask(b"release a\n"), b"")
+        self.assertEqual(waiter.take(), b"")
+        self.assertEqual(self.server.service.status("a").granted, 1)
+        # Nor of anything else, not even a last word before a close.
+        self.assertEqual(waiter.ask(b"bogus\n"), b"")
+        waiter.protocol.close(b"bye\n")
+        self.assertEqual(waiter.take(), b"")
+
+    def test_an_elock_reply_waiting_for_its_commit_is_not_sent_if_certainty_ends_meanwhile(self) -> None:
+        journal = StandInJournal()
+        self.server.policy.journal = journal  # type: ignore[assignment]
+        client = self.server.connect_elock()
+        journal.holding = True
+        client.send(b"lock a\r\n")
+        self.serving = False
+        journal.commit()
+        self.assertEqual(client.take(), b"")

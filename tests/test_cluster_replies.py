@@ -147,3 +147,32 @@ class CertaintyTests(SynchronousTestCase):
         self.serving = False
         journal.commit()
         self.assertEqual(client.take(), b"")
+
+
+class TermTests(SynchronousTestCase):
+    """L{jesync.cluster.member.Term}: certain until the TTL minus a margin after the keep-alive was sent."""
+
+    def test_timing(self) -> None:
+        from jesync.cluster.member import Timing
+
+        self.assertEqual((Timing(2).margin, Timing(2).certainty, Timing(2).poll), (0.5, 1.5, 0.5))
+        self.assertEqual((Timing(5).margin, Timing(5).certainty, Timing(5).keepalive), (1.0, 4.0, 5 / 3))
+        self.assertEqual(Timing(60).margin, 1.0)
+
+    def test_certain_until_the_deadline_then_never_again(self) -> None:
+        from jesync.cluster.member import Term
+
+        now = [100.0]
+        lapsed: List[bool] = []
+        term = Term(lease=1, ttl=2, revision=7, valid_until=101.5, monotonic=lambda: now[0])
+        term.on_lapse = lambda: lapsed.append(True)
+        self.assertTrue(term.certain())
+        now[0] = 101.49
+        self.assertTrue(term.certain())
+        now[0] = 101.5
+        self.assertFalse(term.certain())
+        self.assertEqual(lapsed, [True])
+        # A keep-alive answered late cannot bring it back.
+        term.valid_until = 103.0
+        self.assertFalse(term.certain())
+        self.assertEqual(lapsed, [True])

@@ -403,7 +403,7 @@ class ResumeTests(ELockServerTestCase):
 
     def test_cut_connection_keeps_the_lock(self) -> None:
         proxy = self.proxy(self.address)
-        client = self.elock(proxy.address, grace=10, heartbeat=0.2, reply_timeout=2)
+        client = self.elock(proxy.address, grace=10, heartbeat=0.2, read_timeout=2)
         handle = client.lock("k")
         lost = self.record_lost(handle)
         session = client.session_id
@@ -425,7 +425,7 @@ class ResumeTests(ELockServerTestCase):
         session, and the lock is reported lost.
         """
         proxy = self.proxy(self.address)
-        client = self.elock(proxy.address, grace=1, heartbeat=0.2, reply_timeout=4)
+        client = self.elock(proxy.address, grace=1, heartbeat=0.2, read_timeout=4)
         handle = client.lock("k")
         lost = self.record_lost(handle)
         proxy.stall()
@@ -453,7 +453,7 @@ class ResumeTests(ELockServerTestCase):
     def test_waiting_lock_is_sent_again(self) -> None:
         """A lock waiting when the connection drops waits again on the resumed session."""
         proxy = self.proxy(self.address)
-        client = self.elock(proxy.address, grace=10, heartbeat=0.2, reply_timeout=2)
+        client = self.elock(proxy.address, grace=10, heartbeat=0.2, read_timeout=2)
         holder = self.other.lock("k")
         waiting = self.in_thread(lambda: client.lock("k", wait=20))
         self.wait_for(lambda: proxy.accepted == 1 and self._waiters("k") == 1)
@@ -471,7 +471,7 @@ class ResumeTests(ELockServerTestCase):
     def test_lost_callback_may_use_the_client(self) -> None:
         """Lost callbacks run outside the client's I/O: one may lock again."""
         proxy = self.proxy(self.address)
-        client = self.elock(proxy.address, grace=1, heartbeat=0.2, reply_timeout=4)
+        client = self.elock(proxy.address, grace=1, heartbeat=0.2, read_timeout=4)
         handle = client.lock("k")
         relocked: list[Any] = []
         handle.on_lost(lambda error: relocked.append(client.lock("k", wait=5)))
@@ -497,7 +497,7 @@ class FailoverTests(ELockServerTestCase):
         the session: the client resumes there, under its id, finds the lock
         not held, and says so.
         """
-        client = self.elock(self.members, grace=5, heartbeat=0.2, reply_timeout=2)
+        client = self.elock(self.members, grace=5, heartbeat=0.2, read_timeout=2)
         handle = client.lock("k")
         lost = self.record_lost(handle)
         session = client.session_id
@@ -513,7 +513,7 @@ class FailoverTests(ELockServerTestCase):
 
     def test_paused_leader(self) -> None:
         """A SIGSTOPped leader accepts connections but never answers: the heartbeat times out, and the client moves on."""
-        client = self.elock(self.members, grace=5, heartbeat=0.2, reply_timeout=1)
+        client = self.elock(self.members, grace=5, heartbeat=0.2, read_timeout=1)
         handle = client.lock("k")
         lost = self.record_lost(handle)
         self.pause(self.leader)
@@ -526,14 +526,14 @@ class FailoverTests(ELockServerTestCase):
 
     def test_request_during_pause(self) -> None:
         """A lock sent to a paused leader is sent again to the member that answers."""
-        client = self.elock(self.members, grace=5, heartbeat=60, reply_timeout=1)
+        client = self.elock(self.members, grace=5, heartbeat=60, read_timeout=1)
         self.pause(self.leader)
         handle = client.lock("k")
         self.assertEqual(str(client.address), self.standin.elock_address)
         self.assertTrue(handle.owned())
 
     def test_paused_only_member_fails_within_bounds(self) -> None:
-        client = self.elock(self.leader.elock_address, grace=1, heartbeat=60, reply_timeout=0.5)
+        client = self.elock(self.leader.elock_address, grace=1, heartbeat=60, read_timeout=0.5)
         handle = client.lock("k")
         self.pause(self.leader)
         start = time.monotonic()
@@ -579,7 +579,7 @@ class ServerWithoutOwnedTests(ELockServerTestCase):
     def test_resume_gives_everything_up(self) -> None:
         server = fake_server(self, self.respond)
         proxy = self.proxy(server.address)
-        client = self.elock(proxy.address, grace=5, heartbeat=0.2, reply_timeout=2)
+        client = self.elock(proxy.address, grace=5, heartbeat=0.2, read_timeout=2)
         handle = client.lock("k")
         self.assertIsNone(handle.token)  # no fencing on that server
         lost = self.record_lost(handle)

@@ -293,7 +293,7 @@ class ELockClient:
         how long the server keeps its locks after its connection drops, and
         how long this client keeps trying to get it back.
     @param connect_timeout: seconds to wait for a connection (and for each send).
-    @param reply_timeout: seconds a server may take to answer (beyond a
+    @param read_timeout: seconds a server may take to answer (beyond a
         lock's own wait) before the connection is given up for dead and the
         client fails over.
     @param heartbeat: seconds between heartbeats while idle (None: a third of
@@ -317,7 +317,7 @@ class ELockClient:
         *,
         grace: float = 30.0,
         connect_timeout: float = 5.0,
-        reply_timeout: float = 10.0,
+        read_timeout: float = 10.0,
         heartbeat: Optional[float] = None,
         auth_token_file: Optional[str] = None,
         tls: Optional[bool] = None,
@@ -342,11 +342,11 @@ class ELockClient:
         )
         self._grace_ms = elock_wire.grace_milliseconds(grace)
         self.grace = self._grace_ms / 1000
-        for name, value in (("connect_timeout", connect_timeout), ("reply_timeout", reply_timeout)):
+        for name, value in (("connect_timeout", connect_timeout), ("read_timeout", read_timeout)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise ValueError(f"{name} must be a number of seconds, more than 0, not {value!r}")
         self.connect_timeout = float(connect_timeout)
-        self.reply_timeout = float(reply_timeout)
+        self.read_timeout = float(read_timeout)
         if heartbeat is None:
             heartbeat = min(HEARTBEAT_MAX, max(self.grace / 3, 0.05))
         elif isinstance(heartbeat, bool) or not isinstance(heartbeat, (int, float)) or not heartbeat > 0:
@@ -569,7 +569,7 @@ class ELockClient:
                 assert connection is not None
                 try:
                     connection.send(request.line(pending.wait_left()))
-                    reply = connection.reply(pending.wait_left() + self.reply_timeout)
+                    reply = connection.reply(pending.wait_left() + self.read_timeout)
                     self._heard_at = time.monotonic()
                     result = self._answered(request, reply, pending.wait)
                 except _Broken as broken:
@@ -667,7 +667,7 @@ class ELockClient:
         token, or wants one and got none.
         """
         try:
-            replies = connection.ask(opening + lines, self.reply_timeout)
+            replies = connection.ask(opening + lines, self.read_timeout)
         except _AuthRefused as refusal:
             raise AuthFailed(str(connection.address), str(refusal), bool(opening)) from None
         if opening and replies[0].status != 200:
@@ -796,10 +796,10 @@ class ELockClient:
             held: Optional[dict[str, Optional[int]]] = {}
             for start in range(0, len(keys), OWNED_BATCH):
                 batch = keys[start : start + OWNED_BATCH]
-                answers = connection.ask([elock_wire.owned_request(key) for key in batch], self.reply_timeout)
+                answers = connection.ask([elock_wire.owned_request(key) for key in batch], self.read_timeout)
                 if any(elock_wire.is_unknown_command(answer) for answer in answers):
                     # It cannot say what the session kept: give everything up.
-                    connection.ask([elock_wire.UNLOCK_ALL], self.reply_timeout)
+                    connection.ask([elock_wire.UNLOCK_ALL], self.read_timeout)
                     held = None
                     break
                 assert held is not None

@@ -723,32 +723,42 @@ class LockServer(service.MultiService):
                     keys=held.keys - left.keys,
                     left_granted=left.granted,
                 )
-            # twistd re-raises the signal that stopped the reactor once it
-            # has run (twisted.application.app._exitWithSignal); a shutdown
-            # that completed is a clean exit.
-            if getattr(self.clock, "_exitSignal", None) is not None:
-                # (a private attribute of twistd's reactor, unknown to IReactorTime)
-                setattr(self.clock, "_exitSignal", None)
+            exit_cleanly(self.clock)
 
         return stopped.addCallback(stopped_cleanly)
 
     def _ignore_further_stop_signals(self) -> None:
-        """
-        The reactor's own SIGTERM handler would stop it again, which fails
-        (with a traceback) while it is stopping, and would make twistd
-        re-raise the signal at exit: take the signals over for the rest of
-        the stop.
-        """
-        call_from_thread = getattr(self.clock, "callFromThread", None)
-        stopping = getattr(self.clock, "running", False) and getattr(self.clock, "_stopped", False)
-        if call_from_thread is None or not stopping:
-            return  # not a reactor that is shutting down (an embedder stopping this service)
+        ignore_further_stop_signals(self.clock, self.log)
 
-        def already_stopping(number: int, frame: object) -> None:
-            call_from_thread(self.log.info, "received signal {number} while stopping: already stopping", number=number)
 
-        for name in ("SIGTERM", "SIGINT"):
-            try:
-                signal.signal(getattr(signal, name), already_stopping)
-            except (ValueError, OSError):  # not the main thread
-                pass
+def exit_cleanly(clock: object) -> None:
+    """
+    twistd re-raises the signal that stopped the reactor once it has run
+    (twisted.application.app._exitWithSignal): a shutdown that completed
+    is a clean exit (status 0).
+    """
+    if getattr(clock, "_exitSignal", None) is not None:
+        # (a private attribute of twistd's reactor, unknown to IReactorTime)
+        setattr(clock, "_exitSignal", None)
+
+
+def ignore_further_stop_signals(clock: object, log: Logger) -> None:
+    """
+    The reactor's own SIGTERM handler would stop it again, which fails
+    (with a traceback) while it is stopping, and would make twistd
+    re-raise the signal at exit: take the signals over for the rest of
+    the stop.
+    """
+    call_from_thread = getattr(clock, "callFromThread", None)
+    stopping = getattr(clock, "running", False) and getattr(clock, "_stopped", False)
+    if call_from_thread is None or not stopping:
+        return  # not a reactor that is shutting down (an embedder stopping this service)
+
+    def already_stopping(number: int, frame: object) -> None:
+        call_from_thread(log.info, "received signal {number} while stopping: already stopping", number=number)
+
+    for name in ("SIGTERM", "SIGINT"):
+        try:
+            signal.signal(getattr(signal, name), already_stopping)
+        except (ValueError, OSError):  # not the main thread
+            pass

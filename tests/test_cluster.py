@@ -105,6 +105,9 @@ class ElectionTests(unittest.TestCase):
         self.assertRegex(metrics, r'(?m)^jesync_etcd_request_seconds_count\{operation="grant"\} [1-9]')
         self.assertRegex(metrics, r'(?m)^jesync_etcd_request_seconds_count\{operation="txn"\} [1-9]')
         self.assertIn("jesync_keys 0.0", standbys[0].metrics())
+        # A standby stopped (SIGTERM) exits cleanly, as a leader does.
+        standbys[1].stop()
+        self.assertEqual(standbys[1].process.returncode, 0, standbys[1].log())
 
     def test_a_member_that_cannot_listen_resigns_and_tries_again(self) -> None:
         etcd = start_etcd(self)

@@ -63,7 +63,7 @@ class JournalTests(TestCase):
     @inlineCallbacks
     def read_back(self):
         _, kvs = yield self.etcd.get(self.layout.state, prefix=True)
-        return self.layout.load([(kv.key, kv.value) for kv in kvs])
+        return self.layout.load(kvs)
 
     def test_nothing_changed_nothing_to_wait_for(self):
         self.assertIsNone(self.journal.durable())
@@ -81,8 +81,10 @@ class JournalTests(TestCase):
         self.assertIsInstance(waiting, Deferred)
         self.assertFalse(waiting.called)
         yield waiting
-        self.assertEqual([operations for operations, _ in self.commits], [count])
-        self.assertEqual(self.journal.transactions, 3)  # 128 + 128 + 44
+        # Each session: its grace period and its key; in transactions of
+        # 127 operations and the commit key's.
+        self.assertEqual([operations for operations, _ in self.commits], [2 * count])
+        self.assertEqual(self.journal.transactions, -(-2 * count // MAX_OPS))
         self.assertIsNone(self.journal.durable())
         state = yield self.read_back()
         self.assertEqual(len(state.sessions), count)
@@ -144,3 +146,50 @@ class JournalTests(TestCase):
         self.assertTrue(later.called)
         with self.assertRaises(Deposed):
             yield later
+
+    @inlineCallbacks
+    def test_a_session_with_many_keys_writes_one_small_record_per_lock(self):
+        session = self.sessions.start(object())
+        for index in range(200):
+            self.locks.request(f"key-{index:04d}-" + "x" * 900, session, 1, 0, 0)
+        yield self.journal.durable()
+        before = self.journal.operations
+        self.locks.request("one-more", session, 1, 0, 0)
+        yield self.journal.durable()
+        self.assertEqual(self.journal.operations - before, 1)
+        self.locks.release("one-more", session)
+        yield self.journal.durable()
+        self.assertEqual(self.journal.operations - before, 2)
+        state = yield self.read_back()
+        [record] = state.sessions
+        self.assertEqual(len(record.keys), 200)
+
+    @inlineCallbacks
+    def test_a_write_from_elsewhere_between_two_commits_ends_the_term(self):
+        """
+        Each transaction applies only right after the one before it (the
+        commit key's revision): a late copy of an older one, or any other
+        writer, is refused, and this leader steps down rather than guess.
+        """
+        session = self.sessions.start(object())
+        self.locks.request("a", session, 1, 0, 0)
+        yield self.journal.durable()
+        yield self.etcd.put(self.layout.commit, b"someone else")
+        self.locks.request("b", session, 1, 0, 0)
+        with self.assertRaises(Deposed):
+            yield self.journal.durable()
+        self.assertEqual(len(self.failures), 1)
+        self.assertIn("someone else", self.failures[0])
+        state = yield self.read_back()
+        self.assertEqual(list(state.sessions[0].keys), ["a"])
+
+    def test_session_ids_of_any_bytes_round_trip(self):
+        from jesync.cluster.etcd import KeyValue
+
+        odd = "a/b c\udcff"
+        raw_session = self.layout.session(odd)
+        raw_key = self.layout.held_key(odd, "k/ey")
+        state = self.layout.load(
+            [KeyValue(raw_session, b'{"grace_ms": 7}', 1, 1, 0), KeyValue(raw_key, b"42", 1, 1, 0)]
+        )
+        self.assertEqual([(r.session_id, r.grace_ms, r.keys) for r in state.sessions], [(odd, 7, {"k/ey": 42})])

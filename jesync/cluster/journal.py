@@ -3,51 +3,58 @@ The state that must outlive the leader, written to etcd before the replies
 that depend on it, in group commits.
 
 What is durable (everything else ends with a failover, exactly as with a
-disconnect):
+disconnect), under C{/jesync/<cluster>/state/}:
 
  - B{elock sessions that hold keys}: C{sessions/<id>} = the session's grace
-   period and its keys, each with its fencing token.  A session holding
-   nothing needs no record: C{conn_id <id>} on the new leader starts it
-   again under the same id.
+   period, and one C{held/<id>/<key>} = its fencing token per key held (a
+   record per key: a lock or unlock writes one small value, however many
+   keys the session holds).  Ids are written base64url, so any id fits.  A
+   session holding nothing has no record: C{conn_id <id>} on the new leader
+   starts it again under the same id.
  - B{dlock grants with C{release_micro}}: C{timed/<key>} = when the grant
    ends (wall time, microseconds) and its token.
  - B{The fencing-token high-water mark}: C{fencing-mark}, kept ahead of the
    tokens in blocks (L{jesync.fencing}), so most grants need no write.
 
-The rule: a change marks its session or key I{dirty} (the lock service
-tells this journal of every grant, release and expiry, as its observer;
-the grammars tell it of renewals and switches).  Once per reactor turn the
-dirty records are read from the lock table as they are then, and written
-in as few etcd transactions as etcd's limits allow (L{MAX_OPS} operations,
+The rule: a change marks its record I{dirty} (the lock service tells this
+journal of every grant, release and expiry, as its observer; the grammars
+tell it of renewals, switches and grace periods).  Once per reactor turn the
+dirty records are read from the lock table as they are then, and written in
+as few etcd transactions as etcd's limits allow (L{MAX_OPS} operations,
 L{MAX_BYTES} bytes each): a turn's hundred lock requests cost one round
-trip, not a hundred.  One batch is in flight at a time, so batches commit
-in the order they were cut.  A reply that depends on durable state is sent
-once L{Journal.durable} fires: everything dirtied before it is then in
-etcd.
+trip, not a hundred.  One transaction is in flight at a time, so they
+commit in the order they were cut.  A reply that depends on durable state
+is sent once L{Journal.durable} fires: everything dirtied before it is then
+in etcd.
 
-Every transaction is guarded by the election key's revision: a deposed
-leader's late write fails instead of landing after its successor has read
-the state; a failed or refused write ends the leadership (C{on_failure}).
+Every transaction is guarded twice: by the election key's revision (a
+deposed leader's late write fails instead of landing after its successor
+has read the state) and by the revision of C{commit}, which each
+transaction rewrites (so each applies only right after the one before it:
+a copy of an older transaction that etcd applies late, after the client
+retried it elsewhere, cannot overwrite newer state).  A failed or refused
+write ends the leadership (C{on_failure}).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
 
-from twisted.internet.defer import Deferred, DeferredList, FirstError, fail
+from twisted.internet.defer import Deferred, fail, inlineCallbacks
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from jesync.cluster.etcd import Compare, Delete, EtcdClient, Get, Put, TxnResult
+from jesync.cluster.etcd import Compare, Delete, EtcdClient, Get, KeyValue, Put, TxnResult
 from jesync.interfaces import IGrant, ILockObserver, ILockService
 from jesync.protocols.dlock import TimedGrants
-from jesync.sessions import Session
+from jesync.sessions import DEFAULT_GRACE_MS, Session
 
-#: etcd's default --max-txn-ops.
-MAX_OPS = 128
+#: etcd's default --max-txn-ops, less the write of C{commit} every transaction carries.
+MAX_OPS = 127
 #: What one transaction may carry, in key and value bytes: etcd's default
 #: --max-request-bytes is 1.5 MiB, and the JSON gateway base64-encodes both.
 MAX_BYTES = 1024 * 1024
@@ -67,21 +74,22 @@ def decode_key(raw: bytes) -> str:
     return raw.decode("utf-8", "surrogateescape")
 
 
+def encode_id(session_id: str) -> bytes:
+    """A session id as a path segment: base64url, without padding (an id may hold any byte, C{/} too)."""
+    return base64.urlsafe_b64encode(encode_key(session_id)).rstrip(b"=")
+
+
+def decode_id(raw: bytes) -> str:
+    return decode_key(base64.urlsafe_b64decode(raw + b"=" * (-len(raw) % 4)))
+
+
 @dataclass
 class SessionRecord:
-    """A session as written: its grace period and its keys with their tokens."""
+    """A session as the next leader reads it: its grace period and its keys with their tokens."""
 
     session_id: str
     grace_ms: int
     keys: Dict[str, int]
-
-    def encode(self) -> bytes:
-        return json.dumps({"grace_ms": self.grace_ms, "keys": self.keys}, sort_keys=True).encode("utf-8")
-
-    @classmethod
-    def decode(cls, session_id: str, value: bytes) -> SessionRecord:
-        data = json.loads(value)
-        return cls(session_id, int(data["grace_ms"]), {str(key): int(token) for key, token in data["keys"].items()})
 
 
 @dataclass
@@ -108,7 +116,9 @@ class DurableState:
     mark: int = 0
     sessions: List[SessionRecord] = field(default_factory=list)
     timed: List[TimedRecord] = field(default_factory=list)
-    # Records that could not be read (logged and deleted by the new leader).
+    # The mod revision of the commit key (0: none yet): the next term's first guard.
+    commit_revision: int = 0
+    # Records that could not be read (logged, and left alone).
     unreadable: List[bytes] = field(default_factory=list)
 
 
@@ -120,30 +130,55 @@ class Layout:
         self.leader = self.prefix + b"leader"
         self.state = self.prefix + b"state/"
         self.sessions = self.state + b"sessions/"
+        self.held = self.state + b"held/"
         self.timed = self.state + b"timed/"
         self.mark = self.state + b"fencing-mark"
+        self.commit = self.state + b"commit"
 
     def session(self, session_id: str) -> bytes:
-        return self.sessions + encode_key(session_id)
+        return self.sessions + encode_id(session_id)
+
+    def held_by(self, session_id: str) -> bytes:
+        """The prefix of a session's keys."""
+        return self.held + encode_id(session_id) + b"/"
+
+    def held_key(self, session_id: str, key: str) -> bytes:
+        return self.held_by(session_id) + encode_key(key)
 
     def timed_key(self, key: str) -> bytes:
         return self.timed + encode_key(key)
 
-    def load(self, kvs: List[Tuple[bytes, bytes]]) -> DurableState:
-        """The durable state from what etcd holds under C{state/}."""
+    def load(self, kvs: Iterable[KeyValue]) -> DurableState:
+        """
+        The durable state from what etcd holds under C{state/}.  A session's
+        keys without its grace period (a batch cut short between two of its
+        transactions) get the default grace period.
+        """
         state = DurableState()
-        for raw, value in kvs:
+        grace: Dict[str, int] = {}
+        held: Dict[str, Dict[str, int]] = {}
+        for kv in kvs:
+            raw, value = kv.key, kv.value
             try:
                 if raw == self.mark:
                     state.mark = int(value)
+                elif raw == self.commit:
+                    state.commit_revision = kv.mod_revision
                 elif raw.startswith(self.sessions):
-                    state.sessions.append(SessionRecord.decode(decode_key(raw[len(self.sessions) :]), value))
+                    grace[decode_id(raw[len(self.sessions) :])] = int(json.loads(value)["grace_ms"])
+                elif raw.startswith(self.held):
+                    encoded, slash, key = raw[len(self.held) :].partition(b"/")
+                    if not slash:
+                        raise ValueError("no key")
+                    held.setdefault(decode_id(encoded), {})[decode_key(key)] = int(value)
                 elif raw.startswith(self.timed):
                     state.timed.append(TimedRecord.decode(decode_key(raw[len(self.timed) :]), value))
                 else:
                     state.unreadable.append(raw)
             except (ValueError, KeyError, TypeError, AttributeError):
                 state.unreadable.append(raw)
+        for session_id, keys in held.items():
+            state.sessions.append(SessionRecord(session_id, grace.get(session_id, DEFAULT_GRACE_MS), keys))
         return state
 
 
@@ -160,10 +195,12 @@ class Journal:
     @param clock: schedules the commit of each reactor turn.
     @param on_failure: called once, with why, when a write fails or is
         refused (the leader must step down).
+    @param commit_revision: the commit key's mod revision when the term
+        began (L{DurableState.commit_revision}).
     @param observer: the lock service's other observer (metrics), told of
         every event after this journal.
-    @param on_commit: called after each transaction with its operation
-        count and how long it took (metrics).
+    @param on_commit: called after each batch with its operation count and
+        how long it took (metrics).
     """
 
     def __init__(
@@ -174,6 +211,7 @@ class Journal:
         service: ILockService,
         clock: IReactorTime,
         on_failure: Callable[[str], None],
+        commit_revision: int = 0,
         observer: Optional[ILockObserver] = None,
         on_commit: Optional[Callable[[int, float], None]] = None,
     ) -> None:
@@ -183,15 +221,18 @@ class Journal:
         self.service = service
         self.clock = clock
         self.on_failure = on_failure
+        self.commit_revision = commit_revision
         self.observer = observer
         self.on_commit = on_commit
+        # Dirty records: sessions (whether they hold anything, their grace
+        # period), the keys they hold, timed grants, the mark.
         self._sessions: Dict[str, Session] = {}
+        self._held: Dict[Tuple[str, str], Session] = {}
         self._timed: Set[str] = set()
         self._mark: Optional[int] = None
         self._flush_call: Optional[IDelayedCall] = None
         # Batches are numbered: cut (sent) and committed so far.
         self._cut = 0
-        self._committed = 0
         self._in_flight = False
         self._waiters: List[Tuple[int, Deferred[None]]] = []
         self.failed: Optional[str] = None
@@ -201,8 +242,15 @@ class Journal:
     # -- what changed ---------------------------------------------------------
 
     def session_changed(self, session: Session) -> None:
-        """C{session}'s keys or grace period changed, or it ended."""
+        """C{session}'s grace period changed, or it began or stopped holding keys."""
         self._sessions[session.id] = session
+        self._dirtied()
+
+    def held_changed(self, session: Session, key: str) -> None:
+        """C{session} took or gave back C{key}."""
+        self._held[(session.id, key)] = session
+        if self.service.owned(session) <= 1:  # its first key, or its last
+            self._sessions[session.id] = session
         self._dirtied()
 
     def timed_changed(self, key: str) -> None:
@@ -221,14 +269,14 @@ class Journal:
 
     @property
     def _dirty(self) -> bool:
-        return bool(self._sessions or self._timed or self._mark is not None)
+        return bool(self._sessions or self._held or self._timed or self._mark is not None)
 
-    # -- ILockObserver: marks the owners whose records change ------------------
+    # -- ILockObserver: marks the records that change ----------------------------
 
     def _owner_changed(self, grant: IGrant) -> None:
         owner = grant.owner
         if isinstance(owner, Session):
-            self.session_changed(owner)
+            self.held_changed(owner, grant.key)
         elif isinstance(owner, TimedGrants):
             self.timed_changed(grant.key)
 
@@ -279,32 +327,38 @@ class Journal:
             return
         operations = self._operations()
         self._cut += 1
-        batch = self._cut
         self._in_flight = True
-        started = self.clock.seconds()
-        sent = [self._send(chunk) for chunk in self._chunks(operations)]
-        DeferredList(sent, fireOnOneErrback=True, consumeErrors=True).addCallbacks(
-            self._committed_batch, self._failed_batch, (batch, len(operations), started)
-        ).addErrback(self._broken)
+        self._commit(self._cut, operations).addErrback(self._broken)
 
     def _operations(self) -> List[Operation]:
         """The dirty records as the lock table has them now, as etcd operations."""
         layout = self.layout
         operations: List[Operation] = []
         sessions, self._sessions = self._sessions, {}
+        held, self._held = self._held, {}
+        gone: Set[str] = set()
         for session_id, session in sessions.items():
-            grants = self.service.grants_of(session)  # (none once it has ended)
-            if grants:
-                record = SessionRecord(session_id, session.grace_ms, {grant.key: grant.token for grant in grants})
-                operations.append(Put(layout.session(session_id), record.encode()))
+            if self.service.grants_of(session):  # (none once it has ended)
+                grace = json.dumps({"grace_ms": session.grace_ms}).encode("utf-8")
+                operations.append(Put(layout.session(session_id), grace))
             else:
+                gone.add(session_id)
                 operations.append(Delete(layout.session(session_id)))
+                operations.append(Delete(layout.held_by(session_id), prefix=True))
+        for (session_id, key), session in held.items():
+            if session_id in gone:
+                continue
+            grant = self.service.grant_of(key, session)
+            if grant is not None:
+                operations.append(Put(layout.held_key(session_id, key), b"%d" % grant.token))
+            else:
+                operations.append(Delete(layout.held_key(session_id, key)))
         timed, self._timed = self._timed, set()
         for key in sorted(timed):
-            grant = next((grant for grant in self.service.holders(key) if isinstance(grant.owner, TimedGrants)), None)
-            if grant is not None and grant.expires_at is not None:
-                timed_record = TimedRecord(key, int(grant.expires_at * 1e6), grant.token)
-                operations.append(Put(layout.timed_key(key), timed_record.encode()))
+            holder = next((grant for grant in self.service.holders(key) if isinstance(grant.owner, TimedGrants)), None)
+            if holder is not None and holder.expires_at is not None:
+                record = TimedRecord(key, int(holder.expires_at * 1e6), holder.token)
+                operations.append(Put(layout.timed_key(key), record.encode()))
             else:
                 operations.append(Delete(layout.timed_key(key)))
         if self._mark is not None:
@@ -312,7 +366,8 @@ class Journal:
             self._mark = None
         return operations
 
-    def _chunks(self, operations: List[Operation]) -> List[List[Operation]]:
+    @staticmethod
+    def _chunks(operations: List[Operation]) -> List[List[Operation]]:
         """The operations in transactions within etcd's limits."""
         chunks: List[List[Operation]] = [[]]
         size = 0
@@ -325,22 +380,29 @@ class Journal:
             size += cost
         return chunks
 
-    def _send(self, operations: List[Operation]) -> Deferred[TxnResult]:
-        guard = [Compare(self.layout.leader, "CREATE", self.revision)]
-        self.transactions += 1
-        self.operations += len(operations)
-        return self.etcd.txn(guard, operations, [Get(self.layout.leader)])
-
-    def _committed_batch(self, results: List[Tuple[bool, TxnResult]], batch: int, count: int, started: float) -> None:
+    @inlineCallbacks
+    def _commit(self, batch: int, operations: List[Operation]) -> Any:
+        """Write one batch, a transaction at a time; then release the replies waiting for it."""
+        started = self.clock.seconds()
+        for number, chunk in enumerate(self._chunks(operations)):
+            tag = b"%d:%d:%d" % (self.revision, batch, number)
+            try:
+                result = yield self._send(chunk, tag)
+            except Exception as error:
+                self._in_flight = False
+                self.fail(f"a durable write failed: {error}")
+                return
+            if self.failed is not None:
+                self._in_flight = False
+                return
+            why = self._refused(result, tag)
+            if why is not None:
+                self._in_flight = False
+                self.fail(why)
+                return
         self._in_flight = False
-        if self.failed is not None:
-            return
-        if not all(result.succeeded for _, result in results):
-            self._failed_batch(Failure(Deposed("the election key is gone or another member's")), batch, count, started)
-            return
         if self.on_commit is not None:
-            self.on_commit(count, self.clock.seconds() - started)
-        self._committed = batch
+            self.on_commit(len(operations), self.clock.seconds() - started)
         ready = [waiting for needed, waiting in self._waiters if needed <= batch]
         self._waiters = [(needed, waiting) for needed, waiting in self._waiters if needed > batch]
         for waiting in ready:
@@ -349,15 +411,37 @@ class Journal:
         if self._dirty:
             self._flush()
 
-    def _failed_batch(self, reason: Failure, *ignored: object) -> None:
-        self._in_flight = False
-        error = reason.value
-        if isinstance(error, FirstError):  # (from the DeferredList)
-            error = error.subFailure.value
-        self.fail(f"a durable write failed: {error}")
+    def _send(self, operations: List[Operation], tag: bytes) -> Deferred[TxnResult]:
+        guards = [
+            Compare(self.layout.leader, "CREATE", self.revision),
+            Compare(self.layout.commit, "MOD", self.commit_revision),
+        ]
+        self.transactions += 1
+        self.operations += len(operations)
+        return self.etcd.txn(
+            guards, [*operations, Put(self.layout.commit, tag)], [Get(self.layout.leader), Get(self.layout.commit)]
+        )
+
+    def _refused(self, result: TxnResult, tag: bytes) -> Optional[str]:
+        """
+        None if the transaction tagged C{tag} is in etcd (now, or already: a
+        copy the client sent before retrying it elsewhere, applied first);
+        otherwise why it never will be.
+        """
+        if result.succeeded:
+            self.commit_revision = result.revision
+            return None
+        leader, commit = (list(found or []) for found in result.responses)
+        if not leader or leader[0].create_revision != self.revision:
+            return "the election key is gone or another member's"
+        if commit and commit[0].value == tag:
+            self.commit_revision = commit[0].mod_revision
+            return None
+        return "the durable state was written by someone else"
 
     def _broken(self, reason: Failure) -> None:
         """A bug here must not leave replies waiting forever: fail as if etcd had."""
+        self._in_flight = False
         self.fail(f"the journal failed: {reason.getErrorMessage()}")
 
     def stop(self) -> None:

@@ -93,6 +93,19 @@ class Timing:
         return min(1.0, self.ttl / 2)
 
 
+def uptime() -> float:
+    """
+    Seconds on a clock that never goes back and keeps counting while the
+    machine is suspended (Linux's C{CLOCK_BOOTTIME}; C{time.monotonic}
+    stops then, and a leader resumed from a suspend would think its lease
+    still young).  Elsewhere, C{time.monotonic}.
+    """
+    return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
+
+
+_BOOTTIME: Optional[int] = getattr(time, "CLOCK_BOOTTIME", None)
+
+
 def member_name() -> str:
     """This process, as the election key names its leader."""
     return f"{socket.gethostname()}:{os.getpid()}"
@@ -136,10 +149,12 @@ class ClusterMember(service.MultiService):
     @param etcd: the cluster's etcd.
     @param cluster: the cluster's name (its keys' prefix).
     @param ttl: the election lease's TTL, in seconds.
-    @param build: builds a term's server (L{jesync.server.build_server}).
+    @param build: builds a term's server (L{jesync.server.build_lock_server}).
     @param monotonic: the clock certainty is measured on.
+    @param name: how the election key names this member (host:pid).
     @param observer: the lock service's other observer (metrics), handed to
         each term's journal.
+    @param on_commit: told of each durable commit (metrics).
     """
 
     log = Logger()
@@ -153,7 +168,7 @@ class ClusterMember(service.MultiService):
         cluster: str,
         ttl: int,
         build: Callable[..., Any],
-        monotonic: Callable[[], float] = time.monotonic,
+        monotonic: Callable[[], float] = uptime,
         name: Optional[str] = None,
         observer: Optional[ILockObserver] = None,
         on_commit: Optional[Callable[[int, float], None]] = None,
@@ -261,9 +276,7 @@ class ClusterMember(service.MultiService):
 
     @_machine.output()
     def _step_down(self, why: str) -> None:
-        self.log.warn(
-            "cluster {cluster}: {name} steps down: {why}", cluster=self.cluster, name=self.name, why=why
-        )
+        self.log.warn("cluster {cluster}: {name} steps down: {why}", cluster=self.cluster, name=self.name, why=why)
         self._end_term().addBoth(lambda _: None)
 
     @_machine.output()
@@ -315,10 +328,14 @@ class ClusterMember(service.MultiService):
         self.start()
 
     def stopService(self) -> Deferred[None]:
-        """Resign (if leading), then stop the metrics listeners."""
+        """Resign (if leading), then stop the metrics listeners; a completed stop exits with status 0."""
+        from jesync.server import exit_cleanly, ignore_further_stop_signals
+
+        ignore_further_stop_signals(self.clock, self.log)
         stopped: Deferred[None] = self.stop()
         stopped.addBoth(lambda _: super(ClusterMember, self).stopService())
-        return stopped.addBoth(lambda _: self.etcd.close()).addBoth(lambda _: None)
+        stopped.addBoth(lambda _: self.etcd.close())
+        return stopped.addBoth(lambda _: exit_cleanly(self.clock))
 
     def when_leading(self) -> Deferred[None]:
         """Fires when this member next serves as leader (at once if it does)."""
@@ -350,6 +367,16 @@ class ClusterMember(service.MultiService):
             return
         _, kvs = result
         self._etcd_back()
+        if kvs and _entry_member(kvs[0].value) == self.name:
+            # A claim of ours that timed out here but was applied: nobody
+            # serves under it, so let it go at once rather than when it expires.
+            self.log.info(
+                "cluster {cluster}: {name} lets go of a claim it lost track of", cluster=self.cluster, name=self.name
+            )
+            self.etcd.revoke(kvs[0].lease).addBoth(
+                lambda _: self._schedule(0) if self.running and self.term is None else None
+            )
+            return
         if kvs:
             if kvs[0].value != self._leader_seen:
                 self._leader_seen = kvs[0].value
@@ -373,13 +400,16 @@ class ClusterMember(service.MultiService):
         lease_id, ttl = lease
         entry = json.dumps({"member": self.name, "endpoints": list(self.settings.ports)}).encode("utf-8")
         claim = self.etcd.txn(
-            [Compare(self.layout.leader, "CREATE", 0)], [Put(self.layout.leader, entry, lease_id)], [Get(self.layout.leader)]
+            [Compare(self.layout.leader, "CREATE", 0)],
+            [Put(self.layout.leader, entry, lease_id)],
+            [Get(self.layout.leader)],
         )
 
         def decided(result: Any) -> None:
             if not result.succeeded:
                 self.etcd.revoke(lease_id).addErrback(lambda _: None)
-                self._schedule(self.timing.poll)
+                if self.running:
+                    self._schedule(self.timing.poll)
                 return
             term = Term(lease_id, ttl, result.revision, sent + Timing(ttl).certainty, self.monotonic)
             self.won(term)
@@ -407,7 +437,7 @@ class ClusterMember(service.MultiService):
 
     def _take_over(self, term: Term) -> None:
         loaded = self.etcd.get(self.layout.state, prefix=True)
-        loaded.addCallback(lambda result: self._start_serving(term, self.layout.load([(kv.key, kv.value) for kv in result[1]])))
+        loaded.addCallback(lambda result: self._start_serving(term, self.layout.load(result[1])))
         loaded.addErrback(self._could_not_serve, term)
 
     def _start_serving(self, term: Term, state: DurableState) -> Optional[Deferred[None]]:
@@ -425,6 +455,7 @@ class ClusterMember(service.MultiService):
                 locks,
                 self.clock,
                 on_failure=lambda why: self._lapsed(term, why),
+                commit_revision=state.commit_revision,
                 observer=self.observer,
                 on_commit=self.on_commit,
             )
@@ -455,7 +486,9 @@ class ClusterMember(service.MultiService):
             return
         server = term.server
         server.startService()  # raises ListenFailed at once if an endpoint cannot listen
-        server.when_listening().addCallbacks(lambda _: self._listening(term), self._could_not_serve, errbackArgs=(term,))
+        server.when_listening().addCallbacks(
+            lambda _: self._listening(term), self._could_not_serve, errbackArgs=(term,)
+        )
 
     def _listening(self, term: Term) -> None:
         if term is self.term and not term.ended:
@@ -507,7 +540,7 @@ class ClusterMember(service.MultiService):
             self.deposed(why)
 
     def _end_term(self) -> Deferred[None]:
-        """Send nothing more, close everything, throw the lock table away, and let the lease go."""
+        """Send nothing more, drop every connection, throw the lock table away, and let the lease go."""
         term, self.term = self.term, None
         if self.role == LEADER:
             self.on_serving(None)
@@ -524,14 +557,34 @@ class ClusterMember(service.MultiService):
             term.journal.stop()
         stopped: Deferred[Any] = succeed(None)
         server = term.server
-        if server is not None and server.running:
-            server.grace = 0
-            stopped = server.stopService()
+        if server is not None:
+            # At once, not after the listeners close: replies still in
+            # Twisted's buffers must not go out now.
+            for registry in server.registries:
+                for connection in list(registry):
+                    connection.transport.abortConnection()
+            if server.running:
+                server.grace = 0
+                stopped = server.stopService()
+            stopped.addBoth(lambda _: abandon(server))
         # Revoking deletes the election key: a standby need not wait out the lease.
-        return stopped.addBoth(lambda _: self.etcd.revoke(term.lease)).addErrback(
-            lambda reason: self.log.info("cluster {cluster}: the lease was not revoked ({error}); it runs out by itself",
-                                         cluster=self.cluster, error=reason.getErrorMessage())
+        stopped.addBoth(lambda _: self.etcd.revoke(term.lease))
+        return stopped.addErrback(
+            lambda reason: self.log.info(
+                "cluster {cluster}: the lease was not revoked ({error}); it runs out by itself",
+                cluster=self.cluster,
+                error=reason.getErrorMessage(),
+            )
         )
+
+
+def _entry_member(value: bytes) -> Optional[str]:
+    """The member an election key's value names (None: not one of ours)."""
+    try:
+        member = json.loads(value).get("member")
+    except (ValueError, AttributeError):
+        return None
+    return member if isinstance(member, str) else None
 
 
 @dataclass
@@ -566,10 +619,11 @@ def restore(server: Any, state: DurableState, now: float, journal: Journal) -> t
             if _restore_grant(locks, key, session, 0, token):
                 keys += 1
         journal.session_changed(session)
-    owner = TimedGrants("restored")
     timed = 0
     for timed_record in state.timed:
         left = timed_record.release_us / 1e6 - now
+        # (an owner each: together they are no client's, and no limit of one owner's applies)
+        owner = TimedGrants("restored")
         if left > 0 and _restore_grant(locks, timed_record.key, owner, left, timed_record.token):
             timed += 1
         journal.timed_changed(timed_record.key)
@@ -588,3 +642,19 @@ def _restore_grant(locks: Any, key: str, owner: object, expires: float, token: i
         return False
     grant.token = token
     return True
+
+
+def abandon(server: Any) -> None:
+    """
+    Empty an old term's lock table: end its detached sessions and give back
+    every grant (dlock timed grants too), so none of its timers keeps it
+    alive, unseen by the metrics of the terms after it.
+    """
+    locks = server.locks
+    locks.observer = None
+    elock = server.factories.get("elock")
+    if elock is not None:
+        elock.sessions.end_detached()
+    for status in locks.listing():
+        for grant in locks.holders(status.key):
+            locks.release_all(grant.owner)

@@ -218,12 +218,13 @@ class DlockProtocol(Grammar):
             self._acquire_timeout(request_id, lost)
             return
         journal = self.connection.policy.journal
-        if journal is not None and (switching or isinstance(way.owner, TimedGrants)):
+        timed = journal is not None and (bool(switching) or isinstance(way.owner, TimedGrants))
+        if timed:
             for key in keys:  # (begun, renewed, or switched to or from a time)
-                journal.timed_changed(key)
+                journal.timed_changed(key)  # type: ignore[union-attr]
         response = self._response(request_id, Ok)
         response.fencing_tokens.extend(grants[key].token for key in keys)
-        self._send(response)
+        self._send(response, durable=timed)
 
     def _not_granted(self, failure: Failure, request_id: int, keys: List[str], way: _Way) -> None:
         self._owed_id = None
@@ -261,7 +262,8 @@ class DlockProtocol(Grammar):
         for key in keys:
             if not self.service.release(key, self.connection) and self.timed is not None:
                 self.service.release(key, self.timed)
-        self._reply(request.id, Ok)
+        # (a timed grant given back is written to etcd first, in cluster mode)
+        self._send(self._response(request.id, Ok), durable=self.timed is not None)
 
     def _timed(self) -> TimedGrants:
         if self.timed is None:
@@ -282,11 +284,14 @@ class DlockProtocol(Grammar):
     def _reply(self, request_id: int, status: ResponseStatus, error_text: str = "") -> None:
         self._send(self._response(request_id, status, error_text))
 
-    def _send(self, response: Response) -> None:
+    def _send(self, response: Response, durable: bool = False) -> None:
+        """Send C{response}; a C{durable} one once the timed grants it reports are in etcd (cluster mode)."""
         if self.connection.verbose:
             self.log.debug("{peer} answered {response}", peer=self.connection.peer, response=_described(response))
-        # (in cluster mode, once timed grants are in etcd)
-        self.connection.write_durable(self._framed(response))
+        if durable:
+            self.connection.write_durable(self._framed(response))
+        else:
+            self.connection.write(self._framed(response))
 
     @staticmethod
     def _framed(response: Response) -> bytes:

@@ -9,8 +9,10 @@ grace period for its session is over.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
+import tempfile
 import threading
 import time
 from typing import Any, Optional
@@ -594,7 +596,9 @@ class ServerWithoutOwnedTests(ELockServerTestCase):
 
 class AuthTests(ELockServerTestCase):
     def test_token(self) -> None:
-        token_file, wrong_file = os.path.abspath(self.mktemp()), os.path.abspath(self.mktemp())
+        directory = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, directory, True)
+        token_file, wrong_file = os.path.join(directory, "token"), os.path.join(directory, "wrong")
         with open(token_file, "wb") as file:
             file.write(b"s3cret\n")
         with open(wrong_file, "wb") as file:

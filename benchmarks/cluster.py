@@ -303,7 +303,12 @@ def throughput(args, workloads: List[str], tmp: Path, etcd: Etcd) -> Tuple[dict,
     """
     elock_port = free_port()
     listen = f"tcp:{elock_port}:interface=127.0.0.1"
-    single = start_jesync(tmp, None, args.server_cpus, SINGLE, REPO, args.python, ("--elock-port", listen))
+    # With --metrics, as the members have: its observer counts every grant,
+    # which is the server's cost, not cluster mode's.
+    metrics = f"tcp:{free_port()}:interface=127.0.0.1"
+    single = start_jesync(
+        tmp, None, args.server_cpus, SINGLE, REPO, args.python, ("--elock-port", listen, "--metrics", metrics)
+    )
     cluster = Cluster(args.python, etcd.endpoint, args.members, args.lease_ttl, tmp, args.server_cpus)
     try:
         cluster.start()

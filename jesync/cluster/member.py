@@ -39,6 +39,7 @@ import json
 import os
 import socket
 import time
+from functools import partial
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
@@ -93,17 +94,13 @@ class Timing:
         return min(1.0, self.ttl / 2)
 
 
-def uptime() -> float:
-    """
-    Seconds on a clock that never goes back and keeps counting while the
-    machine is suspended (Linux's C{CLOCK_BOOTTIME}; C{time.monotonic}
-    stops then, and a leader resumed from a suspend would think its lease
-    still young).  Elsewhere, C{time.monotonic}.
-    """
-    return time.clock_gettime(_BOOTTIME) if _BOOTTIME is not None else time.monotonic()
-
-
-_BOOTTIME: Optional[int] = getattr(time, "CLOCK_BOOTTIME", None)
+#: Seconds on a clock that never goes back and keeps counting while the
+#: machine is suspended (Linux's C{CLOCK_BOOTTIME}; C{time.monotonic} stops
+#: then, and a leader resumed from a suspend would think its lease still
+#: young).  Elsewhere, C{time.monotonic}.  (Read before every reply: a C call.)
+uptime: Callable[[], float] = (
+    partial(time.clock_gettime, time.CLOCK_BOOTTIME) if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic
+)
 
 
 def member_name() -> str:

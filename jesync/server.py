@@ -246,6 +246,8 @@ def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[
     verbose = settings.verbose
     jesync = JESyncFactory(locks, verbose, policy)
     elock = ELockFactory(locks, verbose, policy, max_sessions=settings.max_sessions)
+    if policy.journal is not None:
+        elock.sessions.on_end = policy.journal.session_ended
     for description in settings.ports:
         server.listen(description, jesync)
     for description in settings.elock_ports:

@@ -17,7 +17,7 @@ quits, ends and its locks are released.
 from __future__ import annotations
 
 import secrets
-from typing import Dict, Iterable, Optional
+from typing import Callable, Dict, Iterable, Optional
 
 from automat import MethodicalMachine
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -63,6 +63,11 @@ class Session:
 
     def __repr__(self) -> str:
         return f"<Session {self.id}>"
+
+    @property
+    def live(self) -> bool:
+        """Whether it has not ended."""
+        return self._table.live(self)
 
     @property
     def peer(self) -> str:
@@ -163,6 +168,9 @@ class SessionTable:
         self.limit = limit
         self._sessions: Dict[str, Session] = {}
         self._detached: Dict[str, Session] = {}
+        # Told of every session that ends, once its locks are released
+        # (cluster mode: the journal deletes its record).
+        self.on_end: Optional[Callable[[Session], None]] = None
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -221,8 +229,14 @@ class SessionTable:
         for session in list(self._detached.values()):
             session.end()
 
+    def live(self, session: Session) -> bool:
+        """Whether C{session} has not ended (it is attached, or in its grace period)."""
+        return self._sessions.get(session.id) is session
+
     def _forget(self, session: Session) -> None:
         if self._sessions.get(session.id) is session:
             del self._sessions[session.id]
         if self._detached.get(session.id) is session:
             del self._detached[session.id]
+        if self.on_end is not None:
+            self.on_end(session)

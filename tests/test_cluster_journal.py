@@ -45,6 +45,7 @@ class JournalTests(TestCase):
             on_commit=lambda count, seconds: self.commits.append((count, seconds)),
         )
         self.locks.observer = self.journal
+        self.sessions.on_end = self.journal.session_ended  # (as build_lock_server wires it)
         self.addCleanup(self.journal.stop)
         self.owners: List[object] = []
         self.addCleanup(self.release_everything)
@@ -114,10 +115,20 @@ class JournalTests(TestCase):
         self.assertEqual(list(state.sessions[0].keys), ["b"])
         self.assertEqual(state.timed, [])
 
-        session.end()  # the client quit: its record goes
+        self.locks.release("b", session)  # holding nothing, the session keeps its record
         yield self.journal.durable()
         state = yield self.read_back()
-        self.assertEqual(state.sessions, [])
+        self.assertEqual([(record.session_id, record.keys) for record in state.sessions], [(session.id, {})])
+
+        session.end()  # the client quit: its record goes
+        yield self.journal.durable()
+        _, left = yield self.etcd.get(self.layout.state, prefix=True)
+        self.assertEqual([kv.key for kv in left], [self.layout.commit])
+        # A session that never held a key never had a record, and costs nothing when it ends.
+        before = self.journal.operations
+        self.sessions.start(object()).end()
+        self.assertIsNone(self.journal.durable())
+        self.assertEqual(self.journal.operations, before)
 
     @inlineCallbacks
     def test_the_mark_is_written_with_the_next_commit(self):

@@ -5,12 +5,13 @@ that depend on it, in group commits.
 What is durable (everything else ends with a failover, exactly as with a
 disconnect), under C{/jesync/<cluster>/state/}:
 
- - B{elock sessions that hold keys}: C{sessions/<id>} = the session's grace
-   period, and one C{held/<id>/<key>} = its fencing token per key held (a
-   record per key: a lock or unlock writes one small value, however many
-   keys the session holds).  Ids are written base64url, so any id fits.  A
-   session holding nothing has no record: C{conn_id <id>} on the new leader
-   starts it again under the same id.
+ - B{elock sessions}: C{sessions/<id>} = the session's grace period,
+   written when it first holds a key and deleted when it ends; and one
+   C{held/<id>/<key>} = its fencing token per key held (so a lock or an
+   unlock writes one small value, however many keys the session holds).
+   Ids are written base64url, so any id fits.  A session that never held a
+   key has no record: C{conn_id <id>} on the new leader starts it again
+   under the same id.
  - B{dlock grants with C{release_micro}}: C{timed/<key>} = when the grant
    ends (wall time, microseconds) and its token.
  - B{The fencing-token high-water mark}: C{fencing-mark}, kept ahead of the
@@ -150,9 +151,11 @@ class Layout:
 
     def load(self, kvs: Iterable[KeyValue]) -> DurableState:
         """
-        The durable state from what etcd holds under C{state/}.  A session's
-        keys without its grace period (a batch cut short between two of its
-        transactions) get the default grace period.
+        The durable state from what etcd holds under C{state/}: every
+        session with a record (holding keys or not: it ends, and its record
+        goes, when its grace period is over).  A session's keys without its
+        grace period (a batch cut short between two of its transactions) get
+        the default grace period.
         """
         state = DurableState()
         grace: Dict[str, int] = {}
@@ -177,7 +180,8 @@ class Layout:
                     state.unreadable.append(raw)
             except (ValueError, KeyError, TypeError, AttributeError):
                 state.unreadable.append(raw)
-        for session_id, keys in held.items():
+        for session_id in {**grace, **held}:
+            keys = held.get(session_id, {})
             state.sessions.append(SessionRecord(session_id, grace.get(session_id, DEFAULT_GRACE_MS), keys))
         return state
 
@@ -228,6 +232,8 @@ class Journal:
         # period), the keys they hold, timed grants, the mark.
         self._sessions: Dict[str, Session] = {}
         self._held: Dict[Tuple[str, str], Session] = {}
+        # Sessions whose record (their grace period) is written or being written.
+        self._recorded: Set[str] = set()
         self._timed: Set[str] = set()
         self._mark: Optional[int] = None
         self._flush_call: Optional[IDelayedCall] = None
@@ -242,14 +248,19 @@ class Journal:
     # -- what changed ---------------------------------------------------------
 
     def session_changed(self, session: Session) -> None:
-        """C{session}'s grace period changed, or it began or stopped holding keys."""
+        """C{session}'s grace period changed."""
         self._sessions[session.id] = session
         self._dirtied()
 
+    def session_ended(self, session: Session) -> None:
+        """C{session} ended (its keys are released): its record goes, if it has one."""
+        if session.id in self._recorded or session.id in self._sessions:
+            self.session_changed(session)
+
     def held_changed(self, session: Session, key: str) -> None:
-        """C{session} took or gave back C{key}."""
+        """C{session} took or gave back C{key}; its first key writes its record too."""
         self._held[(session.id, key)] = session
-        if self.service.owned(session) <= 1:  # its first key, or its last
+        if session.id not in self._recorded:
             self._sessions[session.id] = session
         self._dirtied()
 
@@ -338,10 +349,14 @@ class Journal:
         held, self._held = self._held, {}
         gone: Set[str] = set()
         for session_id, session in sessions.items():
-            if self.service.grants_of(session):  # (none once it has ended)
+            # A session's record lasts as long as the session (a lock and an
+            # unlock then write one key each), once it has held a key.
+            if session.live:
+                self._recorded.add(session_id)
                 grace = json.dumps({"grace_ms": session.grace_ms}).encode("utf-8")
                 operations.append(Put(layout.session(session_id), grace))
             else:
+                self._recorded.discard(session_id)
                 gone.add(session_id)
                 operations.append(Delete(layout.session(session_id)))
                 operations.append(Delete(layout.held_by(session_id), prefix=True))

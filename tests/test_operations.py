@@ -38,7 +38,7 @@ from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from jesync import tap
 from jesync.interfaces import Totals
-from jesync.connections.policy import KEEPALIVE_PROBES, Connections, enable_keepalive
+from jesync.connections.policy import KEEPALIVE_PROBES, Connections, tune_tcp
 from jesync.protocols.elock import ELockFactory
 from jesync.protocols.jesync import JESyncFactory
 from jesync.server import LockServer
@@ -620,7 +620,7 @@ class KeepaliveTests(ServerTestCase):
 
 class KeepaliveUnitTests(SynchronousTestCase):
     def test_not_a_socket(self) -> None:
-        self.assertFalse(enable_keepalive(StringTransport(), 7))
+        self.assertFalse(tune_tcp(StringTransport(), 7))
 
     def test_unix_socket(self) -> None:
         first, second = socket.socketpair(socket.AF_UNIX)
@@ -631,7 +631,7 @@ class KeepaliveUnitTests(SynchronousTestCase):
             def getHandle(self):
                 return first
 
-        self.assertFalse(enable_keepalive(Transport(), 7))
+        self.assertFalse(tune_tcp(Transport(), 7))
 
     def test_seconds_rounded_down_to_at_least_one(self) -> None:
         for idle, expected in [(0.5, 1), (2.9, 2), (None, None)]:
@@ -641,7 +641,8 @@ class KeepaliveUnitTests(SynchronousTestCase):
                     def getHandle(self):
                         return sock
 
-                self.assertTrue(enable_keepalive(Transport(), idle))
+                self.assertTrue(tune_tcp(Transport(), idle))
+                self.assertNotEqual(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY), 0)
                 options = keepalive_options(sock)
                 self.assertEqual(options[0], 1)
                 if LINUX_KEEPALIVE and expected is not None:

@@ -55,7 +55,7 @@ from zope.interface import implementer
 
 from jesync.connections import lifecycle
 from jesync.connections.lifecycle import ANSWERING, AUTHENTICATING, CLOSED, CLOSING, HALF_CLOSED, READING, READY
-from jesync.connections.policy import ConnectionPolicy, describe_peer, enable_keepalive, is_local
+from jesync.connections.policy import ConnectionPolicy, describe_peer, tune_tcp, is_local
 from jesync.errors import LimitReached, ProtectedMode
 from jesync.interfaces import ILockService
 
@@ -149,7 +149,7 @@ class LockConnection(Protocol):
             return
         self._admitted = True
         self.factory.clients += 1
-        enable_keepalive(self.transport, self.policy.keepalive)
+        tune_tcp(self.transport, self.policy.keepalive)
         self.transport.registerProducer(self, True)
         if isinstance(self.transport, tcp.Connection):
             self._direct = self.transport

@@ -451,6 +451,8 @@ class LockConnection(Protocol):
             and direct.offset == len(direct.dataBuffer)
             and not direct.TLS
             and not self._paused
+            # (an aborted transport drops what it has not sent: so must we)
+            and not getattr(direct, "_aborting", False)
         ):
             # Nothing is queued ahead of it: send it now, as Redis does,
             # rather than in a write event on the next reactor turn (two

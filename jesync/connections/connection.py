@@ -99,9 +99,11 @@ class LockConnection(Protocol):
         self.grammar: Grammar = factory.grammar(self)
         self._watch_idle = self.policy.idle_timeout is not None
         self.framing = self.grammar.framing(self.grammar.frame_received, self._frame_too_long, self.grammar.max_frame)
-        # Waits whose replies are owed, in the order they were asked for.
-        # Replies owed: whether each waits for durable state (answered after a FIN).
+        # Replies owed (waits, in the order they were asked for): whether
+        # each waits for durable state (then it is answered after a FIN).
         self._pending: Dict[Deferred, bool] = {}
+        # Cluster mode: whether this member may still answer (policy.serving).
+        self._serving = self.policy.serving
         self._output: Optional[Deque[_Output]] = None
         self._pump_call: Optional[IDelayedCall] = None
         self._read_call: Optional[IDelayedCall] = None
@@ -217,7 +219,7 @@ class LockConnection(Protocol):
 
     def _send_last(self, data: bytes) -> None:
         """The last reply, after those owed (closing: nothing else is sent)."""
-        serving = self.policy.serving
+        serving = self._serving
         if not data or (serving is not None and not serving()):
             return
         if self.verbose:
@@ -437,7 +439,7 @@ class LockConnection(Protocol):
         """Send C{data}, after anything already queued; nothing once the connection is closed."""
         if self.state not in ANSWERING:
             return
-        serving = self.policy.serving
+        serving = self._serving
         if serving is not None and not serving():
             return  # a deposed cluster member says nothing more
         if self._output is not None:
@@ -452,7 +454,7 @@ class LockConnection(Protocol):
             and not direct.TLS
             and not self._paused
             # (an aborted transport drops what it has not sent: so must we)
-            and not getattr(direct, "_aborting", False)
+            and not direct._aborting
         ):
             # Nothing is queued ahead of it: send it now, as Redis does,
             # rather than in a write event on the next reactor turn (two
@@ -488,7 +490,7 @@ class LockConnection(Protocol):
             return
         transport = self.transport
         written = 0
-        serving = self.policy.serving
+        serving = self._serving
         if serving is not None and not serving():
             return
         while output and not self._paused and written < STREAM_TURN:

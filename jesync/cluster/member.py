@@ -395,7 +395,10 @@ class ClusterMember(service.MultiService):
 
     def _claim(self, lease: Any, sent: float) -> Deferred[None]:
         lease_id, ttl = lease
-        entry = json.dumps({"member": self.name, "endpoints": list(self.settings.ports)}).encode("utf-8")
+        from jesync.server import public_endpoint  # (never a TLS key's path)
+
+        endpoints = [public_endpoint(description) for description in self.settings.ports]
+        entry = json.dumps({"member": self.name, "endpoints": endpoints}).encode("utf-8")
         claim = self.etcd.txn(
             [Compare(self.layout.leader, "CREATE", 0)],
             [Put(self.layout.leader, entry, lease_id)],

@@ -351,9 +351,7 @@ def build_member(reactor: Any, settings: ServerSettings) -> ClusterMember:
         site = metrics_site(metrics, serving=lambda: member.role == LEADER, verbose=settings.verbose, role=lambda: member.role)
         counted = CountedFactory(site, Connections(METRICS_CONNECTIONS), protected=settings.protected)
         for description in settings.metrics_ports:
-            endpoint = endpoints.serverFromString(reactor, description)
-            _tls_as_cryptography(endpoint)
-            Listener(description, endpoint, counted).setServiceParent(member)
+            member.listen(description, counted)
     return member
 
 
@@ -567,44 +565,27 @@ class Listener(StreamServerEndpointService):
         return stopped
 
 
-class LockServer(service.MultiService):
+class Listeners(service.MultiService):
     """
-    The listeners of one lock server; stopping it closes every connection.
-
-    Starting it listens on every endpoint; only once every one listens does
-    it log its summary.  If one cannot listen, the others stop listening
-    and it logs why, in one line: when that is known at once (as for every
-    endpoint type of Twisted's own), C{privilegedStartService} or
-    C{startService} raises L{ListenFailed}, which makes C{twistd} exit with
-    status 1; otherwise L{when_listening} tells.
-
-    Stopping (twistd's SIGTERM or SIGINT) stops listening, closes every
-    connection, which releases every lock and cancels every wait, drops the
-    clients that do not take their last replies within C{grace} seconds, and
-    logs what it released.  A stop that completes is a normal exit: twistd
-    then exits with status 0 rather than re-raising the signal.  Another
-    SIGTERM or SIGINT during the stop is logged and changes nothing.
+    Endpoints that listen all or not at all: starting listens on every one;
+    once every one listens, L{listening_everywhere} is called.  If one
+    cannot listen, the others stop listening and it logs why, in one line:
+    when that is known at once (as for every endpoint type of Twisted's
+    own), C{privilegedStartService} or C{startService} raises
+    L{ListenFailed}, which makes C{twistd} exit with status 1; otherwise
+    L{when_listening} tells.  (A L{LockServer}; a cluster member's metrics.)
     """
 
     log = Logger()
 
-    def __init__(self, locks: LockService, policy: ConnectionPolicy, clock: IReactorTime, grace: float = 5.0) -> None:
+    def __init__(self, clock: IReactorTime) -> None:
         super().__init__()
-        self.locks = locks
-        self.policy = policy
         self.clock = clock
-        self.grace = grace
-        self.summary = ""
-        # The protocol factories by name (None: a protocol not served).
-        self.factories: dict[str, Optional[LockServerFactory]] = {}
-        # Every registry of connections to close when stopping.
-        self.registries = [policy.connections]
         # Every endpoint's listen, once started: fires with whether every one listens.
         self._listening: Optional[Deferred[Any]] = None
         # How the last start went (None: every endpoint listens), once known.
         self._outcome: Optional[Tuple[Optional[Failure]]] = None
         self._waiters: List[Deferred[None]] = []
-        self._started = False
 
     def listen(self, description: str, factory: IProtocolFactory) -> None:
         """Serve C{factory} on the endpoint C{description} while this service runs."""
@@ -698,17 +679,55 @@ class LockServer(service.MultiService):
 
     def _listening_everywhere(self, everywhere: bool) -> None:
         if everywhere:
-            self._started = True
-            self.log.info("jesync starting: {summary}", summary=self.summary)
+            self.listening_everywhere()
             self._settle(None)
+
+    def listening_everywhere(self) -> None:
+        """Every endpoint listens (for subclasses: say so, start what depends on it)."""
+
+    def stop_listening(self) -> Deferred[None]:
+        """Stop every endpoint (and the other children); starting again listens again."""
+        self._listening = None
+        stopped: Deferred[None] = super().stopService()
+        return stopped
+
+
+class LockServer(Listeners):
+    """
+    The listeners of one lock server (L{Listeners}: all of them or none);
+    stopping it closes every connection.  Only once every endpoint listens
+    does it log its summary.
+
+    Stopping (twistd's SIGTERM or SIGINT) stops listening, closes every
+    connection, which releases every lock and cancels every wait, drops the
+    clients that do not take their last replies within C{grace} seconds, and
+    logs what it released.  A stop that completes is a normal exit: twistd
+    then exits with status 0 rather than re-raising the signal.  Another
+    SIGTERM or SIGINT during the stop is logged and changes nothing.
+    """
+
+    def __init__(self, locks: LockService, policy: ConnectionPolicy, clock: IReactorTime, grace: float = 5.0) -> None:
+        super().__init__(clock)
+        self.locks = locks
+        self.policy = policy
+        self.grace = grace
+        self.summary = ""
+        # The protocol factories by name (None: a protocol not served).
+        self.factories: dict[str, Optional[LockServerFactory]] = {}
+        # Every registry of connections to close when stopping.
+        self.registries = [policy.connections]
+        self._started = False
+
+    def listening_everywhere(self) -> None:
+        self._started = True
+        self.log.info("jesync starting: {summary}", summary=self.summary)
 
     def stopService(self) -> Deferred[None]:
         self._ignore_further_stop_signals()
         connections = len(self.policy.connections)
         held = self.locks.totals()
         started, self._started = self._started, False
-        self._listening = None
-        stopped = super().stopService()
+        stopped = self.stop_listening()
         stopped.addCallback(
             lambda _: gatherResults([registry.close_all(self.clock, self.grace) for registry in self.registries])
         )

@@ -17,7 +17,7 @@ from twisted.python import usage
 from twisted.python.failure import Failure
 
 from jesync.connections.policy import read_token_file
-from jesync.server import DEFAULT_PORT, ListenFailed, LockServer, ServerSettings, build_server
+from jesync.server import DEFAULT_PORT, ListenFailed, ServerSettings, build_server
 
 # elock's own default, 11400, is JESync's: elock listeners are off unless asked for.
 SUGGESTED_ELOCK_PORT = 11401
@@ -504,7 +504,7 @@ def makeService(options: Options) -> service.Service:
     from twisted.internet import reactor
 
     server = build_server(reactor, settings_from(options))
-    if under_twistd(options) and isinstance(server, LockServer):
+    if under_twistd(options):
         atexit.register(_exit_status)
         server.when_listening().addErrback(_not_listening, reactor)
     return server

@@ -11,6 +11,7 @@ smallest), so each takeover takes seconds, not minutes.
 from __future__ import annotations
 
 import socket
+import subprocess
 import threading
 import time
 import unittest
@@ -20,6 +21,7 @@ from typing import List, Optional, Tuple
 from jesync.protocols.dlock_pb2 import Response
 from tests.cluster import TAKEOVER_WITHIN, TTL, MemberProcess, start_cluster
 from tests.etcd import start_etcd, start_etcd_cluster
+from tests.servers import environment, twistd_command
 from tests.test_dlock import lock as dlock_lock
 from tests.test_dlock import status_name
 
@@ -129,6 +131,35 @@ class ElectionTests(unittest.TestCase):
             self.assertLess(time.monotonic(), deadline, member.log())
             time.sleep(0.02)
         self.assertEqual(member.health(), "leader")
+
+    def test_a_member_whose_metrics_cannot_listen_does_not_start(self) -> None:
+        """As any jesync server: an endpoint that cannot listen stops it, with one line and status 1."""
+        etcd = start_etcd(self)
+        member = MemberProcess([etcd.endpoint], "test-metrics-taken")
+        blocker = socket.socket()
+        blocker.bind(("127.0.0.1", member.metrics_port))
+        blocker.listen(1)
+        self.addCleanup(blocker.close)
+        self.addCleanup(member.close)
+        member.process = subprocess.Popen(
+            [
+                *twistd_command(),
+                "-n",
+                "--pidfile=",
+                "jesync",
+                "--port",
+                f"tcp:{member.port}:interface=127.0.0.1",
+                *member.extra_args,
+            ],
+            env=environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        output, _ = member.process.communicate(timeout=WITHIN)
+        self.assertEqual(member.process.returncode, 1, output.decode())
+        self.assertIn(f"cannot listen on tcp:{member.metrics_port}", output.decode())
+        self.assertNotIn(b"joins", output)
 
 
 class TakeoverTests(unittest.TestCase):

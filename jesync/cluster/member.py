@@ -44,9 +44,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Optional
 
 from automat import MethodicalMachine
-from twisted.application import service
 from twisted.internet.defer import Deferred, succeed
-from twisted.internet.interfaces import IDelayedCall, IReactorTime
+from twisted.internet.interfaces import IDelayedCall
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -56,6 +55,7 @@ from jesync.cluster.journal import DurableState, Journal, Layout
 from jesync.fencing import AHEAD
 from jesync.interfaces import ILockObserver
 from jesync.protocols.dlock import TimedGrants
+from jesync.server import Listeners
 
 #: Roles, as /health and the metrics report them.
 LEADER = "leader"
@@ -136,10 +136,12 @@ class Term:
         return False
 
 
-class ClusterMember(service.MultiService):
+class ClusterMember(Listeners):
     """
     One jesync process of a cluster: a standby, or the leader serving the
-    endpoints of C{settings}.
+    endpoints of C{settings}.  Its own endpoints (the metrics) listen all or
+    not at all, as a L{LockServer}'s do (L{Listeners}); it joins the
+    election once they do.
 
     @param reactor: its clock, and what the term's servers listen on.
     @param settings: the server's settings (L{jesync.server.ServerSettings}).
@@ -170,9 +172,8 @@ class ClusterMember(service.MultiService):
         observer: Optional[ILockObserver] = None,
         on_commit: Optional[Callable[[int, float], None]] = None,
     ) -> None:
-        super().__init__()
+        super().__init__(reactor)
         self.reactor = reactor
-        self.clock: IReactorTime = reactor
         self.settings = settings
         self.etcd = etcd
         self.layout = Layout(cluster)
@@ -314,8 +315,7 @@ class ClusterMember(service.MultiService):
 
     # -- the service ------------------------------------------------------------
 
-    def startService(self) -> None:
-        super().startService()
+    def listening_everywhere(self) -> None:
         self.log.info(
             "cluster {cluster}: {name} joins, as a standby (lease TTL {ttl} s)",
             cluster=self.cluster,
@@ -330,7 +330,7 @@ class ClusterMember(service.MultiService):
 
         ignore_further_stop_signals(self.clock, self.log)
         stopped: Deferred[None] = self.stop()
-        stopped.addBoth(lambda _: super(ClusterMember, self).stopService())
+        stopped.addBoth(lambda _: self.stop_listening())
         stopped.addBoth(lambda _: self.etcd.close())
         return stopped.addBoth(lambda _: exit_cleanly(self.clock))
 
@@ -487,10 +487,10 @@ class ClusterMember(service.MultiService):
         server = term.server
         server.startService()  # raises ListenFailed at once if an endpoint cannot listen
         server.when_listening().addCallbacks(
-            lambda _: self._listening(term), self._could_not_serve, errbackArgs=(term,)
+            lambda _: self._term_listens(term), self._could_not_serve, errbackArgs=(term,)
         )
 
-    def _listening(self, term: Term) -> None:
+    def _term_listens(self, term: Term) -> None:
         if term is self.term and not term.ended:
             self.serving()
 

@@ -55,6 +55,10 @@ class ILockService(Interface):
 
     clock = Attribute("The IReactorTime that wait timeouts and expiries run on.")
     last_token = Attribute("The largest fencing token given so far.")
+    version = Attribute(
+        "A number that changes whenever something a listing shows changes (a grant, a release, a wait"
+        " starting or ending): two snapshots taken at the same version are the same."
+    )
 
     def acquire(
         key: str,

@@ -41,6 +41,7 @@ from zope.interface import implementer
 from jesync.interfaces import IGrant, ILockObserver, ILockService
 
 if TYPE_CHECKING:
+    from jesync.connections.listings import ListingBudget
     from jesync.protocols.dlock import DlockFactory
     from jesync.protocols.memcache import MemcacheFactory
 
@@ -90,6 +91,9 @@ class LockMetrics:
         evictions and locked items are read at scrape time.
     @param registry: where the metrics are registered; a new
         C{CollectorRegistry} if None.
+    @param listings: the server's listing budget
+        (L{jesync.connections.listings.ListingBudget}): the bytes its
+        snapshots hold and the listings it refused are read at scrape time.
     """
 
     def __init__(
@@ -99,12 +103,14 @@ class LockMetrics:
         dlock: DlockFactory | None = None,
         registry: CollectorRegistry | None = None,
         memcache: MemcacheFactory | None = None,
+        listings: ListingBudget | None = None,
     ) -> None:
         self.service = service
         self.connections = connections
         self.dlock = dlock
         self.memcache = memcache
-        self._first = (service, connections, dlock, memcache)
+        self.listings = listings
+        self._first = (service, connections, dlock, memcache, listings)
         self.registry = registry if registry is not None else CollectorRegistry()
         self._grants = Counter(
             "jesync_grants_total", "Locks granted, at once or after a wait.", registry=self.registry
@@ -137,12 +143,13 @@ class LockMetrics:
         served (a standby), levels are 0.
         """
         if server is None:
-            self.service, self.connections, self.dlock, self.memcache = self._first
+            self.service, self.connections, self.dlock, self.memcache, self.listings = self._first
             return
         self.service = server.locks  # type: ignore[attr-defined]
         self.connections = server.policy.connections  # type: ignore[attr-defined]
         self.dlock = server.factories.get("dlock")  # type: ignore[attr-defined]
         self.memcache = server.factories.get("memcache")  # type: ignore[attr-defined]
+        self.listings = server.policy.listings  # type: ignore[attr-defined]
 
     # -- ILockObserver: on the lock server's hot path, so one update each ----
 
@@ -166,6 +173,7 @@ class LockMetrics:
             [GaugeMetricFamily(name, doc) for name, doc in _GAUGES]
             + self._dlock_metrics(describing=True)
             + self._memcache_metrics(describing=True)
+            + self._listing_metrics(describing=True)
         )
 
     def collect(self) -> Iterable[Metric]:
@@ -175,7 +183,24 @@ class LockMetrics:
             [GaugeMetricFamily(name, doc, value=value) for (name, doc), value in zip(_GAUGES, values)]
             + self._dlock_metrics()
             + self._memcache_metrics()
+            + self._listing_metrics()
         )
+
+    def _listing_metrics(self, describing: bool = False) -> list[Metric]:
+        listings = self.listings
+        if listings is None:
+            return []
+        held = GaugeMetricFamily(
+            "jesync_listing_bytes",
+            "Bytes the snapshots of listings being sent hold (estimated), counted toward --max-listing-memory.",
+        )
+        refused = CounterMetricFamily(
+            "jesync_listing_refusals", "Listings refused because they would pass --max-listing-memory."
+        )
+        if not describing:
+            held.add_metric([], listings.held)
+            refused.add_metric([], listings.refused)
+        return [held, refused]
 
     def _dlock_metrics(self, describing: bool = False) -> list[Metric]:
         dlock = self.dlock

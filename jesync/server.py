@@ -23,6 +23,8 @@ from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
 
 from jesync.connections.connection import LockServerFactory
+from jesync.connections.listings import DEFAULT_LIMIT as DEFAULT_LISTING_LIMIT
+from jesync.connections.listings import ListingBudget
 from jesync.connections.policy import ConnectionPolicy, Connections, is_local, read_token_file
 from jesync.errors import ProtectedMode, show_number
 from jesync.protocols.elock import ELockFactory
@@ -59,6 +61,8 @@ class ServerSettings:
     max_sessions: Optional[int] = DEFAULT_MAX_SESSIONS
     max_key_length: Optional[int] = 1024
     max_unsent: Optional[int] = 4 * 1024 * 1024
+    # Bytes all pending listings' snapshots may hold together (jesync.connections.listings).
+    max_listing_memory: int = DEFAULT_LISTING_LIMIT
     keepalive: Optional[float] = 60.0
     auth_token: Optional[bytes] = None
     # The file the token came from: read again on SIGHUP (None: never).
@@ -231,6 +235,7 @@ def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[
         close_grace=settings.shutdown_grace,
         protected=settings.protected,
         connections=Connections(settings.max_connections),
+        listings=ListingBudget(settings.max_listing_memory, reactor),
     )
     mark_every = None
     if cluster is not None:
@@ -294,7 +299,7 @@ def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[
     if settings.metrics_ports and cluster is None:
         from jesync.metrics import LockMetrics, metrics_site
 
-        metrics = LockMetrics(locks, policy.connections, dlock, memcache=memcache)
+        metrics = LockMetrics(locks, policy.connections, dlock, memcache=memcache, listings=policy.listings)
         locks.observer = metrics
         site = metrics_site(metrics, serving=lambda: bool(server.running), verbose=verbose)
         scrapers = Connections(METRICS_CONNECTIONS)
@@ -323,7 +328,7 @@ def build_member(reactor: Any, settings: ServerSettings) -> ClusterMember:
     if settings.metrics_ports:
         from jesync.metrics import ClusterMetrics, LockMetrics
 
-        metrics = LockMetrics(LockService(reactor), Connections())
+        metrics = LockMetrics(LockService(reactor), Connections(), listings=ListingBudget())
         cluster_metrics = ClusterMetrics(metrics.registry)
     etcd = EtcdClient(
         reactor,

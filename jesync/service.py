@@ -39,6 +39,12 @@ is past the last token (the clock did not go back, and grants did not run
 ahead of it by more than the restart took); C{first_token} (a high-water
 mark kept by the server, see L{jesync.fencing}) covers a clock that went
 back.  A renewal keeps its grant's token.
+
+Listings: C{version} counts the changes a listing would show (a grant, a
+release, a wait starting or ending), so that a listing asked for while the
+table has not changed can be sent from the snapshot an earlier one took
+(L{jesync.connections.listings}).  Renewals, expiry times and owners are
+not in a listing and do not count.
 """
 
 from __future__ import annotations
@@ -224,6 +230,8 @@ class LockService:
         self.max_total_waits = max_total_waits
         self.observer = observer
         self.last_token = first_token
+        # Bumped on every change a status listing shows.
+        self.version = 0
         self._locks: dict[str, _Lock] = {}
         # owner -> key -> its grant of, or wait for, that key (a multi-key
         # wait appears under each key it waits for)
@@ -295,6 +303,7 @@ class LockService:
         lock.waiters.append(waiter)
         lock.waiting += 1
         self._waiting += 1
+        self.version += 1
         self._owner_entries(owner)[key] = waiter
         if timeout_at is not None:
             self._wait_timeouts.add(waiter, timeout_at)
@@ -371,6 +380,7 @@ class LockService:
             lock.multi += 1
             entries[key] = waiter
         self._waiting += 1
+        self.version += 1
         if len(wanted) > 1:
             self._spread[owner] = self._spread.get(owner, 0) + len(wanted) - 1
         if timeout_at is not None:
@@ -500,6 +510,7 @@ class LockService:
             # empty one grown by append (which allocates room for four).
             lock.holders = [grant]
         self._granted += 1
+        self.version += 1
         self._owner_entries(owner)[key] = grant
         if expires_at is not None:
             self._expiries.add(grant, expires_at)
@@ -605,6 +616,7 @@ class LockService:
         """One waiter (C{multi}: a multi-key one) has left C{lock}'s queue."""
         lock.waiting -= 1
         lock.multi -= multi
+        self.version += 1
         waiters = lock.waiters
         assert waiters is not None
         if not lock.waiting:
@@ -615,6 +627,7 @@ class LockService:
     def _remove_holder(self, lock: _Lock, grant: Grant, expired: bool = False) -> None:
         lock.holders.remove(grant)
         self._granted -= 1
+        self.version += 1
         if grant.expires_at is not None:
             self._expiries.discard(grant, grant.expires_at)
         if self.observer is not None:

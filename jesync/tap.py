@@ -162,6 +162,14 @@ class Options(usage.Options):
             limit,
         ],
         [
+            "max-listing-memory",
+            None,
+            64 * 1024**2,
+            "Most memory the snapshots of listings being sent hold together, in bytes or with a unit (64m, 1g); "
+            "past it, a listing that needs a new snapshot is refused (one is always admitted when none is held).",
+            size,
+        ],
+        [
             "keepalive",
             None,
             60.0,
@@ -475,6 +483,7 @@ def settings_from(options: Options) -> ServerSettings:
         max_sessions=options["max-sessions"],
         max_key_length=options["max-key-length"],
         max_unsent=options["max-unsent"],
+        max_listing_memory=options["max-listing-memory"],
         keepalive=options["keepalive"] or None,
         auth_token=options["auth_token"],
         auth_token_file=options["auth-token-file"],

@@ -37,8 +37,10 @@ class FakeConnection:
     # (no journal: single-process mode answers at once)
     write_durable = write
 
-    def write_stream(self, pieces) -> None:
+    def write_stream(self, pieces, held=None) -> None:
         self.written.extend(pieces)
+        if held is not None:
+            held.release()
 
     def await_reply(self, reply: Deferred) -> None:
         if not reply.called:

@@ -31,6 +31,10 @@ decided here, once:
    turn and only while the transport takes them, so it can neither pass
    C{max_unsent} nor hold up other clients; requests read meanwhile wait
    until it has gone out, so one connection has at most one snapshot.
+   What a stream holds (a snapshot shared with other connections, bytes
+   charged to the server-wide C{--max-listing-memory}:
+   L{jesync.connections.listings}) is given back when its last piece has
+   been written, or when the connection is dropped or closed before that.
  - B{Slow readers.}  The connection is the producer of its own replies.
    When the transport's buffer passes its high-water mark (64 KiB; TLS's
    too) it pauses the connection: reading stops.  A reply written after the
@@ -55,6 +59,7 @@ from zope.interface import implementer
 
 from jesync.connections import lifecycle
 from jesync.connections.lifecycle import ANSWERING, AUTHENTICATING, CLOSED, CLOSING, HALF_CLOSED, READING, READY
+from jesync.connections.listings import Held
 from jesync.connections.policy import ConnectionPolicy, describe_peer, tune_tcp, is_local
 from jesync.errors import LimitReached, ProtectedMode
 from jesync.interfaces import ILockService
@@ -72,7 +77,24 @@ STREAM_TURN = 65536
 # buffer pauses the connection as it should).
 DIRECT_WRITE = 4096
 
-_Output = Union[bytes, Iterator[bytes]]
+
+
+class _Stream:
+    """A large reply queued: its pieces, and what it holds until they have gone out."""
+
+    __slots__ = ("pieces", "held")
+
+    def __init__(self, pieces: Iterator[bytes], held: Optional[Held]) -> None:
+        self.pieces = pieces
+        self.held = held
+
+    def release(self) -> None:
+        held, self.held = self.held, None
+        if held is not None:
+            held.release()
+
+
+_Output = Union[bytes, _Stream]
 
 
 @implementer(IHalfCloseableProtocol, IPushProducer)
@@ -181,6 +203,7 @@ class LockConnection(Protocol):
             if previous != CLOSING:
                 self._give_back()
             self._cancel_calls()
+            self._discard_output()
 
     def _feed(self, event: str) -> bool:
         return lifecycle.feed(self, event)
@@ -267,7 +290,7 @@ class LockConnection(Protocol):
         """Disconnect at once, without flushing: the client is not reading."""
         self.log.info("{peer} dropped: {why}", peer=self.peer, why=why)
         self._feed("close")
-        self._output = None
+        self._discard_output()
         self.transport.abortConnection()
 
     # -- authentication and timers -------------------------------------------
@@ -471,13 +494,20 @@ class LockConnection(Protocol):
         if self._paused_long:
             self._count_behind(len(data))
 
-    def write_stream(self, pieces: Iterator[bytes]) -> None:
-        """Send a large reply, piece by piece, as the transport takes them."""
+    def write_stream(self, pieces: Iterator[bytes], held: Optional[Held] = None) -> None:
+        """
+        Send a large reply, piece by piece, as the transport takes them;
+        C{held} (a snapshot it is made from, bytes charged for it) is
+        released once its last piece is written, or the connection closes
+        first.
+        """
+        stream = _Stream(pieces, held)
         if self.state not in ANSWERING:
+            stream.release()
             return
         if self._output is None:
             self._output = deque()
-        self._output.append(pieces)
+        self._output.append(stream)
         self._update_hold()
         if not self._paused:
             self._pump()
@@ -500,9 +530,10 @@ class LockConnection(Protocol):
                 output.popleft()
                 piece = item
             else:
-                piece = next(item, None)
+                piece = next(item.pieces, None)
                 if piece is None:
                     output.popleft()
+                    item.release()
                     continue
             transport.write(piece)
             written += len(piece)
@@ -516,6 +547,14 @@ class LockConnection(Protocol):
             self._close_if_answered()
         elif self.state == CLOSING:
             self._finish_closing()
+
+    def _discard_output(self) -> None:
+        """Nothing more will be sent: forget the output queued, giving back what its streams hold."""
+        output, self._output = self._output, None
+        if output:
+            for item in output:
+                if isinstance(item, _Stream):
+                    item.release()
 
     def _count_behind(self, size: int) -> None:
         self.behind += size

@@ -16,11 +16,12 @@ command table of small handlers, as in C{twisted.protocols.memcache}.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Iterable, Iterator, List
+from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Iterable, Iterator, List, Optional
 
 from twisted.logger import Logger
 
 from jesync.connections.framing import Framing, LineFraming
+from jesync.connections.listings import Held
 from jesync.errors import LimitReached
 from jesync.wire import MAX_LINE, BadRequest, check_key_field, decode_key, only_argument, split_fields
 
@@ -164,9 +165,13 @@ class CommandGrammar(Grammar):
         terminator = self.terminator
         connection.write(b"".join(line + terminator for line in lines))
 
-    def reply_stream(self, lines: Iterable[bytes]) -> None:
-        """Send many lines (a listing), in pieces, as the client takes them."""
-        self.connection.write_stream(self._pieces(iter(lines)))
+    def reply_stream(self, lines: Iterable[bytes], held: Optional[Held] = None) -> None:
+        """
+        Send many lines (a listing), in pieces, as the client takes them;
+        C{held} (what the lines are made from: a snapshot, bytes charged to
+        the server's listing budget) is released once they have gone out.
+        """
+        self.connection.write_stream(self._pieces(iter(lines)), held)
 
     def _pieces(self, lines: Iterator[bytes]) -> Iterator[bytes]:
         terminator = self.terminator

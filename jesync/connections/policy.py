@@ -17,6 +17,8 @@ from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
 
+from jesync.connections.listings import ListingBudget
+
 if TYPE_CHECKING:
     from twisted.internet.interfaces import IConsumer, IPushProducer, ITCPTransport
 
@@ -142,6 +144,9 @@ class ConnectionPolicy:
     @ivar journal: cluster mode: the durable state's journal, which replies
         that depend on durable state wait for
         (L{jesync.connections.connection.LockConnection.write_durable}).
+    @ivar listings: what the large replies being sent hold, server-wide, and
+        the snapshots they share (C{--max-listing-memory};
+        L{jesync.connections.listings}).
     """
 
     max_key_length: int = 1024
@@ -157,6 +162,7 @@ class ConnectionPolicy:
     connections: Connections = field(default_factory=Connections)
     serving: Optional[Callable[[], bool]] = None
     journal: Optional[Journal] = None
+    listings: ListingBudget = field(default_factory=ListingBudget)
 
     def accepts(self, token: Optional[bytes], now: float) -> bool:
         """

@@ -18,6 +18,7 @@ from twisted.python.failure import Failure
 
 from jesync.connections.connection import LockServerFactory
 from jesync.connections.grammar import CommandGrammar
+from jesync.connections.listings import ROW_BYTES, lines_bytes
 from jesync.errors import AlreadyWaiting, LockTimeout
 from jesync.interfaces import IGrant
 from jesync.wire import (
@@ -192,13 +193,22 @@ class JESyncProtocol(CommandGrammar):
             )
             for grant in grants
         ]
-        self.reply_stream(_ended(lines))
+        held = self.connection.policy.listings.charge(lines_bytes(lines))
+        self.reply_stream(_ended(lines), held)
 
     def _listing(self, order: ListingOrder, args: List[bytes]) -> None:
+        """
+        A status listing: from the snapshot of the table in C{order} that
+        another listing is sending, if the table has not changed since it
+        was taken; otherwise from a new one (sorted once), within the
+        server's C{--max-listing-memory} (L{jesync.connections.listings}).
+        """
         no_arguments(args)
-        rows = self.service.snapshot(order)  # sorted once
-        rows.reverse()
-        self.reply_stream(_ended(_status_lines(rows)))
+        service = self.service
+        snapshot = self.connection.policy.listings.share(
+            ("status", order), service.version, service.totals().keys * ROW_BYTES, lambda: service.snapshot(order)
+        )
+        self.reply_stream(_ended(_status_lines(snapshot.rows)), snapshot)
 
     def do_status_by_key(self, args: List[bytes]) -> None:
         self._listing("key", args)
@@ -214,15 +224,9 @@ class JESyncProtocol(CommandGrammar):
         self.connection.close()
 
 
-def _status_lines(reversed_rows: List[Tuple[str, int, int]]) -> Iterator[bytes]:
-    """
-    A listing's lines, from its snapshot in reverse order: each row is taken
-    off the end as it is sent, so the snapshot is freed as it goes (freeing
-    a million rows at once would stall the server).
-    """
-    pop = reversed_rows.pop
-    while reversed_rows:
-        key, granted, waiting = pop()
+def _status_lines(rows: Sequence[Tuple[str, int, int]]) -> Iterator[bytes]:
+    """A listing's lines, from its snapshot (shared: read, never changed)."""
+    for key, granted, waiting in rows:
         yield status_reply(b"STATUS", granted, waiting, encode_key(key))
 
 

@@ -27,8 +27,20 @@ Reported: the server's RSS growth during the stall, whether the server
 dropped the connection (TCP state CLOSE_WAIT, and whether ``END`` ever
 arrives when the client reads what is left), and the probe's round trips.
 
+``--non-readers N``: instead, N clients (receive buffers of 4 KiB) each send
+``status-by-key`` and never read, one after the other (with ``--churn``, a
+lock taken and released between two of them, so that the table changes and
+no two can share a snapshot); then one more client reads the whole listing.
+Reported: the server's RSS growth once they have all asked and ``--stall``
+seconds have passed, how many of them got a listing and how many the
+``max-listing-memory`` limit reply, and whether the reading client got its
+whole listing.  ``--server-option`` passes an option to the server (as
+``--server-option=--max-listing-memory=16m``).
+
     python benchmarks/listing.py --keys 100000
     python benchmarks/listing.py --keys 100000 --slow-reader
+    python benchmarks/listing.py --keys 300000 --non-readers 50
+    python benchmarks/listing.py --keys 300000 --non-readers 50 --churn
     python benchmarks/listing.py --shuffled
     python benchmarks/listing.py --checkout /tmp/jesync-before --python /tmp/venv-before/bin/python
 
@@ -449,6 +461,85 @@ def run_slow_reader(server: Server, args, sampler: RSSSampler) -> None:
         print(f"  {probe_error}")
 
 
+def run_non_readers(server: Server, args, sampler: RSSSampler) -> None:
+    churner = connect(server.address, 30.0)
+    probe_sock = connect(server.address, 30.0)
+    rss_before = rss_kib(server.pid)
+    started = time.monotonic()
+    silent = []
+    for n in range(args.non_readers):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # (before connecting: no autotuning)
+        sock.settimeout(30.0)
+        sock.connect(server.address)
+        silent.append(sock)
+        if args.churn and n:
+            churner.sendall(b"lock churn 1 0 0\nrelease churn\n")
+            expect_lines(churner, 2)
+        sock.sendall(b"status-by-key\n")
+        # One round trip on another connection after each: the request has been read by then.
+        error = ask_probe(probe_sock)
+        if error is not None:
+            raise SystemExit(error)
+    asked = time.monotonic()
+    rss_asked = rss_kib(server.pid)
+    time.sleep(args.stall)
+    rss_stalled = rss_kib(server.pid)
+    peak = sampler.peak(started, time.monotonic())
+    # A client that reads, meanwhile.
+    reader = connect(server.address, 30.0)
+    sent_at = time.monotonic()
+    reader.sendall(b"status-by-key\n")
+    first, last, total, lines, ended, error = read_listing(reader, sent_at, sent_at + args.max_seconds)
+    rss_read = rss_kib(server.pid)
+    # What each silent client was sent first: a listing, or the limit reply.
+    listed = refused = other = 0
+    for sock in silent:
+        head = sock.recv(64, socket.MSG_PEEK)
+        if head.startswith(b"STATUS ") or head == b"END\n":
+            listed += 1
+        elif head.startswith(b"INVALID_PARAMETER: max-listing-memory exceeded"):
+            refused += 1
+        else:
+            other += 1
+    for sock in silent:
+        sock.close()
+    reader.close()
+    churner.close()
+    probe_sock.close()
+    time.sleep(1.0)
+    rss_after = rss_kib(server.pid)
+    print(
+        f"listing: {args.non_readers} clients send status-by-key and never read"
+        f"{' (the table changes between two of them)' if args.churn else ' (the table does not change)'}"
+    )
+    print(f"  asked in {asked - started:,.2f} s; {listed} got a listing, {refused} the limit reply, {other} something else")
+    print(
+        f"  server RSS: {mib(rss_before)} before; {mib(rss_asked)} once all had asked "
+        f"(+{mib((rss_asked or 0) - (rss_before or 0))}); {mib(rss_stalled)} after {args.stall:g} s more "
+        f"(+{mib((rss_stalled or 0) - (rss_before or 0))}); peak {mib(peak)} (+{mib((peak or 0) - (rss_before or 0))})"
+    )
+    if first is None:
+        print(f"  the reading client got nothing ({error})")
+    else:
+        print(
+            f"  a reading client meanwhile: {total:,} bytes, {lines:,} lines in {last - sent_at:,.3f} s, "
+            + ("ended with END" if ended else f"no END ({error})")
+            + (f"; {lines - 1:,} STATUS lines" if ended else "")
+        )
+    print(f"  server RSS after the reader: {mib(rss_read)}; 1 s after every client closed: {mib(rss_after)}")
+
+
+def expect_lines(sock: socket.socket, count: int) -> None:
+    """Read C{count} reply lines (bounded by the socket's timeout)."""
+    data = b""
+    while data.count(b"\n") < count:
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise SystemExit("the server closed the connection")
+        data += chunk
+
+
 # -- main ------------------------------------------------------------------------
 
 
@@ -466,6 +557,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--slow-reader", action="store_true", help="do not read the listing for --stall seconds")
     parser.add_argument("--stall", type=float, default=5.0, help="slow reader: seconds without reading (default 5)")
+    parser.add_argument("--non-readers", type=int, default=0, help="clients that ask for the listing and never read")
+    parser.add_argument("--churn", action="store_true", help="non-readers: change the table between two of them")
+    parser.add_argument(
+        "--server-option", action="append", default=[], help="an option for the server (repeat for more)"
+    )
     parser.add_argument("--idle-probe", type=float, default=1.0, help="seconds of probing before the listing")
     parser.add_argument("--probe-limit", type=int, default=2_000_000, help="most probes to send")
     parser.add_argument("--max-seconds", type=float, default=600.0, help="time limit of each phase")
@@ -486,7 +582,7 @@ def main(argv: list[str] | None = None) -> None:
             name="jesync",
             checkout=checkout,
             python=python,
-            options=("--max-held", "0", "--max-keys", "0", "--max-connections", "0"),
+            options=("--max-held", "0", "--max-keys", "0", "--max-connections", "0", *args.server_option),
         )
         sampler = RSSSampler(server.pid)
         holders: list[socket.socket] = []
@@ -505,7 +601,9 @@ def main(argv: list[str] | None = None) -> None:
                 f"({((rss_filled or 0) - (rss_start or 0)) * 1024 / max(1, args.keys):,.0f} B per lock)"
             )
             sampler.start()
-            if args.slow_reader:
+            if args.non_readers:
+                run_non_readers(server, args, sampler)
+            elif args.slow_reader:
                 run_slow_reader(server, args, sampler)
             else:
                 run_listing(server, args, sampler)

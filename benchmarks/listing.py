@@ -356,6 +356,9 @@ def read_listing(sock: socket.socket, sent_at: float, deadline: float):
         tail = (tail + bytes(chunk[-8:]))[-8:]
         if tail.endswith(b"\nEND\n") or (total == 4 and tail == b"END\n"):
             return first, last, total, lines, True, None
+        if lines == 1 and total == n and bytes(chunk).startswith(b"INVALID_PARAMETER: "):
+            error = f"refused: {bytes(chunk).decode(errors='replace').strip()}"
+            break
     return first, last, total, lines, False, error
 
 

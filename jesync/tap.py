@@ -333,6 +333,12 @@ class Options(usage.Options):
         misgrouped = sorted({name for name in grouped if grouped.count(name) > 1 or name not in names})
         if ungrouped or misgrouped:
             raise TypeError(f"Options.groups: options in no group: {ungrouped}; unknown or in two: {misgrouped}")
+        # usage.Options keeps a default as it is written; one written as it is
+        # typed ("on") is read as a typed value is (True).
+        for name, default in self.defaults.items():
+            dispatch = self._dispatch.get(name)
+            if isinstance(default, str) and isinstance(dispatch, usage.CoerceParameter):
+                self[name] = dispatch.coerce(default)
         self["ports"] = []
         self["elock_ports"] = []
         self["dlock_ports"] = []
@@ -564,10 +570,13 @@ for _parameter in cast(List[List[Any]], Options.optParameters):
 def unknown_option(name: str, names: Sequence[str]) -> str:
     """
     Why C{--name} is refused, and, on a line of its own, the options that
-    begin with it or look like it (difflib's close matches), if any.
+    begin with it or look much like it (difflib's close matches, at a cutoff
+    above its default: options share words, and --max-conections should
+    suggest --max-connections alone), if any.
     """
     beginning = sorted(option for option in names if name and option.startswith(name))
-    suggestions = list(dict.fromkeys(beginning + difflib.get_close_matches(name, names, n=3)))[:3]
+    similar = difflib.get_close_matches(name, names, n=3, cutoff=0.75)
+    suggestions = list(dict.fromkeys(beginning + similar))[:3]
     message = f"unknown option --{name}"
     if beginning:
         message += " (options are given by their whole names)"

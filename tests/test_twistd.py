@@ -304,6 +304,33 @@ class WholeNameTests(SynchronousTestCase):
         self.assertEqual(options.subOptions["ports"], ["tcp:7777"])
 
 
+class ReadmeTests(SynchronousTestCase):
+    """What README's "Running it" says twistd jesync prints is what it prints."""
+
+    def setUp(self) -> None:
+        with open(os.path.join(REPOSITORY, "README.md"), encoding="utf-8") as file:
+            self.text = " ".join(file.read().split())
+
+    def test_refusal(self) -> None:
+        lines = str(self.assertRaises(usage.UsageError, parse, "--por", "7777")).split("\n")
+        self.assertIn("`--por 7777` is refused (`unknown option --por`, then `Did you mean --port?`)", self.text)
+        self.assertTrue(lines[0].startswith("unknown option --por"), lines)
+        self.assertEqual(lines[1], "Did you mean --port?")
+
+    def test_version(self) -> None:
+        shown = re.search(r"`twistd jesync --version` prints .*?\(`(jesync [^`]*)`\)", self.text)
+        assert shown is not None
+        pattern = r"jesync (\S+) \(Twisted \S+, (?:CPython|PyPy) 3\.\d+\.\d+\S*\)"
+        example = re.fullmatch(pattern, shown.group(1))
+        assert example is not None, shown.group(1)
+        self.assertEqual(example.group(1), __version__)
+        self.assertRegex(tap.version_text(), "^" + pattern + "$")
+
+    def test_groups(self) -> None:
+        titles = [title.lower() for title, _ in tap.Options.groups]
+        self.assertIn(f"in groups: {', '.join(titles)};", self.text)
+
+
 class MakeServiceTests(SynchronousTestCase):
     def test_one_listening_service_per_port(self) -> None:
         server = tap.makeService(parse("--port", "7777", "--port", "tcp:7778:interface=127.0.0.1", "-p", "unix:/run/j.sock"))

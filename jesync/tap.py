@@ -511,12 +511,17 @@ class Options(usage.Options):
         for title, names in self.groups:
             lines = [f"{title}:"]
             for name in names:
-                text = textwrap.wrap(self._help_text(name, takes_value[name]), max(width - column, 20)) or [""]
+                text = self._wrap(self._help_text(name, takes_value[name]), max(width - column, 20))
                 lines.append(f"  {labels[name]:<{column - 2}}{text[0]}")
                 lines.extend(" " * column + line for line in text[1:])
             sections.append("\n".join(lines))
         sections.append(self.examples.rstrip("\n"))
         return "\n\n".join(sections) + "\n"
+
+    @staticmethod
+    def _wrap(text: str, width: int) -> List[str]:
+        """C{text}'s lines, never breaking an option's name or an endpoint description (so both can be copied)."""
+        return textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False) or [""]
 
     def _help_text(self, name: str, takes_value: bool) -> str:
         """C{name}'s description in one paragraph, and its default as it can be typed back."""

@@ -1,5 +1,11 @@
 """
 C{twistd jesync}: the command-line options and the service they build.
+
+An option is taken by its whole name only (getopt would take C{--por} for
+C{--port}, and read a mistyped C{--prot 7777} as C{--protected-mode}); a
+refusal names the options that were probably meant.  C{--help} shows the
+options in the groups the README uses, listeners first, each default written
+as it can be typed back (C{64m}, not C{67108864}).
 """
 
 from __future__ import annotations
@@ -12,10 +18,9 @@ import os
 import platform
 import sys
 import textwrap
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple, cast
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import twisted
-
 from twisted.application import service
 from twisted.internet import endpoints
 from twisted.internet.error import ReactorNotRunning
@@ -134,6 +139,33 @@ def under_twistd(options: usage.Options) -> bool:
     from twisted.application.app import ServerOptions
 
     return isinstance(options.parent, ServerOptions)
+
+
+def unknown_option(name: str, names: Sequence[str]) -> str:
+    """
+    Why C{--name} is refused, and, on a line of its own, the options that
+    begin with it or look much like it (difflib's close matches, at a cutoff
+    above its default: options share words, and --max-conections should
+    suggest --max-connections alone), if any.
+    """
+    beginning = sorted(option for option in names if name and option.startswith(name))
+    similar = difflib.get_close_matches(name, names, n=3, cutoff=0.75)
+    suggestions = list(dict.fromkeys(beginning + similar))[:3]
+    message = f"unknown option --{name}"
+    if beginning:
+        message += " (options are given by their whole names)"
+    if suggestions:
+        spelled = [f"--{option}" for option in suggestions]
+        message += "\nDid you mean " + (", ".join(spelled[:-1]) + " or " if len(spelled) > 1 else "") + spelled[-1] + "?"
+    return message
+
+
+def version_text() -> str:
+    """What C{twistd jesync --version} prints: jesync's version, and what it runs on."""
+    return (
+        f"jesync {__version__} "
+        f"(Twisted {twisted.__version__}, {platform.python_implementation()} {platform.python_version()})"
+    )
 
 
 class _ParseOnly:
@@ -571,32 +603,6 @@ class Options(usage.Options):
 for _parameter in cast(List[List[Any]], Options.optParameters):
     if len(_parameter) > 4 and _parameter[4] is not None:
         _parameter[4] = named(_parameter[0], _parameter[4])
-
-def unknown_option(name: str, names: Sequence[str]) -> str:
-    """
-    Why C{--name} is refused, and, on a line of its own, the options that
-    begin with it or look much like it (difflib's close matches, at a cutoff
-    above its default: options share words, and --max-conections should
-    suggest --max-connections alone), if any.
-    """
-    beginning = sorted(option for option in names if name and option.startswith(name))
-    similar = difflib.get_close_matches(name, names, n=3, cutoff=0.75)
-    suggestions = list(dict.fromkeys(beginning + similar))[:3]
-    message = f"unknown option --{name}"
-    if beginning:
-        message += " (options are given by their whole names)"
-    if suggestions:
-        spelled = [f"--{option}" for option in suggestions]
-        message += "\nDid you mean " + (", ".join(spelled[:-1]) + " or " if len(spelled) > 1 else "") + spelled[-1] + "?"
-    return message
-
-
-def version_text() -> str:
-    """What C{twistd jesync --version} prints: jesync's version, and what it runs on."""
-    return (
-        f"jesync {__version__} "
-        f"(Twisted {twisted.__version__}, {platform.python_implementation()} {platform.python_version()})"
-    )
 
 
 def read_token(path: str) -> bytes:

@@ -267,6 +267,20 @@ class ClockTests(SynchronousTestCase):
         self.assertEqual(outcome(granted), ("Ok", 4, []))
         self.assertGreater(granted.fencing_tokens[0], held.fencing_tokens[0])
 
+    def test_release_micro_of_a_waiting_lock_counts_from_its_grant(self) -> None:
+        """(The reference counted it from when it read the request: a long wait left a shorter hold, or none.)"""
+        unit = UnitDlock(dlock_idle_timeout=None)
+        holder, waiter = unit.connect(), unit.connect()
+        holder.ask(lock(["k"]))
+        self.assertEqual(waiter.ask(lock(["k"], id=2, release_micro=2_000_000)), [])
+        unit.clock.advance(5)
+        holder.lose()
+        self.assertEqual(outcome(waiter.take()[0]), ("Ok", 2, []))
+        unit.clock.advance(1.999)
+        self.assertEqual(unit.holders("k"), 1)
+        unit.clock.advance(TICK + 0.001)
+        self.assertEqual(unit.holders("k"), 0)
+
     def test_release_micro_grant_ends_on_time_while_connected_too(self) -> None:
         unit = UnitDlock(dlock_idle_timeout=None)
         holder = unit.connect()
@@ -515,7 +529,7 @@ class ReplyFieldsTests(SynchronousTestCase):
                 ("Ok", 12),
             ],
         )
-        with_tokens = {response.request_id: list(response.fencing_tokens) for response in responses if response.fencing_tokens}
+        with_tokens = {r.request_id: list(r.fencing_tokens) for r in responses if r.fencing_tokens}
         self.assertEqual(sorted(with_tokens), [3, 11])
         self.assertEqual(len(with_tokens[3]), 2)
         # e, taken by request 10, and c, held since request 3 (its token kept).
@@ -1193,7 +1207,8 @@ class OldClientTests(SynchronousTestCase):
             sock.sendall(dlock_frame(lock(keys[:count], id=0)))
             locked = reader.read_message()
             self.assertEqual((outcome(locked), list(locked.fencing_tokens)), (("Ok", 0, []), []), count)
-            self.assertEqual(locked.ByteSize(), Response(version=2, server_unix_time=locked.server_unix_time).ByteSize())
+            reference = Response(version=2, server_unix_time=locked.server_unix_time)
+            self.assertEqual(locked.ByteSize(), reference.ByteSize(), count)
             sock.sendall(dlock_frame(ping(id=0)))
             self.assertEqual(outcome(reader.read_message()), ("Ok", 0, []), count)
         sock.sendall(dlock_frame(unlock(keys, id=0)))

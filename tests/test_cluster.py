@@ -177,7 +177,7 @@ class TakeoverTests(unittest.TestCase):
         # A dlock grant for 6 s, and one until disconnect.
         dlock = DlockClient(old.dlock_port)
         release_at = time.time() + 6
-        timed = dlock.ask(dlock_lock(["t1"], release_micro=6_000_000))
+        timed = dlock.ask(dlock_lock(["t1"], release_micro=6_000_000, fencing_tokens=True))
         self.assertEqual(status_name(timed), "Ok")
         self.assertEqual(status_name(dlock.ask(dlock_lock(["d1"], id=2))), "Ok")
         # A JESync lock: connection-bound.
@@ -213,7 +213,7 @@ class TakeoverTests(unittest.TestCase):
         busy = other.ask(dlock_lock(["t1"], id=3, wait_micro=1))
         self.assertEqual(status_name(busy), "AcquireTimeout")
         self.assertLess(time.time(), release_at)
-        waited = other.ask(dlock_lock(["t1"], id=4, wait_micro=10_000_000))
+        waited = other.ask(dlock_lock(["t1"], id=4, wait_micro=10_000_000, fencing_tokens=True))
         self.assertEqual(status_name(waited), "Ok")
         self.assertGreaterEqual(time.time(), release_at - 0.05)
         self.assertGreater(waited.fencing_tokens[0], highest_before)

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Optional, Sequence
 from jesync import __version__
 from jesync.client import (
     DEFAULT_SERVER,
-    AuthFailed,
+    AccessRefused,
     Client,
     ConnectionLost,
     KeyStatus,
@@ -67,7 +67,7 @@ exit status:
     0      success
     2      bad arguments
     {EXIT_UNAVAILABLE}     a server could not be reached, or the connection dropped
-    {EXIT_REFUSED}     the server refused the request (a wrong or missing auth token too)
+    {EXIT_REFUSED}     the server refused the request (a wrong or missing auth token, or protected mode, too)
     {EXIT_CONFIG}     the auth token file (JESYNC_AUTH_TOKEN_FILE) or a JESYNC_TLS* setting is unusable
 """
 
@@ -657,7 +657,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConnectionLost as error:
         say(str(error))
         return EXIT_UNAVAILABLE
-    except AuthFailed as error:
+    except AccessRefused as error:  # protected mode, a wrong or missing token: the server's words
         say(str(error))
         return EXIT_REFUSED
     except ServerError as error:

@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from jesync import __version__
 from jesync.client import (
@@ -451,7 +451,7 @@ class WholeNameParser(argparse.ArgumentParser):
         kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         #: the commands' parsers, by name (jesync's own parser's)
-        self.commands: dict[str, WholeNameParser] = {}
+        self.commands: Mapping[str, WholeNameParser] = {}
 
     def option_names(self) -> list[str]:
         """Every long option name this parser takes."""
@@ -632,8 +632,8 @@ def check_whole_names(parser: WholeNameParser, argv: Sequence[str]) -> None:
         names = current.option_names()
         meant = [option for option in names if option.startswith(name)]
         if name not in names and meant:
-            current.error(f"unrecognized arguments: {name} (options are taken by their whole names: "
-                          f"did you mean {' or '.join(meant)}?)")
+            hint = f"options are taken by their whole names: did you mean {' or '.join(meant)}?"
+            current.error(f"unrecognized arguments: {name} ({hint})")
 
 
 def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:

@@ -28,6 +28,7 @@ import sys
 import tempfile
 import time
 from typing import Any, Callable, NamedTuple, Optional
+from unittest import SkipTest
 
 from twisted.internet import reactor
 from twisted.trial.unittest import SynchronousTestCase, TestCase
@@ -39,8 +40,6 @@ from jesync.client.session import Session
 from jesync.errors import ProtectedMode
 from tests.servers import READY_WITHIN, ServerProcess, environment, free_port
 from tests.test_client_security import PKI, TOKEN, _AtExit, skip_without_tls, temp_dir, write
-
-from unittest import SkipTest
 
 #: What the server says to a client that protected mode refuses (JESync's limit reply).
 PROTECTED_LINE = "INVALID_PARAMETER: " + ProtectedMode.MESSAGE
@@ -175,7 +174,9 @@ class Refusal(NamedTuple):
 
 
 REFUSALS = {
-    "protected_mode": Refusal(True, None, AccessRefused, PROTECTED_LINE, "503 " + ProtectedMode.MESSAGE, "refused the connection"),
+    "protected_mode": Refusal(
+        True, None, AccessRefused, PROTECTED_LINE, "503 " + ProtectedMode.MESSAGE, "refused the connection"
+    ),
     "wrong_token": Refusal(False, "wrong", AuthFailed, AUTH_LINE, "403 auth failed", "refused the auth token"),
     "missing_token": Refusal(False, None, AuthFailed, AUTH_LINE, "403 auth failed", "needs an auth token"),
 }
@@ -285,8 +286,8 @@ class TwistedClientTests(TestCase):
 
 def _elock(test: SynchronousTestCase, refusal: Refusal, tls: bool) -> None:
     with test.assertRaises(AccessRefused) as caught:
-        client = ELockClient(address(refusal, tls, "elock"), connect_timeout=5, read_timeout=5, **client_options(refusal, tls))
-        client.close()
+        options = client_options(refusal, tls)
+        ELockClient(address(refusal, tls, "elock"), connect_timeout=5, read_timeout=5, **options).close()
     assert_refusal(test, caught.exception, refusal, refusal.elock_line)
 
 
@@ -352,7 +353,7 @@ class SessionTests(SynchronousTestCase):
 
     def session(self) -> tuple[Session, list[Any]]:
         """A session, and where its handshake's outcome goes."""
-        return Session("server:1", lambda data: None, lambda *args: None), []  # type: ignore[arg-type,return-value]
+        return Session("server:1", lambda data: None, lambda *args: None), []  # type: ignore[arg-type]
 
     def test_protected_mode_before_anything_sent(self) -> None:
         """The line arrives before the handshake is sent (TLS: with the end of the handshake)."""
@@ -396,7 +397,7 @@ class SessionTests(SynchronousTestCase):
         self.assertFalse(session.closed)  # (an older server refuses fencing on: then it goes on)
         session.server_closed("sending failed: Broken pipe")
         [error] = errors
-        self.assertIsInstance(error, ConnectionLost)
+        assert isinstance(error, ConnectionLost)
         self.assertEqual(
             error.reason, "the server closed the connection: INVALID_PARAMETER: max-connections exceeded (10)"
         )
@@ -412,6 +413,7 @@ class SessionTests(SynchronousTestCase):
         session.status("k", discard, errors.append)
         session.server_closed()
         [error] = errors
+        assert isinstance(error, ConnectionLost)
         self.assertEqual(error.reason, "the server closed the connection")
 
     def test_line_answering_no_request(self) -> None:

@@ -515,7 +515,8 @@ class Client:
         want (their C{--auth-token-file}); it is sent as C{auth <token>} first
         on every connection, read from the file again for each.  None:
         C{$JESYNC_AUTH_TOKEN_FILE}, else no token.  A refused token raises
-        L{AuthFailed}.
+        L{AuthFailed}; a server whose protected mode refuses this client,
+        L{AccessRefused} (each with the server's line).
     @param tls: connect to TCP servers with TLS (their C{--port ssl:...}),
         checking their certificate and name.  None: C{$JESYNC_TLS}, else on
         if a CA file or server name is given (by argument or variable).

@@ -336,7 +336,9 @@ class ELockClient:
         retries with the same backoff for the grace period instead.
 
     Making it connects and starts the session (raising L{ConnectFailed} or
-    L{AuthFailed} if no member lets it).  If the session cannot be resumed
+    L{AccessRefused} if no member lets it: a refused or missing token is
+    L{AuthFailed}, protected mode an L{AccessRefused}, with the server's
+    line).  If the session cannot be resumed
     within its grace period, every lock is reported lost, the request that
     was waiting raises L{ConnectionLost}, and the next request starts a new
     session.
@@ -694,7 +696,8 @@ class ELockClient:
     def _authenticate(self, connection: _Connection, opening: list[bytes], lines: list[bytes]) -> list[ELockReply]:
         """
         Send C{opening} (C{auth <token>}, or nothing) and C{lines}; the
-        replies to C{lines}.  Raise L{AuthFailed} if the server refuses the
+        replies to C{lines}.  Raise L{AccessRefused} if the server refuses
+        the connection (protected mode), L{AuthFailed} if it refuses the
         token, or wants one and got none.
         """
         try:
@@ -725,7 +728,7 @@ class ELockClient:
         return replies[len(head) :]
 
     def _start_session(self) -> None:
-        """Connect to a member and start a new session; raise L{ConnectFailed} (or L{AuthFailed})."""
+        """Connect to a member and start a new session; raise L{ConnectFailed} (or L{AccessRefused})."""
         backoff = self.options.backoff(None, time.monotonic())
         while True:
             failures = []

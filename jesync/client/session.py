@@ -109,7 +109,9 @@ class Session:
         C{fencing on} as well.  A refused token fails the session (every
         request on it) and C{on_error} with L{AuthFailed}; so does a server
         that wants a token when none was sent (it refuses the C{fencing
-        on}).  Exactly one of the two is called.
+        on}), and a server in protected mode, with L{AccessRefused}, even
+        if its refusal came before this was called.  Exactly one of the two
+        is called.
         """
         settled: list[bool] = []
 

@@ -138,7 +138,7 @@ class TokenMarkService(service.Service):
         now, last = self._now(), self.locks.last_token if token is None else token
         if self.requested - now >= RENEW_BELOW and self.requested - last >= ROOM // 2:
             return
-        mark = reservation(now, last)
+        mark = max(reservation(now, last), self.requested)
         try:
             written = self.mark.write(mark)
         except OSError as error:

@@ -193,7 +193,6 @@ class TokenMarkTests(SynchronousTestCase):
         self.assertEqual(mark.passed_tokens, [over])
         self.assertEqual(over, mark.durable + 1)
         self.assertEqual(keeper.passed, 1)
-        self.flushLoggedErrors()
         keeper.stopService()
 
     def test_build_server_starts_above_the_mark(self) -> None:

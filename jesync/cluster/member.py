@@ -455,7 +455,7 @@ class ClusterMember(Listeners):
                 term.revision,
                 locks,
                 self.clock,
-                on_failure=lambda why: self._lapsed(term, why),
+                on_failure=lambda why: self._journal_failed(term, why),
                 commit_revision=state.commit_revision,
                 observer=self.observer,
                 on_commit=self.on_commit,
@@ -535,6 +535,16 @@ class ClusterMember(Listeners):
             self._lapsed(term, "the lease could not be renewed in time")
         elif term is self.term:
             self._arm_deadline(term)
+
+    def _journal_failed(self, term: Term, why: str) -> None:
+        """
+        A durable write failed, or a fencing token would pass the mark in
+        etcd: nothing more is sent from now on, and the term ends on the
+        next reactor turn (this may be called from within a grant, which
+        must finish before the lock table is thrown away).
+        """
+        term.ended = True
+        self.clock.callLater(0, self._lapsed, term, why)
 
     def _lapsed(self, term: Term, why: str = "the lease ran out before a reply could be sent") -> None:
         term.ended = True

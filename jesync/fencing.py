@@ -24,16 +24,16 @@ server whose clock is behind its predecessor's or was set back, or grants
 faster than one a microsecond; and a takeover within C{ROOM} (0.1 s) of the
 predecessor's last renewal, which can add up to that much.
 
-If a grant's token would pass the durable mark (the clock reached it while a
-renewal was still being written, or was stepped forward), tokens stop
-following the clock: each is the last one plus one, from the room left below
-the mark, until the renewal is durable.  If that room runs out too (the
-renewal took more than the 6 s it had, and the tokens used up what was left
-under the mark), the next token would be above it: with a state directory
-the renewal is written (write, fsync, rename) before that token is given,
-so that happens only if the file cannot be written (logged as an error); in
-cluster mode the leader steps down instead of giving it, and its reply is
-never sent.
+If a grant's token would pass the durable mark, the mark is renewed at
+once.  With a state directory that write is synchronous (write, fsync,
+rename, fsync of the directory), so no token ever passes the mark on disk,
+unless the file cannot be written (logged as an error).  In cluster mode the
+write is not durable until etcd commits it: until then, tokens stop
+following the clock (each is the last one plus one, from the room left
+below the mark).  If that room runs out too (the renewal, due with 6-7 s to
+spare, has still not committed, and the tokens used up what was left under
+the mark), the leader steps down instead of giving the next token (its
+reply is never sent), and its successor starts above every token it gave.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ def reservation(now: int, last: int) -> int:
 
 
 class TokenMark:
-    """The high-water mark in C{directory}: read once, then written atomically (write, fsync, rename)."""
+    """The high-water mark in C{directory}: read once, then written atomically (write, fsync, rename, fsync)."""
 
     def __init__(self, directory: str) -> None:
         self.path = os.path.join(directory, MARK_FILE)
@@ -88,13 +88,22 @@ class TokenMark:
         return self.durable
 
     def write(self, mark: int) -> None:
-        """Write C{mark}; it is durable when this returns (OSError if it could not be written)."""
+        """
+        Write C{mark}; it is durable when this returns (OSError if it could
+        not be written): the file and then its directory are synced, so
+        that a power loss right after cannot bring the old mark back.
+        """
         temporary = self.path + ".new"
         with open(temporary, "wb") as file:
             file.write(b"%d\n" % mark)
             file.flush()
             os.fsync(file.fileno())
         os.replace(temporary, self.path)
+        directory = os.open(os.path.dirname(self.path) or ".", os.O_RDONLY)
+        try:
+            os.fsync(directory)
+        finally:
+            os.close(directory)
         self.durable = mark
 
     def passed(self, token: int) -> None:

@@ -2,7 +2,8 @@
 Cluster mode against real etcd processes and real C{twistd jesync --etcd}
 members (tests.etcd, tests.cluster): the election, a takeover after kill -9
 with elock sessions, dlock timed grants and fencing tokens checked across
-it, resigning on SIGTERM, a leader paused past its lease (SIGSTOP) with a
+it, resigning on SIGTERM, twelve takeovers in a row keeping fencing tokens
+increasing and within 10 s of the clock, a leader paused past its lease (SIGSTOP) with a
 checker recording every grant from both sides, etcd killed and restarted,
 and a three-member etcd cluster losing a member.  Leases are 2 s (etcd's
 smallest), so each takeover takes seconds, not minutes.

@@ -637,7 +637,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     )  # fmt: skip
     parser.add_argument("--runs", type=positive, default=20, help="kill -9 runs per TTL (default 20)")
     parser.add_argument("--handover-runs", type=positive, default=5, help="SIGTERM runs per TTL (default 5)")
-    parser.add_argument("--takeovers", type=positive, default=10, help="SIGTERM hand-overs of the tokens part (default 10)")
+    parser.add_argument(
+        "--takeovers", type=positive, default=10, help="SIGTERM hand-overs of the tokens part (default 10)"
+    )
     parser.add_argument(
         "--checkout", type=checkout, action="append", metavar="NAME=DIR",
         help="the tokens part's checkouts (repeatable; default after=this one)",

@@ -63,7 +63,7 @@ EVERY = 1.0
 
 
 def reservation(now: int, last: int) -> int:
-    """The mark to write at C{now} (microseconds) after C{last}: C{AHEAD} ahead of the clock, C{ROOM} above the tokens."""
+    """The mark to write at C{now} (microseconds) after token C{last}: C{AHEAD} ahead of the clock, C{ROOM} above it."""
     return max(now + AHEAD, last + ROOM)
 
 

@@ -273,7 +273,7 @@ class Journal:
         self._dirtied()
 
     def mark_reached(self, mark: int) -> None:
-        """Keep C{mark} as the fencing-token high-water mark (one not above the committed mark is ignored: it never goes down)."""
+        """Keep C{mark} as the fencing-token high-water mark (never lower: one not above the committed mark is ignored)."""
         if mark <= self.committed_mark:
             return
         self._mark = mark if self._mark is None else max(mark, self._mark)
@@ -403,7 +403,7 @@ class Journal:
 
     @inlineCallbacks
     def _commit(self, batch: int, operations: List[Operation], mark: Optional[int] = None) -> Any:
-        """Write one batch (with C{mark}, if not None), a transaction at a time; then release the replies waiting for it."""
+        """Write one batch (with C{mark}, if not None), a transaction at a time; then release the replies it held."""
         started = self.clock.seconds()
         for number, chunk in enumerate(self._chunks(operations)):
             tag = b"%d:%d:%d" % (self.revision, batch, number)

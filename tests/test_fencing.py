@@ -108,7 +108,7 @@ class TokenMarkTests(SynchronousTestCase):
         self.assertEqual(clock.getDelayedCalls(), [])
 
     def test_restarts_do_not_add_up(self) -> None:
-        """Twenty restarts in quick succession: each first token above every earlier one, and within AHEAD of the clock."""
+        """Twenty restarts in quick succession: each first token above every earlier one, within AHEAD of the clock."""
         clock = Clock()
         clock.advance(1000)
         tokens: list = []

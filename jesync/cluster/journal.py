@@ -273,7 +273,7 @@ class Journal:
         self._dirtied()
 
     def mark_reached(self, mark: int) -> None:
-        """Keep C{mark} as the fencing-token high-water mark (never lower: one not above the committed mark is ignored)."""
+        """Keep C{mark} as the fencing-token high-water mark (one not above the committed mark is ignored)."""
         if mark <= self.committed_mark:
             return
         self._mark = mark if self._mark is None else max(mark, self._mark)

@@ -208,6 +208,25 @@ class ObjectStore:
             self._note_expiry(key, item)
         return item
 
+    def keys(self, prefix: bytes = b"") -> List[bytes]:
+        """
+        yrmcds's C{Keys}: the keys of the live objects that start with
+        C{prefix} (all of them for C{b""}), least recently used first, taken
+        at once.  The list is a snapshot: later writes do not change it, and
+        it holds only references to the store's own keys (a pointer each).
+        Nothing is touched or removed: an expired object is left out (a
+        locked one is live until it is unlocked, as L{get} sees it).
+        """
+        now = self.clock.seconds()
+        items = self._items
+        if not prefix and not self._expiring:
+            return list(items)  # (no object can have expired: one C-level copy)
+        return [
+            key
+            for key, item in items.items()
+            if key.startswith(prefix) and not (item.expires_at and item.expires_at <= now and not self.held(key))
+        ]
+
     def locked_items(self) -> int:
         """How many stored objects are locked."""
         return len(self._locked_keys())

@@ -25,6 +25,11 @@ stopped by the script:
    The killed member is started again (a standby) before the next run; the
    kill comes at a random point of the leader's keep-alive period.
  - ``handover``: the same with SIGTERM (the leader resigns at once).
+ - ``tokens``: ``--takeovers`` SIGTERM hand-overs in a row (the old leader
+   started again as a standby each time) on a cluster of each
+   ``--checkout NAME=DIR`` (default: this one), and after each the fencing
+   token of a fresh grant less the clock: how far tokens run ahead of the
+   clock after N takeovers (issue 20: a minute more with each, before).
 
 The load-generator loop, the interleaved rounds and the noise handling are
 ``loadgen.py``'s (``--max-noise`` as there)::
@@ -33,6 +38,7 @@ The load-generator loop, the interleaved rounds and the noise handling are
     python benchmarks/cluster.py --part jesync --part elock --repeat 5 --max-noise 0.1
     python benchmarks/cluster.py --part failover --runs 20 --failover-ttl 2 --failover-ttl 5
     python benchmarks/cluster.py --python /tmp/vpp/bin/python  # the servers on PyPy
+    python benchmarks/cluster.py --part tokens --checkout before=/tmp/old-checkout --checkout after=.
 
 The load generator and the script run on this Python; ``--python`` chooses
 the servers' (a ``twistd`` must be next to it).  etcd is the binary the tests
@@ -128,8 +134,11 @@ class Member:
     across restarts).
     """
 
-    def __init__(self, python: str, etcd: str, cluster: str, ttl: int, log: Path, cpus: Optional[set]) -> None:
+    def __init__(
+        self, python: str, etcd: str, cluster: str, ttl: int, log: Path, cpus: Optional[set], repo: Path = REPO
+    ) -> None:
         self.python = python
+        self.repo = repo
         self.etcd = etcd
         self.cluster = cluster
         self.ttl = ttl
@@ -161,7 +170,7 @@ class Member:
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 self.command(),
-                env=dict(os.environ, PYTHONPATH=str(REPO)),
+                env=dict(os.environ, PYTHONPATH=str(self.repo)),
                 stdin=subprocess.DEVNULL,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -229,9 +238,11 @@ class Member:
 class Cluster:
     """C{size} members of one cluster on one etcd."""
 
-    def __init__(self, python: str, etcd: str, size: int, ttl: int, tmp: Path, cpus: Optional[set]) -> None:
+    def __init__(
+        self, python: str, etcd: str, size: int, ttl: int, tmp: Path, cpus: Optional[set], repo: Path = REPO
+    ) -> None:
         name = f"bench-{os.getpid()}-{free_port()}"
-        self.members = [Member(python, etcd, name, ttl, tmp / f"member{i}.log", cpus) for i in range(size)]
+        self.members = [Member(python, etcd, name, ttl, tmp / f"member{i}.log", cpus, repo) for i in range(size)]
 
     def start(self) -> Cluster:
         for member in self.members:
@@ -494,6 +505,72 @@ def failover_report(outcomes: List[Tuple[str, int, List[float]]]) -> None:
         )
 
 
+# -- fencing tokens after takeovers -----------------------------------------------------------
+
+
+def token_lead(port: int, key: bytes) -> Optional[float]:
+    """A fresh grant's fencing token less the clock when it was read, in seconds (None: no grant)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2.0) as sock:
+            sock.sendall(b"fencing on\nlock %s 1 0 60\n" % key)
+            replies = b""
+            while replies.count(b"\n") < 2:
+                chunk = sock.recv(200)
+                if not chunk:
+                    return None
+                replies += chunk
+            now = time.time()
+    except OSError:
+        return None
+    granted = replies.split(b"\n")[1]
+    if not granted.startswith(b"GRANTED"):
+        return None
+    return int(granted.split()[-1]) / 1e6 - now
+
+
+def takeovers(args, tmp: Path, etcd: Etcd, repo: Path) -> List[float]:
+    """
+    C{args.takeovers} SIGTERM hand-overs in a row on a cluster of C{repo}:
+    the token lead after the first election and after each takeover.
+    """
+    cluster = Cluster(args.python, etcd.endpoint, args.members, 2, tmp, args.server_cpus, repo)
+    leads: List[float] = []
+    try:
+        cluster.start()
+        for run in range(args.takeovers + 1):
+            leader = cluster.settled()
+            lead = token_lead(leader.port, b"bench-token-%d" % run)
+            if lead is None:
+                raise SystemExit("the leader granted no lock")
+            leads.append(lead)
+            print(f"  {repo}: after {run} takeovers tokens run {lead:.3f} s ahead of the clock", flush=True)
+            if run == args.takeovers:
+                break
+            leader.signal(signal.SIGTERM)
+            assert leader.process is not None
+            leader.process.wait(15)
+            leader.new_ports()
+            leader.start()
+        return leads
+    finally:
+        cluster.stop()
+
+
+def tokens_report(outcomes: List[Tuple[str, List[float]]]) -> None:
+    print()
+    print("| takeovers | " + " | ".join(f"{name}: tokens ahead of the clock, s" for name, _ in outcomes) + " |")
+    print("|---|" + "---|" * len(outcomes))
+    for run in range(len(outcomes[0][1])):
+        print(f"| {run} | " + " | ".join(f"{leads[run]:.3f}" for _, leads in outcomes) + " |")
+
+
+def checkout(text: str) -> Tuple[str, Path]:
+    name, equals, path = text.partition("=")
+    if not equals or not (Path(path) / "jesync").is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: not NAME=DIR with a jesync checkout in DIR")
+    return name, Path(path).resolve()
+
+
 # -- main ------------------------------------------------------------------------------------
 
 
@@ -528,8 +605,8 @@ def lease_ttl(text: str) -> int:
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--part", choices=["jesync", "elock", "failover", "handover"], action="append",
-        help="run only these parts (repeatable; default all four)",
+        "--part", choices=["jesync", "elock", "failover", "handover", "tokens"], action="append",
+        help="run only these parts (repeatable; default all five)",
     )  # fmt: skip
     parser.add_argument("--python", default=sys.executable, help="the servers' Python (default: this one)")
     parser.add_argument("--etcd", help="the etcd binary (default: as the tests find it)")
@@ -560,6 +637,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     )  # fmt: skip
     parser.add_argument("--runs", type=positive, default=20, help="kill -9 runs per TTL (default 20)")
     parser.add_argument("--handover-runs", type=positive, default=5, help="SIGTERM runs per TTL (default 5)")
+    parser.add_argument(
+        "--takeovers", type=positive, default=10, help="SIGTERM hand-overs of the tokens part (default 10)"
+    )
+    parser.add_argument(
+        "--checkout", type=checkout, action="append", metavar="NAME=DIR",
+        help="the tokens part's checkouts (repeatable; default after=this one)",
+    )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="1 round of 1 s, 0.2 s warm-up, 3 + 2 failovers")
     parser.add_argument("--max-noise", type=float, metavar="CORES", help="as loadgen.py's (see its --help)")
     parser.add_argument(
@@ -582,7 +666,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     if args.extra_rounds is None:
         args.extra_rounds = args.repeat if args.max_noise is not None else 0
     args.connections = list(dict.fromkeys(args.connections or [1, 16, 64]))
-    parts = args.part or ["jesync", "elock", "failover", "handover"]
+    parts = args.part or ["jesync", "elock", "failover", "handover", "tokens"]
     if not Path(args.python).with_name("twistd").exists():
         parser.error(f"no twistd next to {args.python}")
     args.python = os.path.abspath(args.python)  # not resolved: keep the virtualenv
@@ -618,6 +702,11 @@ def main(argv: Optional[List[str]] = None) -> None:
                         ("SIGTERM", ttl, failover(args, Path(tmp), etcd, ttl, args.handover_runs, signal.SIGTERM))
                     )
                     failover_report(outcomes)
+            if "tokens" in parts:
+                leads = [
+                    (name, takeovers(args, Path(tmp), etcd, repo)) for name, repo in args.checkout or [("after", REPO)]
+                ]
+                tokens_report(leads)
         finally:
             etcd.close()
 

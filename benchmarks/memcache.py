@@ -61,6 +61,17 @@ over), so none is evicted; ``curr_items`` is checked against ``--items``.
     python benchmarks/memcache.py --max-noise 0.1 --pypy /tmp/vpp/bin/python
     python benchmarks/memcache.py --workload get --workload lock --scenario 16 --no-memory
     python benchmarks/memcache.py --memory-only --items 1000000
+    python benchmarks/memcache.py --keys-only                   # ~1 min: Keys over 1,000,000 objects
+
+Keys.  ``--keys-only``: a fresh server of each kind (jesync with
+``--memcache-memory 1g``) stores ``--keys-items`` objects (default
+1,000,000; keys and values as for memory), then one client sends a text
+``keys`` (every object: yrmcds's Keys) and reads the whole listing, while
+``--keys-clients`` other connections (default 4) each run a closed loop of
+text ``get`` and ``set`` of an object of their own.  Reported: the time
+from sending ``keys`` to the last byte of ``END``, the keys counted (each
+must be listed once), and the other clients' cycle latency (p50, p99, max)
+while the listing ran, against the same clients' during the 2 s before it.
 
 Only the Python standard library is used by the clients: raw non-blocking
 sockets on one epoll per load-generator process (``--procs``).
@@ -77,6 +88,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -486,6 +498,132 @@ def memory_part(tmp: Path, targets: list, with_yrmcds: bool, args) -> dict:
     return results
 
 
+# -- Keys over many objects ---------------------------------------------------------------
+
+
+class LatencyClient(threading.Thread):
+    """A closed loop of text get and set of one object, each cycle's start and latency recorded."""
+
+    def __init__(self, address, index: int) -> None:
+        super().__init__(daemon=True)
+        self.sock = socket.create_connection(address)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        key = b"latency%03d" % index
+        self.requests = [
+            (b"set %s 0 0 32\r\n%s\r\n" % (key, VALUE), b"STORED\r\n"),
+            (b"get %s\r\n" % key, b"VALUE %s 0 32\r\n%s\r\nEND\r\n" % (key, VALUE)),
+        ]
+        self.samples: list = []  # (start, seconds)
+        self.running = True
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            n = 0
+            while self.running:
+                request, expected = self.requests[n % 2]
+                n += 1
+                started = time.monotonic()
+                call(self.sock, request, expected)
+                self.samples.append((started, time.monotonic() - started))
+        except BaseException as error:  # (reported by the main thread)
+            self.error = error
+        finally:
+            self.sock.close()
+
+
+def percentile(values: list, fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else float("nan")
+
+
+def measure_keys(server: Server, args) -> dict:
+    """Fill, then time one whole text C{keys} listing while other clients get and set."""
+    with socket.create_connection(server.address) as sock:
+        fill(sock, args.keys_items, args.key_size, args.value_size)
+    clients = [LatencyClient(server.address, index) for index in range(args.keys_clients)]
+    for client in clients:
+        client.start()
+    time.sleep(2.5)
+    with socket.create_connection(server.address) as lister:
+        lister.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        started = time.monotonic()
+        lister.sendall(b"keys\r\n")
+        lines = 0
+        tail = b""
+        first_byte = None
+        while True:
+            chunk = lister.recv(1 << 18)
+            if not chunk:
+                raise ProtocolError("the server closed the listing connection")
+            if first_byte is None:
+                first_byte = time.monotonic() - started
+            lines += chunk.count(b"\n")
+            tail = (tail + chunk)[-8:]
+            if tail.endswith(b"\r\nEND\r\n") or (lines == 1 and tail == b"END\r\n"):
+                break
+        finished = time.monotonic()
+    time.sleep(0.5)
+    for client in clients:
+        client.running = False
+    for client in clients:
+        client.join(10)
+        if client.error is not None:
+            raise ProtocolError(f"a latency client failed: {client.error!r}")
+    during = [seconds for client in clients for start, seconds in client.samples if started <= start <= finished]
+    before = [seconds for client in clients for start, seconds in client.samples if started - 2 <= start < started]
+    return {
+        "seconds": finished - started,
+        "first_byte": first_byte or 0.0,
+        "listed": lines - 1,  # (END)
+        "during": during,
+        "before": before,
+    }
+
+
+def keys_part(tmp: Path, targets: list, with_yrmcds: bool, args) -> dict:
+    """Each server fresh, one at a time."""
+    print(
+        f"\nkeys: {args.keys_items:,} objects, then one text `keys` read whole while {args.keys_clients} "
+        "clients get and set (jesync with --memcache-memory 1g)",
+        flush=True,
+    )
+    results = {}
+    kinds = [[target] for target in targets] + ([[]] if with_yrmcds else [])
+    for chosen in kinds:
+        servers = start_servers(tmp, chosen, with_yrmcds and not chosen, args.server_cpus, 2**30)
+        try:
+            server = servers[0]
+            result = results[server.name] = measure_keys(server, args)
+        finally:
+            for server in servers:
+                server.stop()
+        expected = args.keys_items + args.keys_clients
+        if result["listed"] != expected:
+            print(f"  ({server.name}: listed {result['listed']:,} keys, not {expected:,})")
+        print(f"  {server.name}: listing in {result['seconds']:.2f} s", flush=True)
+    return results
+
+
+def keys_report(results: dict, args) -> None:
+    print()
+    print(
+        f"Keys over {args.keys_items:,} objects ({args.key_size}-byte keys; one text `keys` of every object, read "
+        f"whole; {args.keys_clients} other clients each in a closed loop of text get/set of their own object):"
+    )
+    print()
+    print("| server | keys listed | first byte s | whole listing s | others' p50 / p99 / max ms during | before (2 s) p50 / p99 ms | cycles during |")
+    print("|---|---|---|---|---|---|---|")
+    for name, r in results.items():
+        during, before = r["during"], r["before"]
+        print(
+            f"| {name} | {r['listed']:,} | {r['first_byte']:.3f} | {r['seconds']:.2f} "
+            f"| {percentile(during, 0.5) * 1000:.2f} / {percentile(during, 0.99) * 1000:.2f} / "
+            f"{max(during, default=float('nan')) * 1000:.1f} "
+            f"| {percentile(before, 0.5) * 1000:.2f} / {percentile(before, 0.99) * 1000:.2f} | {len(during):,} |"
+        )
+
+
 def memory_report(results: dict, args) -> None:
     print()
     print(
@@ -675,6 +813,9 @@ def main(argv: list | None = None) -> None:
     parser.add_argument("--key-size", type=int, default=10, help="their key length (default 10)")
     parser.add_argument("--value-size", type=int, default=32, help="their value length (default 32)")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory measurement")
+    parser.add_argument("--keys-only", action="store_true", help="only the Keys measurement (see the description)")
+    parser.add_argument("--keys-items", type=int, default=1_000_000, help="objects listed by Keys (default 1,000,000)")
+    parser.add_argument("--keys-clients", type=int, default=4, help="clients getting and setting meanwhile (default 4)")
     parser.add_argument("--memory-only", action="store_true", help="only the memory measurement")
     parser.add_argument(
         "--pin", choices=["split", "one"],
@@ -718,6 +859,12 @@ def main(argv: list | None = None) -> None:
     for name, checkout, python in targets:
         print(f"  {name}: {checkout} at {describe_checkout(checkout)}, {python} ({python_version(python)})")
     raise_open_files(2 * max(scenarios) + 1000)
+
+    if args.keys_only:
+        with tempfile.TemporaryDirectory(prefix="jesync-memcache-bench-") as tmp:
+            keys_results = keys_part(Path(tmp), targets, with_yrmcds, args)
+        keys_report(keys_results, args)
+        return
 
     with tempfile.TemporaryDirectory(prefix="jesync-memcache-bench-") as tmp:
         if not args.memory_only:

@@ -11,12 +11,12 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 from jesync import __version__
 from jesync.client import (
     DEFAULT_SERVER,
-    AuthFailed,
+    AccessRefused,
     Client,
     ConnectionLost,
     KeyStatus,
@@ -67,7 +67,7 @@ exit status:
     0      success
     2      bad arguments
     {EXIT_UNAVAILABLE}     a server could not be reached, or the connection dropped
-    {EXIT_REFUSED}     the server refused the request (a wrong or missing auth token too)
+    {EXIT_REFUSED}     the server refused the request (a wrong or missing auth token, or protected mode, too)
     {EXIT_CONFIG}     the auth token file (JESYNC_AUTH_TOKEN_FILE) or a JESYNC_TLS* setting is unusable
 """
 
@@ -438,7 +438,27 @@ def add_connection_options(parser: argparse.ArgumentParser, default: Any) -> Non
     )
 
 
-class CommandParser(argparse.ArgumentParser):
+class WholeNameParser(argparse.ArgumentParser):
+    """
+    A parser that takes options by their whole names only: argparse would
+    take C{--serv} for C{--server} and C{--w} for C{--wait}, so an option
+    added later (or a typo) would silently change what an existing command
+    line means.  An abbreviation is refused with the option meant
+    (L{check_whole_names}).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+        #: the commands' parsers, by name (jesync's own parser's)
+        self.commands: Mapping[str, WholeNameParser] = {}
+
+    def option_names(self) -> list[str]:
+        """Every long option name this parser takes."""
+        return [name for action in self._actions for name in action.option_strings if name.startswith("--")]
+
+
+class CommandParser(WholeNameParser):
     """
     A command's parser (C{jesync lock}, ...): every usage error in the
     command's arguments, an unknown option among them, prints the command's
@@ -453,13 +473,13 @@ class CommandParser(argparse.ArgumentParser):
         return namespace, extras
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser() -> WholeNameParser:
     """
     The parser.  Each command's parser is also in its namespace, as
     C{command_parser}, for the errors found after parsing.
     """
     formatter = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
+    parser = WholeNameParser(
         prog="jesync",
         description="Take locks on a JESync lock server from the shell, and look at them.",
         epilog=MAIN_EXAMPLES,
@@ -591,7 +611,29 @@ def build_parser() -> argparse.ArgumentParser:
     ping.add_argument("--json", action="store_true", help="print a JSON list of objects")
     add_connection_options(ping, argparse.SUPPRESS)
     ping.set_defaults(command_parser=ping)
+    parser.commands = commands.choices
     return parser
+
+
+def check_whole_names(parser: WholeNameParser, argv: Sequence[str]) -> None:
+    """
+    Refuse (with the usage of the command it is in, and the option meant)
+    an option written by a part of its name: C{--serv} for C{--server}.
+    Options no name starts with are left to argparse's own error.
+    """
+    current = parser
+    for word in argv:
+        if current is parser and word in parser.commands:
+            current = parser.commands[word]
+            continue
+        if not word.startswith("--") or word == "--":
+            continue
+        name = word.split("=", 1)[0]
+        names = current.option_names()
+        meant = [option for option in names if option.startswith(name)]
+        if name not in names and meant:
+            hint = f"options are taken by their whole names: did you mean {' or '.join(meant)}?"
+            current.error(f"unrecognized arguments: {name} ({hint})")
 
 
 def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
@@ -605,6 +647,7 @@ def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
     if "--" in argv:
         split = argv.index("--")
         argv, command = argv[:split], argv[split + 1 :]
+    check_whole_names(parser, argv)
     args = parser.parse_args(argv)
     command_parser: argparse.ArgumentParser = args.command_parser
     if args.command_name == "lock":
@@ -657,7 +700,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except ConnectionLost as error:
         say(str(error))
         return EXIT_UNAVAILABLE
-    except AuthFailed as error:
+    except AccessRefused as error:  # protected mode, a wrong or missing token: the server's words
         say(str(error))
         return EXIT_REFUSED
     except ServerError as error:

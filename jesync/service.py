@@ -38,7 +38,8 @@ Across restarts tokens keep increasing as long as the clock at the restart
 is past the last token (the clock did not go back, and grants did not run
 ahead of it by more than the restart took); C{first_token} (a high-water
 mark kept by the server, see L{jesync.fencing}) covers a clock that went
-back.  A renewal keeps its grant's token.
+back, and a token past C{token_check} is left to C{token_mark} (which keeps
+tokens at or below the durable mark).  A renewal keeps its grant's token.
 
 Listings: C{version} counts the changes a listing would show (a grant, a
 release, a wait starting or ending), so that a listing asked for while the
@@ -50,7 +51,7 @@ not in a listing and do not count.
 from __future__ import annotations
 
 from collections import deque
-from typing import Hashable, Iterable, List, Sequence, Tuple, Union
+from typing import Any, Hashable, Iterable, List, Sequence, Tuple, Union
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
@@ -193,6 +194,10 @@ def check_request(max_concurrent: int, timeout: float, expires: float) -> None:
         raise ValueError("Expire timeout should be greater or equal than 0")
 
 
+#: C{token_check} without a mark: above every 64-bit token.
+NO_TOKEN_CHECK = 2**64
+
+
 @implementer(ILockService)
 class LockService:
     """
@@ -232,6 +237,9 @@ class LockService:
         self.last_token = first_token
         # Bumped on every change a status listing shows.
         self.version = 0
+        # A token above token_check is given by token_mark.reached (jesync.fencing).
+        self.token_check = NO_TOKEN_CHECK
+        self.token_mark: Any = None
         self._locks: dict[str, _Lock] = {}
         # owner -> key -> its grant of, or wait for, that key (a multi-key
         # wait appears under each key it waits for)
@@ -501,6 +509,8 @@ class LockService:
         token = int(now * 1000000)
         if token <= self.last_token:
             token = self.last_token + 1
+        if token > self.token_check:
+            token = self.token_mark.reached(token)
         self.last_token = token
         grant = Grant(self, key, owner, max_concurrent, now, expires_at, token)
         if lock.holders:

@@ -1,21 +1,33 @@
 """
 C{twistd jesync}: the command-line options and the service they build.
+
+An option is taken by its whole name only (getopt would take C{--por} for
+C{--port}, and read a mistyped C{--prot 7777} as C{--protected-mode}); a
+refusal names the options that were probably meant.  C{--help} shows the
+options in the groups the README uses, listeners first, each default written
+as it can be typed back (C{64m}, not C{67108864}).
 """
 
 from __future__ import annotations
 
 import atexit
+import difflib
+import functools
 import importlib
 import os
+import platform
 import sys
-from typing import Any, Callable, List, Optional, cast
+import textwrap
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
+import twisted
 from twisted.application import service
 from twisted.internet import endpoints
 from twisted.internet.error import ReactorNotRunning
 from twisted.python import usage
 from twisted.python.failure import Failure
 
+from jesync import __version__
 from jesync.connections.policy import read_token_file
 from jesync.server import DEFAULT_PORT, ListenFailed, ServerSettings, build_server
 
@@ -68,6 +80,14 @@ def size(value: str) -> int:
     return number * _SIZE_UNITS[unit]
 
 
+def size_text(value: int) -> str:
+    """C{value} as L{size} reads it back, in the largest unit that divides it: 67108864 is 64m."""
+    for unit in ("g", "m", "k"):
+        if value >= _SIZE_UNITS[unit] and value % _SIZE_UNITS[unit] == 0:
+            return f"{value // _SIZE_UNITS[unit]}{unit}"
+    return str(value)
+
+
 def on_off(value: str) -> bool:
     """C{on} or C{off}."""
     if value not in ("on", "off"):
@@ -76,6 +96,7 @@ def on_off(value: str) -> bool:
 
 
 def seconds(value: str) -> float:
+    """A number of seconds, perhaps with a fraction."""
     try:
         number = float(value)
     except ValueError:
@@ -85,18 +106,27 @@ def seconds(value: str) -> float:
     return number
 
 
+def seconds_text(value: float) -> str:
+    """C{value} as L{seconds} reads it back: 60.0 is 60, 0.5 is 0.5."""
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+# How help shows a default that a coercion reads, so that it can be typed
+# back as it is shown (64m, not 67108864; 60, not 60.0); any other default is
+# shown as str() shows it.
+_DEFAULT_TEXT: Dict[Callable[[str], Any], Callable[[Any], str]] = {size: size_text, seconds: seconds_text}
+
+
 def named(option: str, coerce: Callable[[str], Any]) -> Callable[[str], Any]:
     """C{coerce}, whose errors name C{option} (usage.Options' own say only "Parameter type enforcement failed")."""
 
+    @functools.wraps(coerce)
     def coerced(value: str) -> Any:
         try:
             return coerce(value)
         except ValueError as error:
             raise usage.UsageError(f"--{option} {value}: {error}") from None
 
-    coerced.__name__ = getattr(coerce, "__name__", "coerced")
-    if hasattr(coerce, "coerceDoc"):
-        setattr(coerced, "coerceDoc", getattr(coerce, "coerceDoc"))
     return coerced
 
 
@@ -109,6 +139,33 @@ def under_twistd(options: usage.Options) -> bool:
     from twisted.application.app import ServerOptions
 
     return isinstance(options.parent, ServerOptions)
+
+
+def unknown_option(name: str, names: Sequence[str]) -> str:
+    """
+    Why C{--name} is refused, and, on a line of its own, the options that
+    begin with it or look much like it (difflib's close matches, at a cutoff
+    above its default: options share words, and --max-conections should
+    suggest --max-connections alone), if any.
+    """
+    beginning = sorted(option for option in names if name and option.startswith(name))
+    similar = difflib.get_close_matches(name, names, n=3, cutoff=0.75)
+    suggestions = list(dict.fromkeys(beginning + similar))[:3]
+    message = f"unknown option --{name}"
+    if beginning:
+        message += " (options are given by their whole names)"
+    if suggestions:
+        spelled = [f"--{option}" for option in suggestions]
+        message += "\nDid you mean " + (", ".join(spelled[:-1]) + " or " if len(spelled) > 1 else "") + spelled[-1] + "?"
+    return message
+
+
+def version_text() -> str:
+    """What C{twistd jesync --version} prints: jesync's version, and what it runs on."""
+    return (
+        f"jesync {__version__} "
+        f"(Twisted {twisted.__version__}, {platform.python_implementation()} {platform.python_version()})"
+    )
 
 
 class _ParseOnly:
@@ -279,8 +336,50 @@ class Options(usage.Options):
         ],
     ]
 
+    # --help shows the options in these groups, in this order (README's), each
+    # option in one group: the only place an option's name is written again.
+    groups: Sequence[Tuple[str, Sequence[str]]] = (
+        ("Listeners", ("port", "elock-port", "dlock-port", "memcache-port", "admin-port", "metrics")),
+        (
+            "Limits",
+            (
+                "max-connections",
+                "max-keys",
+                "max-waiters",
+                "max-total-waits",
+                "max-held",
+                "max-sessions",
+                "max-key-length",
+                "max-unsent",
+                "max-listing-memory",
+                "idle-timeout",
+                "dlock-max-message",
+                "dlock-max-keys",
+                "dlock-idle-timeout",
+                "memcache-memory",
+                "memcache-max-item",
+            ),
+        ),
+        ("Security", ("auth-token-file", "auth-token-grace", "auth-timeout", "protected-mode")),
+        ("Cluster", ("etcd", "cluster", "lease-ttl")),
+        ("Operations", ("state-dir", "keepalive", "shutdown-grace", "verbose", "version", "help")),
+    )
+
     def __init__(self) -> None:
         super().__init__()
+        # (A mistake here is the code's, not the user's: every Options() fails.)
+        names = self.whole_names()
+        grouped = [name for _, group in self.groups for name in group]
+        ungrouped = sorted(set(names) - set(grouped))
+        misgrouped = sorted({name for name in grouped if grouped.count(name) > 1 or name not in names})
+        if ungrouped or misgrouped:
+            raise TypeError(f"Options.groups: options in no group: {ungrouped}; unknown or in two: {misgrouped}")
+        # usage.Options keeps a default as it is written; one written as it is
+        # typed ("on") is read as a typed value is (True).
+        for name, default in self.defaults.items():
+            dispatch = self._dispatch.get(name)
+            if isinstance(default, str) and isinstance(dispatch, usage.CoerceParameter):
+                self[name] = dispatch.coerce(default)
         self["ports"] = []
         self["elock_ports"] = []
         self["dlock_ports"] = []
@@ -293,12 +392,15 @@ class Options(usage.Options):
     def parseOptions(self, options: Optional[List[str]] = None) -> None:
         """
         Parse C{options}.  Under twistd, an error ends the process with status
-        1 after two lines, the error and L{HELP_HINT} (twistd itself would
-        print the whole --help before the error, and exit 0 before Twisted
-        26.10); otherwise it raises L{usage.UsageError}.
+        1 after the error and L{HELP_HINT} (twistd itself would print the
+        whole --help before the error, and exit 0 before Twisted 26.10);
+        otherwise it raises L{usage.UsageError}.
         """
+        arguments = sys.argv[1:] if options is None else options
         try:
-            super().parseOptions(options)
+            if arguments[-2:-1] != ["--_shell-completion"]:
+                self._refuse_abbreviations(arguments)
+            super().parseOptions(arguments)
         except usage.UsageError as error:
             if not under_twistd(self):
                 raise
@@ -388,8 +490,90 @@ class Options(usage.Options):
             raise usage.UsageError(f"--etcd {value}: an etcd client URL, such as http://127.0.0.1:2379")
         self["etcd"].append(value.rstrip("/"))
 
+    def whole_names(self) -> Dict[str, bool]:
+        """Every long option's whole name, and whether it takes a value."""
+        return {name.rstrip("="): name.endswith("=") for name in self.longOpt}
+
+    def _refuse_abbreviations(self, arguments: Sequence[str]) -> None:
+        """
+        Refuse a long option that is not given by its whole name.  getopt
+        takes any unambiguous prefix for the option (C{--por 7777} for
+        C{--port}), so an option added later changes what a command line
+        means, and a mistyped one becomes another (C{--prot 7777} was
+        C{--protected-mode}).  This walks C{arguments} as getopt will, up to
+        the first that is not an option, skipping the values of options that
+        take one.
+        """
+        takes_value = self.whole_names()
+        letters = self.shortOpt.replace(":", "")
+        short_takes_value = {letter: f"{letter}:" in self.shortOpt for letter in letters}
+        remaining = iter(arguments)
+        for argument in remaining:
+            if argument == "--" or argument == "-" or not argument.startswith("-"):
+                return
+            if argument.startswith("--"):
+                name, equals, _ = argument[2:].partition("=")
+                if name not in takes_value:
+                    raise usage.UsageError(unknown_option(name, list(takes_value)))
+                if takes_value[name] and not equals:
+                    next(remaining, None)
+            else:
+                cluster = argument[1:]
+                for position, letter in enumerate(cluster):
+                    if short_takes_value.get(letter):
+                        if position == len(cluster) - 1:
+                            next(remaining, None)
+                        break
+
+    def opt_version(self) -> None:
+        """
+        Show jesync's version (and Twisted's and Python's) and exit.
+        """
+        print(version_text())
+        sys.exit(0)
+
+    def __str__(self) -> str:
+        return self.getSynopsis() + "\n\n" + self.getUsage()
+
     def getUsage(self, width: int | None = None) -> str:
-        return super().getUsage(width) + "\n" + self.examples
+        """
+        The description, then the options in their L{groups}, each with its
+        default as it can be typed back, then the examples.
+        """
+        width = width or int(os.environ.get("COLUMNS", "80"))
+        takes_value = self.whole_names()
+        shorts = {long: short for short, long in self.synonyms.items() if len(short) == 1}
+        labels = {
+            name: (f"-{shorts[name]}, " if name in shorts else "    ") + f"--{name}" + ("=" if takes_value[name] else "")
+            for name in takes_value
+        }
+        column = 2 + max(len(label) for label in labels.values()) + 2
+        sections = ["\n".join(textwrap.wrap(" ".join(self.longdesc.split()), width))]
+        for title, names in self.groups:
+            lines = [f"{title}:"]
+            for name in names:
+                text = self._wrap(self._help_text(name, takes_value[name]), max(width - column, 20))
+                lines.append(f"  {labels[name]:<{column - 2}}{text[0]}")
+                lines.extend(" " * column + line for line in text[1:])
+            sections.append("\n".join(lines))
+        sections.append(self.examples.rstrip("\n"))
+        return "\n\n".join(sections) + "\n"
+
+    @staticmethod
+    def _wrap(text: str, width: int) -> List[str]:
+        """C{text}'s lines, never breaking an option's name or an endpoint description (so both can be copied)."""
+        return textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False) or [""]
+
+    def _help_text(self, name: str, takes_value: bool) -> str:
+        """C{name}'s description in one paragraph, and its default as it can be typed back."""
+        text = " ".join((self.docs.get(name) or "").split())
+        default = self.defaults.get(name)
+        if not takes_value or default is None:
+            return text
+        # (usage.CoerceParameter keeps the coercion, which named() wraps.)
+        coerce: Any = getattr(self._dispatch.get(name), "coerce", None)
+        shown = _DEFAULT_TEXT.get(getattr(coerce, "__wrapped__", coerce), str)
+        return f"{text} [default: {shown(default)}]"
 
     def postOptions(self) -> None:
         if not self["ports"]:
@@ -428,18 +612,6 @@ class Options(usage.Options):
 for _parameter in cast(List[List[Any]], Options.optParameters):
     if len(_parameter) > 4 and _parameter[4] is not None:
         _parameter[4] = named(_parameter[0], _parameter[4])
-
-# usage.Options shows these docstrings as they are: fold each into one paragraph.
-for _option in (
-    Options.opt_port,
-    Options.opt_elock_port,
-    Options.opt_dlock_port,
-    Options.opt_memcache_port,
-    Options.opt_admin_port,
-    Options.opt_metrics,
-    Options.opt_etcd,
-):
-    _option.__doc__ = " ".join((_option.__doc__ or "").split())
 
 
 def read_token(path: str) -> bytes:

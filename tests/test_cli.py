@@ -34,6 +34,7 @@ from jesync.cli import (
     EXIT_UNAVAILABLE,
     FENCING_TOKEN_VARIABLE,
     KEY_VARIABLE,
+    build_parser,
     main,
     parse_arguments,
 )
@@ -569,6 +570,33 @@ class ArgumentTests(SynchronousTestCase):
         result = jesync("lock", "--bogus", "k", "--", "true")  # the installed way: the same
         self.assertEqual(result.returncode, 2)
         self.assertTrue(result.stderr.startswith(lock_usage), result.stderr)
+
+    def test_whole_option_names_only(self) -> None:
+        """
+        An option is taken by its whole name only: an abbreviation (which
+        argparse would expand) is a usage error, in the usage of the command
+        it is in, naming the option meant; after --, it is COMMAND's own.
+        """
+        lock_usage = "usage: jesync lock [options] KEY -- COMMAND [ARGS...]"
+        for argv, usage, meant in (
+            (["--serv", "db1", "status", "k"], "usage: jesync [-h]", "--server"),
+            (["status", "--serv=db1", "k"], "usage: jesync status ", "--server"),
+            (["status", "k", "--js"], "usage: jesync status ", "--json"),
+            (["lock", "--wai", "3", "k", "--", "true"], lock_usage, "--wait"),
+            (["lock", "--no-term", "k", "--", "true"], lock_usage, "--no-terminate-on-loss"),
+            (["--conn", "3", "ping"], "usage: jesync [-h]", "--connect-timeout"),
+            (["list", "--b", "requests"], "usage: jesync list ", "--by"),
+            (["--vers"], "usage: jesync [-h]", "--version"),
+        ):
+            status, out, err = run_in_process(*argv)
+            self.assertEqual((status, out), (2, ""), argv)
+            self.assertTrue(err.startswith(usage), (argv, err))
+            name = next(word for word in argv if word.startswith("--")).split("=")[0]
+            self.assertIn(f"unrecognized arguments: {name} (", err, argv)
+            self.assertIn(f"did you mean {meant}?", err, argv)
+        self.assertEqual(parse_arguments(["lock", "k", "--", "true", "--wai"]).command, ["true", "--wai"])
+        for parser in [build_parser(), *build_parser().commands.values()]:
+            self.assertFalse(parser.allow_abbrev, parser.prog)
 
     def test_exit_statuses_distinct(self) -> None:
         statuses = [EXIT_UNAVAILABLE, EXIT_LOCK_LOST, EXIT_TIMEOUT, EXIT_REFUSED, EXIT_CANNOT_RUN, EXIT_NOT_FOUND, 2]

@@ -2,7 +2,8 @@
 Cluster mode against real etcd processes and real C{twistd jesync --etcd}
 members (tests.etcd, tests.cluster): the election, a takeover after kill -9
 with elock sessions, dlock timed grants and fencing tokens checked across
-it, resigning on SIGTERM, a leader paused past its lease (SIGSTOP) with a
+it, resigning on SIGTERM, twelve takeovers in a row keeping fencing tokens
+increasing and within 10 s of the clock, a leader paused past its lease (SIGSTOP) with a
 checker recording every grant from both sides, etcd killed and restarted,
 and a three-member etcd cluster losing a member.  Leases are 2 s (etcd's
 smallest), so each takeover takes seconds, not minutes.
@@ -18,6 +19,7 @@ import unittest
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+from jesync.fencing import AHEAD
 from jesync.protocols.dlock_pb2 import Response
 from tests.cluster import TAKEOVER_WITHIN, TTL, MemberProcess, start_cluster
 from tests.etcd import start_etcd, start_etcd_cluster
@@ -177,7 +179,7 @@ class TakeoverTests(unittest.TestCase):
         # A dlock grant for 6 s, and one until disconnect.
         dlock = DlockClient(old.dlock_port)
         release_at = time.time() + 6
-        timed = dlock.ask(dlock_lock(["t1"], release_micro=6_000_000))
+        timed = dlock.ask(dlock_lock(["t1"], release_micro=6_000_000, fencing_tokens=True))
         self.assertEqual(status_name(timed), "Ok")
         self.assertEqual(status_name(dlock.ask(dlock_lock(["d1"], id=2))), "Ok")
         # A JESync lock: connection-bound.
@@ -213,7 +215,7 @@ class TakeoverTests(unittest.TestCase):
         busy = other.ask(dlock_lock(["t1"], id=3, wait_micro=1))
         self.assertEqual(status_name(busy), "AcquireTimeout")
         self.assertLess(time.time(), release_at)
-        waited = other.ask(dlock_lock(["t1"], id=4, wait_micro=10_000_000))
+        waited = other.ask(dlock_lock(["t1"], id=4, wait_micro=10_000_000, fencing_tokens=True))
         self.assertEqual(status_name(waited), "Ok")
         self.assertGreaterEqual(time.time(), release_at - 0.05)
         self.assertGreater(waited.fencing_tokens[0], highest_before)
@@ -236,6 +238,50 @@ class TakeoverTests(unittest.TestCase):
         self.addCleanup(resumed.close)
         self.assertEqual(resumed.ask(f"conn_id {session}"), "200 conn id set")
         self.assertEqual(resumed.ask("owned kept"), "200 owned")
+
+
+#: Hand-overs in L{TokensNearTheClockTests}: SIGTERM ones (fast), then kill -9 ones.
+HANDOVERS = 10
+KILLS = 2
+
+
+class TokensNearTheClockTests(unittest.TestCase):
+    def test_repeated_takeovers_keep_tokens_increasing_and_near_the_clock(self) -> None:
+        """
+        Twelve takeovers in a row (ten SIGTERM hand-overs, then two kill -9),
+        the stopped member started again each time: the first token after
+        each is above every token before, and the last is within AHEAD of
+        the clock (a reservation counted from the old mark would be about
+        AHEAD further ahead with each).
+        """
+        etcd = start_etcd(self)
+        cluster = start_cluster(self, [etcd.endpoint])
+        tokens: List[int] = []
+
+        def first_token(leader: MemberProcess) -> int:
+            client, _ = connect_within(leader.port, b"\n")
+            try:
+                self.assertEqual(client.ask("fencing on"), "FENCING ON")
+                reply = client.ask(f"lock k{len(tokens)} 1 0 60")
+            finally:
+                client.close()
+            self.assertTrue(reply.startswith("GRANTED "), reply)
+            return int(reply.split()[-1])
+
+        leader = cluster.leader()
+        tokens.append(first_token(leader))
+        for number in range(HANDOVERS + KILLS):
+            if number < HANDOVERS:
+                leader.stop()
+            else:
+                leader.kill()
+            new = cluster.leader(besides=[leader])
+            token = first_token(new)
+            self.assertGreater(token, max(tokens), f"takeover {number + 1}")
+            tokens.append(token)
+            leader.start()  # a standby again, for the next takeover
+            leader = new
+        self.assertLessEqual(tokens[-1] - time.time() * 1e6, AHEAD, tokens)
 
 
 @dataclass

@@ -14,7 +14,7 @@ from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.trial.unittest import TestCase
 
 from jesync.cluster.etcd import Delete, EtcdClient, Put
-from jesync.cluster.journal import MAX_OPS, Deposed, Journal, Layout
+from jesync.cluster.journal import MAX_OPS, Deposed, Journal, JournalMark, Layout
 from jesync.protocols.dlock import TimedGrants
 from jesync.service import LockService
 from jesync.sessions import SessionTable
@@ -204,3 +204,22 @@ class JournalTests(TestCase):
             [KeyValue(raw_session, b'{"grace_ms": 7}', 1, 1, 0), KeyValue(raw_key, b"42", 1, 1, 0)]
         )
         self.assertEqual([(r.session_id, r.grace_ms, r.keys) for r in state.sessions], [(odd, 7, {"k/ey": 42})])
+
+    @inlineCallbacks
+    def test_the_fencing_mark_is_durable_once_committed_and_a_token_past_it_ends_the_term(self):
+        mark = JournalMark(self.journal)
+        self.assertEqual(mark.durable, 0)
+        written = mark.write(5 * 10**15)
+        self.assertIsInstance(written, Deferred)
+        self.assertEqual(mark.durable, 0)
+        yield written
+        self.assertEqual(mark.durable, 5 * 10**15)
+        self.assertEqual((yield self.read_back()).mark, 5 * 10**15)
+        # A lower mark asked for later never lowers it.
+        self.assertIsNone(mark.write(4 * 10**15))
+        self.assertEqual(mark.durable, 5 * 10**15)
+        self.assertEqual((yield self.read_back()).mark, 5 * 10**15)
+        mark.passed(5 * 10**15 + 1)
+        self.assertEqual(len(self.failures), 1)
+        self.assertIn("fencing token 5000000000000001 would pass the mark in etcd", self.failures[0])
+        yield self.assertFailure(mark.write(6 * 10**15), Deposed)

@@ -148,6 +148,50 @@ class CertaintyTests(SynchronousTestCase):
         journal.commit()
         self.assertEqual(client.take(), b"")
 
+    def test_a_grant_whose_token_would_pass_the_durable_mark_is_not_told(self) -> None:
+        """
+        The mark in etcd was not renewed in time and the tokens used up the
+        room below it: the grant happens, its token above the mark, but the
+        leader steps down (L{JournalMark.passed}, then the member's
+        C{_journal_failed}: no reply from then on) before telling anyone.
+        """
+        from jesync.fencing import TokenMarkService
+
+        clock = self.server.clock
+        clock.advance(1000)
+        mark = StandInMark(int(clock.seconds() * 1e6) + 10)
+
+        def passed(token: int) -> None:
+            mark.passed_tokens.append(token)
+            self.serving = False
+
+        mark.passed = passed  # type: ignore[method-assign]
+        keeper = TokenMarkService(mark, self.server.service, clock)
+        keeper.startService()
+        self.addCleanup(keeper.stopService)
+        self.server.service.last_token = mark.durable - 1
+        client = self.server.connect()
+        self.assertEqual(client.ask(b"fencing on\nlock a\n"), b"FENCING ON\nGRANTED 1 0 a 120 %d\n" % mark.durable)
+        self.assertEqual(client.ask(b"lock b\n"), b"")
+        self.assertEqual(mark.passed_tokens, [mark.durable + 1])
+        self.assertEqual(self.server.service.status("b").granted, 1)
+
+
+class StandInMark:
+    """A fencing-token mark that is never made durable (etcd does not answer)."""
+
+    path = "etcd (a stand-in)"
+
+    def __init__(self, durable: int) -> None:
+        self.durable = durable
+        self.passed_tokens: List[int] = []
+
+    def write(self, mark: int) -> Deferred[None]:
+        return Deferred()
+
+    def passed(self, token: int) -> None:
+        self.passed_tokens.append(token)
+
 
 class TermTests(SynchronousTestCase):
     """L{jesync.cluster.member.Term}: certain until the TTL minus a margin after the keep-alive was sent."""

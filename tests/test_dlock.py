@@ -20,6 +20,7 @@ having read what was sent, with a bounded timeout.
 from __future__ import annotations
 
 import random
+import socket
 import time
 import warnings
 from collections import Counter
@@ -42,6 +43,7 @@ from jesync.protocols.dlock import DlockFactory
 from jesync.server import CountedFactory
 from jesync.service import LockService
 from tests import test_twistd
+from tests.servers import free_port, start_server
 from tests.support import TIMEOUT, DlockClient, dlock_frame
 from tests.test_operations import TOKEN, Server, ServerTestCase, listening_port, write_file
 
@@ -50,6 +52,9 @@ Response = dlock_pb2.Response
 RequestLock = dlock_pb2.RequestLock
 
 MAX_UINT64 = 2**64 - 1
+#: The fields the reference server's responses carry (temoto/dlock,
+#: dlock-server/handler.go): everything but jesync's fencing_tokens.
+REFERENCE_FIELDS = {"version", "request_id", "status", "error_text", "keys", "server_unix_time"}
 SECOND_NS = 10**9
 # Wait timeouts and expiries fire at most one tick (10 ms) after their time, never before it.
 TICK = 0.01
@@ -63,10 +68,18 @@ def ping(id: int = 1, **fields) -> Request:
     return Request(id=id, type=dlock_pb2.Ping, **fields)
 
 
-def lock(keys, id: int = 1, wait_micro: int = 0, release_micro: int = 0, **fields) -> Request:
-    """A Lock request (C{wait_micro} 0: wait without limit; C{release_micro} 0: held until disconnect)."""
+def lock(
+    keys, id: int = 1, wait_micro: int = 0, release_micro: int = 0, fencing_tokens: bool = False, **fields
+) -> Request:
+    """
+    A Lock request (C{wait_micro} 0: wait without limit; C{release_micro} 0:
+    held until disconnect; C{fencing_tokens}: ask for the keys' tokens, which
+    the reference's clients never do).
+    """
     fields.setdefault("version", 2)
-    body = RequestLock(keys=list(keys), wait_micro=wait_micro, release_micro=release_micro)
+    body = RequestLock(
+        keys=list(keys), wait_micro=wait_micro, release_micro=release_micro, fencing_tokens=fencing_tokens
+    )
     return Request(id=id, type=dlock_pb2.Lock, lock=body, **fields)
 
 
@@ -184,7 +197,7 @@ class ClockTests(SynchronousTestCase):
         unit = UnitDlock()
         holder, waiter = unit.connect(), unit.connect()
         self.assertEqual(outcome(holder.ask(lock(["k"]))[0]), ("Ok", 1, []))
-        self.assertEqual(waiter.ask(lock(["k"], id=5, wait_micro=1_234_567)), [])
+        self.assertEqual(waiter.ask(lock(["k"], id=5, wait_micro=1_234_567, fencing_tokens=True)), [])
         unit.clock.advance(1.234566)
         self.assertEqual(waiter.take(), [])
         unit.clock.advance(TICK + 0.000001)
@@ -205,7 +218,7 @@ class ClockTests(SynchronousTestCase):
         self.assertEqual(outcome(waiter.take()[0]), ("AcquireTimeout", 2, ["b", "d"]))
         self.assertEqual(unit.service.owned(waiter.protocol), 0)
         # The free keys are free: another client takes them at once.
-        (response,) = other.ask(lock(["c", "a"], id=3, wait_micro=1))
+        (response,) = other.ask(lock(["c", "a"], id=3, wait_micro=1, fencing_tokens=True))
         self.assertEqual(outcome(response), ("Ok", 3, []))
         self.assertEqual(len(response.fencing_tokens), 2)
 
@@ -229,8 +242,8 @@ class ClockTests(SynchronousTestCase):
     def test_wait_micro_zero_waits_without_limit(self) -> None:
         unit = UnitDlock(dlock_idle_timeout=None)
         holder, waiter = unit.connect(), unit.connect()
-        (held,) = holder.ask(lock(["k"]))
-        self.assertEqual(waiter.ask(lock(["k"], id=9, wait_micro=0)), [])
+        (held,) = holder.ask(lock(["k"], fencing_tokens=True))
+        self.assertEqual(waiter.ask(lock(["k"], id=9, wait_micro=0, fencing_tokens=True)), [])
         unit.clock.advance(10**6)
         self.assertEqual(waiter.take(), [])
         holder.lose()
@@ -241,11 +254,11 @@ class ClockTests(SynchronousTestCase):
     def test_release_micro_grant_survives_the_close_and_ends_on_time(self) -> None:
         unit = UnitDlock(dlock_idle_timeout=None)
         holder, waiter = unit.connect(), unit.connect()
-        (held,) = holder.ask(lock(["k"], release_micro=5_000_000))
+        (held,) = holder.ask(lock(["k"], release_micro=5_000_000, fencing_tokens=True))
         self.assertEqual(status_name(held), "Ok")
         holder.lose()
         self.assertEqual(unit.holders("k"), 1)
-        self.assertEqual(waiter.ask(lock(["k"], id=4)), [])
+        self.assertEqual(waiter.ask(lock(["k"], id=4, fencing_tokens=True)), [])
         unit.clock.advance(4.999999)
         self.assertEqual(waiter.take(), [])
         self.assertEqual(unit.holders("k"), 1)
@@ -253,6 +266,20 @@ class ClockTests(SynchronousTestCase):
         (granted,) = waiter.take()
         self.assertEqual(outcome(granted), ("Ok", 4, []))
         self.assertGreater(granted.fencing_tokens[0], held.fencing_tokens[0])
+
+    def test_release_micro_of_a_waiting_lock_counts_from_its_grant(self) -> None:
+        """(The reference counted it from when it read the request: a long wait left a shorter hold, or none.)"""
+        unit = UnitDlock(dlock_idle_timeout=None)
+        holder, waiter = unit.connect(), unit.connect()
+        holder.ask(lock(["k"]))
+        self.assertEqual(waiter.ask(lock(["k"], id=2, release_micro=2_000_000)), [])
+        unit.clock.advance(5)
+        holder.lose()
+        self.assertEqual(outcome(waiter.take()[0]), ("Ok", 2, []))
+        unit.clock.advance(1.999)
+        self.assertEqual(unit.holders("k"), 1)
+        unit.clock.advance(TICK + 0.001)
+        self.assertEqual(unit.holders("k"), 0)
 
     def test_release_micro_grant_ends_on_time_while_connected_too(self) -> None:
         unit = UnitDlock(dlock_idle_timeout=None)
@@ -267,8 +294,8 @@ class ClockTests(SynchronousTestCase):
         """A re-lock takes the latest request's release_micro (0: until disconnect), and keeps its token."""
         unit = UnitDlock(dlock_idle_timeout=None)
         holder = unit.connect()
-        (timed,) = holder.ask(lock(["k"], release_micro=10_000_000))
-        (bound,) = holder.ask(lock(["k"], id=2, release_micro=0))
+        (timed,) = holder.ask(lock(["k"], release_micro=10_000_000, fencing_tokens=True))
+        (bound,) = holder.ask(lock(["k"], id=2, release_micro=0, fencing_tokens=True))
         self.assertEqual(outcome(bound), ("Ok", 2, []))
         self.assertEqual(list(bound.fencing_tokens), list(timed.fencing_tokens))
         self.assertEqual(unit.service.holders("k")[0].expires_at, None)
@@ -280,8 +307,8 @@ class ClockTests(SynchronousTestCase):
     def test_relock_until_disconnect_then_timed(self) -> None:
         unit = UnitDlock(dlock_idle_timeout=None)
         holder = unit.connect()
-        (bound,) = holder.ask(lock(["k"]))
-        (timed,) = holder.ask(lock(["k"], id=2, release_micro=3_000_000))
+        (bound,) = holder.ask(lock(["k"], fencing_tokens=True))
+        (timed,) = holder.ask(lock(["k"], id=2, release_micro=3_000_000, fencing_tokens=True))
         self.assertEqual(outcome(timed), ("Ok", 2, []))
         self.assertEqual(list(timed.fencing_tokens), list(bound.fencing_tokens))
         holder.lose()
@@ -451,6 +478,81 @@ class ClockTests(SynchronousTestCase):
         self.assertEqual(unit.factory.timeouts, 1)
 
 
+def field_names(response: Response) -> set:
+    """The fields set in C{response} (a field at its default, as proto3 sends it, is not)."""
+    return {field.name for field, _ in response.ListFields()}
+
+
+class ReplyFieldsTests(SynchronousTestCase):
+    """
+    Fencing tokens go only to a C{Lock} that asks for them (its
+    C{fencing_tokens}, a field the reference's clients never set); every
+    other response is made of the reference's fields only, so a client of the
+    reference reads a response of the reference's size.
+    """
+
+    def test_only_a_granted_lock_that_asks_gets_tokens(self) -> None:
+        unit = UnitDlock(dlock_idle_timeout=None)
+        unit.factory.max_keys = 2
+        holder, client = unit.connect(), unit.connect()
+        holder.ask(lock(["busy"]))
+        client.send(
+            ping(id=1),
+            lock(["a", "b"], id=2),
+            lock(["a", "c"], id=3, fencing_tokens=True),
+            lock(["busy"], id=4, wait_micro=1, fencing_tokens=True),
+            unlock(["a"], id=5),
+            lock([], id=6, fencing_tokens=True),
+            lock(["x", "y", "z"], id=7, fencing_tokens=True),
+            lock(["d"], id=8, version=9, fencing_tokens=True),
+            Request(version=2, id=9, type=7),
+            lock(["e"], id=10, release_micro=60_000_000),
+            lock(["e", "c"], id=11, release_micro=60_000_000, fencing_tokens=True),
+            lock(["e"], id=12),
+        )
+        unit.clock.advance(1)
+        responses = client.take()
+        self.assertEqual(
+            [(status_name(response), response.request_id) for response in responses],
+            [
+                ("Ok", 1),
+                ("Ok", 2),
+                ("Ok", 3),
+                ("AcquireTimeout", 4),
+                ("Ok", 5),
+                ("General", 6),
+                ("TooManyKeys", 7),
+                ("Version", 8),
+                ("InvalidType", 9),
+                ("Ok", 10),
+                ("Ok", 11),
+                ("Ok", 12),
+            ],
+        )
+        with_tokens = {r.request_id: list(r.fencing_tokens) for r in responses if r.fencing_tokens}
+        self.assertEqual(sorted(with_tokens), [3, 11])
+        self.assertEqual(len(with_tokens[3]), 2)
+        # e, taken by request 10, and c, held since request 3 (its token kept).
+        self.assertEqual(with_tokens[11][1], with_tokens[3][1])
+        self.assertEqual([grant.token for grant in unit.service.holders("e")], [with_tokens[11][0]])
+        for response in responses:
+            if response.request_id not in with_tokens:
+                self.assertLessEqual(field_names(response), REFERENCE_FIELDS, response)
+
+    def test_a_lock_that_does_not_ask_is_answered_the_references_bytes(self) -> None:
+        """Whatever the number of keys: version, request_id and server_unix_time, nothing more."""
+        unit = UnitDlock(dlock_idle_timeout=None)
+        client = unit.connect()
+        for id, count in ((0, 1), (1, 200), (2, 1000)):
+            client.send(lock([f"k{n}" for n in range(count)], id=id))
+            data = client.transport.value()
+            client.transport.clear()
+            (response,) = parse_responses(data)
+            reference = Response(version=2, request_id=id, server_unix_time=response.server_unix_time)
+            self.assertEqual(data, dlock_frame(reference))
+            self.assertLessEqual(len(data), 4 + 20)
+
+
 class OptionsTests(SynchronousTestCase):
     """The dlock options, as far as the service makeService builds."""
 
@@ -604,7 +706,7 @@ class OrderTests(DlockTestCase):
         client = yield server.dlock()
         yield holder.ask(lock(["k"]))
         # Both arrive together; the server has read them before the holder lets go.
-        yield server.send(client, dlock_frame(lock(["k"], id=10)) + dlock_frame(ping(id=11)))
+        yield server.send(client, dlock_frame(lock(["k"], id=10, fencing_tokens=True)) + dlock_frame(ping(id=11)))
         self.assertEqual(outcome((yield holder.ask(unlock(["k"], id=1)))), ("Ok", 1, []))
         responses = yield client.read_lines(2)
         self.assertEqual([outcome(r) for r in responses], [("Ok", 10, []), ("Ok", 11, [])])
@@ -617,7 +719,7 @@ class OrderTests(DlockTestCase):
         client = yield server.dlock()
         yield holder.ask(lock(["k"]))
         sent = time.time_ns()
-        responses = yield client.ask(lock(["k"], id=20, wait_micro=200_000), ping(id=21))
+        responses = yield client.ask(lock(["k"], id=20, wait_micro=200_000, fencing_tokens=True), ping(id=21))
         self.assertEqual([outcome(r) for r in responses], [("AcquireTimeout", 20, ["k"]), ("Ok", 21, [])])
         self.assertEqual((responses[0].error_text, list(responses[0].fencing_tokens)), ("", []))
         # The Ping was answered once the Lock's wait was over, not when it arrived.
@@ -638,7 +740,7 @@ class LockTests(DlockTestCase):
         jesync, other = yield server.connect_many(2)
         client = yield server.dlock()
         self.assertEqual((yield jesync.ask(b"lock K\n")), b"GRANTED 1 0 K 120\n")
-        yield server.send(client, dlock_frame(lock(["L", "K", "M"], id=1, wait_micro=500_000)))
+        yield server.send(client, dlock_frame(lock(["L", "K", "M"], id=1, wait_micro=500_000, fencing_tokens=True)))
         yield self.assertStatus(other, b"L", 0, 1)
         yield self.assertStatus(other, b"K", 1, 1)
         other.send(b"lock L 1 5\n")
@@ -654,8 +756,8 @@ class LockTests(DlockTestCase):
         server = yield self.start()
         holder = yield server.dlock()
         client = yield server.dlock()
-        first = yield holder.ask(lock(["k", "j"]))
-        yield server.send(client, dlock_frame(lock(["j"], id=3, wait_micro=0)))
+        first = yield holder.ask(lock(["k", "j"], fencing_tokens=True))
+        yield server.send(client, dlock_frame(lock(["j"], id=3, wait_micro=0, fencing_tokens=True)))
         yield server.drop(holder)
         granted = yield client.read_line()
         self.assertEqual(outcome(granted), ("Ok", 3, []))
@@ -682,16 +784,16 @@ class LockTests(DlockTestCase):
         jesync = yield server.jesync()
         # Timed, then until disconnect: the close frees it.
         client = yield server.dlock()
-        timed = yield client.ask(lock(["k"], release_micro=60_000_000))
-        bound = yield client.ask(lock(["k"], id=2))
+        timed = yield client.ask(lock(["k"], release_micro=60_000_000, fencing_tokens=True))
+        bound = yield client.ask(lock(["k"], id=2, fencing_tokens=True))
         self.assertEqual(outcome(bound), ("Ok", 2, []))
         self.assertEqual(list(bound.fencing_tokens), list(timed.fencing_tokens))
         yield server.drop(client)
         yield self.assertStatus(jesync, b"k", 0, 0)
         # Until disconnect, then timed: it outlives the close, until its time runs out.
         client = yield server.dlock()
-        bound = yield client.ask(lock(["k"]))
-        timed = yield client.ask(lock(["k"], id=2, release_micro=500_000))
+        bound = yield client.ask(lock(["k"], fencing_tokens=True))
+        timed = yield client.ask(lock(["k"], id=2, release_micro=500_000, fencing_tokens=True))
         self.assertEqual(list(timed.fencing_tokens), list(bound.fencing_tokens))
         yield server.drop(client)
         self.assertEqual((yield jesync.ask(b"lock k 1 0\n")), b"TIMEOUT 1 0 k\n")
@@ -713,7 +815,7 @@ class LockTests(DlockTestCase):
         self.assertEqual(outcome((yield client.ask(lock(["good", "a b"], id=21)))), ("General", 21, []))
         yield self.assertStatus(jesync, b"good", 0, 0)
         # Three distinct keys (one given twice), and keys of 8 bytes, are fine.
-        response = yield client.ask(lock(["a", "b", "a", "c", "b"], id=22))
+        response = yield client.ask(lock(["a", "b", "a", "c", "b"], id=22, fencing_tokens=True))
         self.assertEqual((outcome(response), len(response.fencing_tokens)), (("Ok", 22, []), 3))
         self.assertEqual(outcome((yield client.ask(lock(["12345678", "é" * 4], id=23)))), ("Ok", 23, []))
         self.assertEqual(outcome((yield client.ask(unlock([], id=24)))), ("General", 24, []))
@@ -782,7 +884,7 @@ class LockTests(DlockTestCase):
             Request(version=2, id=3, type=dlock_pb2.Invalid),
             ping(id=4, version=3),
             ping(id=5, version=1),
-            lock(["k"], id=6, version=0),
+            lock(["k"], id=6, version=0, fencing_tokens=True),
             unlock(["k"], id=7, version=0),
             lock(["k"], id=8, version=99),
         )
@@ -891,7 +993,7 @@ class CrossProtocolTests(DlockTestCase):
         server = yield self.start()
         jesync, waiter = yield server.connect_many(2)
         client = yield server.dlock()
-        granted = yield client.ask(lock(["K"]))
+        granted = yield client.ask(lock(["K"], fencing_tokens=True))
         (token,) = granted.fencing_tokens
         self.assertEqual((yield jesync.ask(b"lock K 1 0\n")), b"TIMEOUT 1 0 K\n")
         yield self.assertStatus(jesync, b"K", 1, 0)
@@ -923,14 +1025,14 @@ class FencingTests(DlockTestCase):
         server = yield self.start()
         jesync = yield server.jesync()
         client = yield server.dlock()
-        first = yield client.ask(lock(["a", "b", "a", "c"]))
+        first = yield client.ask(lock(["a", "b", "a", "c"], fencing_tokens=True))
         tokens = list(first.fencing_tokens)
         self.assertEqual(len(tokens), 3)
         self.assertEqual(tokens, sorted(set(tokens)))  # distinct, in the request's order of keys
-        second = yield client.ask(lock(["d"], id=2))
+        second = yield client.ask(lock(["d"], id=2, fencing_tokens=True))
         self.assertGreater(second.fencing_tokens[0], tokens[-1])
         # Renewals keep their tokens; a new key in the same request gets a new one.
-        renewed = yield client.ask(lock(["c", "e", "a"], id=3, release_micro=60_000_000))
+        renewed = yield client.ask(lock(["c", "e", "a"], id=3, release_micro=60_000_000, fencing_tokens=True))
         c, e, a = renewed.fencing_tokens
         self.assertEqual((c, a), (tokens[2], tokens[0]))
         self.assertGreater(e, second.fencing_tokens[0])
@@ -939,8 +1041,25 @@ class FencingTests(DlockTestCase):
             self.assertRegex(listing, rb"^HOLDER %s \S+ \d+ \d+ %d\nEND\n$" % (key, token))
         yield client.ask(unlock(["a", "b", "c", "d", "e"], id=4))
         # Granted again: a new, larger token.
-        again = yield client.ask(lock(["a"], id=5))
+        again = yield client.ask(lock(["a"], id=5, fencing_tokens=True))
         self.assertGreater(again.fencing_tokens[0], e)
+
+    @inlineCallbacks
+    def test_a_lock_of_max_keys_that_asks_gets_a_token_per_key(self):
+        server = yield self.start()
+        client = yield server.dlock()
+        keys = [f"many.{n}" for n in range(1000)]
+        plain = yield client.ask(lock(keys[:500], id=1))
+        self.assertEqual((outcome(plain), field_names(plain) <= REFERENCE_FIELDS), (("Ok", 1, []), True))
+        asked = yield client.ask(lock(keys, id=2, fencing_tokens=True))
+        self.assertEqual(outcome(asked), ("Ok", 2, []))
+        tokens = list(asked.fencing_tokens)
+        self.assertEqual(len(tokens), 1000)
+        self.assertEqual(len(set(tokens)), 1000)
+        # The first 500 were held (renewed, their tokens kept), the others new and larger.
+        self.assertLess(max(tokens[:500]), min(tokens[500:]))
+        holders = yield (yield server.jesync()).ask(b"holders many.999\n", 2)
+        self.assertTrue(holders.endswith(b" %d\nEND\n" % tokens[-1]), holders)
 
 
 class CountTests(DlockTestCase):
@@ -997,6 +1116,104 @@ class CountTests(DlockTestCase):
             warnings.filterwarnings("ignore", "Using readBody", DeprecationWarning)
             body = readBody(response)
         return (yield body.addTimeout(TIMEOUT, reactor))
+
+
+class GoClientReader:
+    """
+    Reads responses as temoto/dlock's Go client does (dlock-client/client.go,
+    dlock/io.go): a C{bufio.Reader} of 4096 bytes over the socket, and
+    C{ReadMessage}'s two C{Read} calls, one for the 4-byte length and one for
+    the body, each taking what the buffer holds or else at most one C{recv}.
+    A body cut short is used as it is, zero-padded, as the client does; what
+    was left unread is then taken as the start of the next response.
+    """
+
+    BUFFER = 4096
+    MAX_MESSAGE = 16 << 10  # the client's -max-message default
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffered = b""
+        self.short_reads = 0
+
+    def read(self, size: int) -> bytes:
+        """Go's C{bufio.Reader.Read} of C{size} bytes."""
+        if size == 0:
+            return b""
+        if not self.buffered:
+            if size >= self.BUFFER:
+                return self.sock.recv(size)
+            self.buffered = self.sock.recv(self.BUFFER)
+            if not self.buffered:
+                raise EOFError("the server closed the connection")
+        data, self.buffered = self.buffered[:size], self.buffered[size:]
+        return data
+
+    def read_message(self) -> Response:
+        """C{dlock.ReadMessage}."""
+        head = self.read(4)
+        size = int.from_bytes(head.ljust(4, b"\0"), "big")
+        if size > self.MAX_MESSAGE:
+            raise AssertionError(f"Advertised message size exceeds configured limit ({size})")
+        body = self.read(size)
+        if len(head) < 4 or len(body) < size:
+            self.short_reads += 1
+        return Response.FromString(body.ljust(size, b"\0"))
+
+
+class OldClientTests(SynchronousTestCase):
+    """
+    A client of the reference that reads each response with one C{Read} (as
+    temoto/dlock's Go client does), against C{twistd jesync} over real TCP,
+    on a connection that delivers small segments: a C{Lock} of
+    C{--dlock-max-keys} keys is answered the reference's few bytes, so a
+    C{Ping} behind it reads its own response.
+
+    Small segments: the client sets C{TCP_MAXSEG} 1400 before it connects,
+    so its SYN announces that MSS and the server sends it segments of at most
+    1400 bytes (1388 with timestamps), as across an Ethernet path, not
+    loopback's 64 KiB; and a small C{SO_RCVBUF} (2048, the kernel doubles
+    it; the Go client's C{-read-buffer} sets the same), so the receive window
+    lets about one segment in before the client reads, as a real network's
+    spacing of segments does.  Against the server that sent every Lock its
+    tokens, this client failed at 175 keys here (the issue's "from ~175-200
+    keys"), and at 510 keys with neither option (its "above ~510 keys on
+    loopback"): C{Ping} read the Lock's leftover bytes as its length,
+    "Advertised message size exceeds configured limit".  Both are plain
+    socket options: no root, unlike a network namespace with a 1500-byte MTU.
+    """
+
+    def connect(self, port: int) -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.addCleanup(sock.close)
+        sock.settimeout(TIMEOUT)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 2048)
+        maxseg = getattr(socket, "TCP_MAXSEG", None)
+        if maxseg is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, maxseg, 1400)
+        sock.connect(("127.0.0.1", port))
+        if maxseg is not None:
+            self.assertLessEqual(sock.getsockopt(socket.IPPROTO_TCP, maxseg), 1400)
+        return sock
+
+    def test_a_lock_of_max_keys_then_a_ping_on_one_connection(self) -> None:
+        port = free_port()
+        start_server(self, extra_args=["--dlock-port", f"tcp:{port}:interface=127.0.0.1", "--dlock-max-keys", "1000"])
+        sock = self.connect(port)
+        reader = GoClientReader(sock)
+        keys = [f"old.{n}" for n in range(1000)]  # (1000 keys in a request under 16 KiB)
+        # As the Go client sends them: version 2, no id.
+        for count in (175, 510, 1000):
+            sock.sendall(dlock_frame(lock(keys[:count], id=0)))
+            locked = reader.read_message()
+            self.assertEqual((outcome(locked), list(locked.fencing_tokens)), (("Ok", 0, []), []), count)
+            reference = Response(version=2, server_unix_time=locked.server_unix_time)
+            self.assertEqual(locked.ByteSize(), reference.ByteSize(), count)
+            sock.sendall(dlock_frame(ping(id=0)))
+            self.assertEqual(outcome(reader.read_message()), ("Ok", 0, []), count)
+        sock.sendall(dlock_frame(unlock(keys, id=0)))
+        self.assertEqual(outcome(reader.read_message()), ("Ok", 0, []))
+        self.assertEqual((reader.short_reads, reader.buffered), (0, b""))
 
 
 class TwistdTests(TestCase):

@@ -9,12 +9,12 @@ from __future__ import annotations
 import os
 import time
 
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.task import Clock
 from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
 
-from jesync.fencing import AHEAD, EVERY, MARK_FILE, TokenMark, TokenMarkService
+from jesync.fencing import AHEAD, EVERY, MARK_FILE, RENEW_BELOW, ROOM, TokenMark, TokenMarkService
 from jesync.server import ServerSettings, build_server
 from jesync.service import LockService
 from tests.test_operations_twistd import LOCAL, TwistdTestCase
@@ -81,38 +81,163 @@ class TokenMarkTests(SynchronousTestCase):
         self.assertRaises(usage.UsageError, parse, "--state-dir", os.path.join(self.directory, "absent"))
         self.assertEqual(parse("--state-dir", self.directory)["state-dir"], self.directory)
 
-    def test_kept_ahead_while_running_and_at_the_stop(self) -> None:
+    def test_reserved_ahead_of_the_clock_and_renewed_every_few_seconds(self) -> None:
         clock = Clock()
         clock.advance(1000)
-        service = LockService(clock)
+        service = LockService(clock, first_token=self.mark.read())
         keeper = TokenMarkService(self.mark, service, clock)
         keeper.startService()
         self.assertEqual(self.mark.read(), 1000 * 10**6 + AHEAD)
-        # Tokens running ahead of the clock (many grants) push the mark on.
-        service.last_token = 1000 * 10**6 + AHEAD // 2 + 1
-        clock.advance(EVERY)
-        self.assertEqual(self.mark.read(), service.last_token + AHEAD)
-        # The clock alone does too, before it could catch up with the mark.
-        for _ in range(int(AHEAD / 1e6 / EVERY)):
+        marks = []
+        for _ in range(int(60 / EVERY)):
             clock.advance(EVERY)
-            self.assertGreater(self.mark.read(), clock.seconds() * 1e6 + AHEAD // 2 - EVERY * 1e6)
-        service.request("k", "a", expires=0)
-        written = self.mark.read()
+            now = int(clock.seconds() * 1e6)
+            mark = self.mark.read()
+            # never more than AHEAD ahead, never less than RENEW_BELOW less a check
+            self.assertLessEqual(mark, now + AHEAD)
+            self.assertGreaterEqual(mark, now + RENEW_BELOW - EVERY * 1e6)
+            self.assertEqual(service.token_check, mark - ROOM // 2)
+            marks.append(mark)
+            token = service.request(f"k{now}", "a", expires=0).token
+            self.assertEqual(token, now)
+        written = len(set(marks))
+        # written at the start, then every AHEAD - RENEW_BELOW seconds plus
+        # a check (4 s), not at every check
+        self.assertEqual(written, 1 + 60 * 10**6 // (AHEAD - RENEW_BELOW + int(EVERY * 1e6)))
         keeper.stopService()
-        # still ahead at the stop (connections are still being closed then)
-        self.assertGreaterEqual(self.mark.read(), written)
-        self.assertGreater(self.mark.read(), service.last_token + AHEAD // 2)
         self.assertEqual(clock.getDelayedCalls(), [])
+
+    def test_restarts_do_not_add_up(self) -> None:
+        """Twenty restarts in quick succession: each first token above every earlier one, within AHEAD of the clock."""
+        clock = Clock()
+        clock.advance(1000)
+        tokens: list = []
+        for _ in range(20):
+            mark = TokenMark(self.directory)
+            service = LockService(clock, first_token=mark.read())
+            keeper = TokenMarkService(mark, service, clock)
+            keeper.startService()
+            clock.advance(0.001)
+            token = service.request("k", "a").token
+            self.assertGreater(token, max(tokens, default=0))
+            self.assertLessEqual(token - clock.seconds() * 1e6, AHEAD)
+            tokens.append(token)
+            service.request("burst", "a", max_concurrent=1000)
+            clock.advance(0.2)
+            keeper.stopService()
+            self.assertGreaterEqual(mark.read(), service.last_token)
+        # The mark only ever held AHEAD of the clock that wrote it.
+        self.assertLessEqual(TokenMark(self.directory).read(), clock.seconds() * 1e6 + AHEAD)
+
+    def test_a_burst_of_grants_renews_the_mark_before_passing_it(self) -> None:
+        """Tokens faster than the clock (it stands still here): the file is written again before any passes it."""
+        clock = Clock()
+        clock.advance(1000)
+        service = LockService(clock, first_token=self.mark.read())
+        keeper = TokenMarkService(self.mark, service, clock)
+        keeper.startService()
+        service.last_token = self.mark.read() - ROOM // 2 - 3
+        for number in range(ROOM + 10):
+            token = service.request(f"k{number}", "a").token
+            self.assertLessEqual(token, keeper.durable)
+            if number % 1000 == 0:
+                self.assertEqual(keeper.durable, self.mark.read())
+        self.assertEqual(token, 1000 * 10**6 + AHEAD - ROOM // 2 - 3 + ROOM + 10)
+        self.assertEqual(keeper.durable, self.mark.read())
+        self.assertGreaterEqual(self.mark.read(), token + ROOM // 2)
+        self.assertEqual(keeper.passed, 0)
+        keeper.stopService()
+
+    def test_a_clock_stepped_past_the_mark_is_not_followed_until_it_is_renewed(self) -> None:
+        clock = Clock()
+        clock.advance(1000)
+        mark = DelayedMark(1000 * 10**6)
+        service = LockService(clock, first_token=mark.durable)
+        keeper = TokenMarkService(mark, service, clock)
+        keeper.startService()
+        mark.commit()
+        ceiling = mark.durable
+        self.assertEqual(ceiling, 1000 * 10**6 + AHEAD)
+        first = service.request("a", "a").token
+        # The clock steps an hour forward; the renewal is not durable yet.
+        clock.advance(3600)
+        self.assertEqual(len(mark.pending), 1)
+        tokens = [service.request(f"k{n}", "a").token for n in range(5)]
+        self.assertEqual(tokens, [first + n for n in range(1, 6)])
+        self.assertTrue(all(token <= ceiling for token in tokens))
+        # Once it is, tokens follow the clock again.
+        mark.commit()
+        self.assertEqual(mark.durable, int(clock.seconds() * 1e6) + AHEAD)
+        self.assertEqual(service.request("later", "a").token, int(clock.seconds() * 1e6))
+        self.assertEqual(mark.passed_tokens, [])
+        keeper.stopService()
+
+    def test_tokens_that_use_up_the_room_before_the_renewal_lands_are_reported(self) -> None:
+        """The cluster's mark steps the leader down then (L{JournalMark.passed}); the keeper reports it."""
+        clock = Clock()
+        clock.advance(1000)
+        mark = DelayedMark(1000 * 10**6)
+        service = LockService(clock, first_token=mark.durable)
+        keeper = TokenMarkService(mark, service, clock)
+        keeper.startService()
+        mark.commit()
+        service.last_token = mark.durable - ROOM // 2
+        tokens = [service.request(f"k{n}", "a").token for n in range(ROOM // 2)]
+        # a renewal was asked for at once, once and only once
+        self.assertEqual(len(mark.pending), 1)
+        self.assertEqual(mark.pending[0][0], mark.durable - ROOM // 2 + 1 + ROOM)
+        self.assertEqual(tokens[-1], mark.durable)
+        self.assertEqual(mark.passed_tokens, [])
+        self.assertEqual(keeper.passed, 0)
+        over = service.request("over", "a").token
+        self.assertEqual(mark.passed_tokens, [over])
+        self.assertEqual(over, mark.durable + 1)
+        self.assertEqual(keeper.passed, 1)
+        keeper.stopService()
 
     def test_build_server_starts_above_the_mark(self) -> None:
         self.mark.write(4 * 10**18)
         clock = Clock()
         server = build_server(clock, ServerSettings(ports=[], state_dir=self.directory))
-        self.assertEqual(server.locks.request("k", "a").token, 4 * 10**18 + 1)
         server.startService()
-        self.assertEqual(self.mark.read(), 4 * 10**18 + 1 + AHEAD)
+        # (the clock is far behind this mark: tokens run ahead of it by one each)
+        self.assertEqual(self.mark.read(), 4 * 10**18 + ROOM)
+        self.assertEqual(server.locks.request("k", "a").token, 4 * 10**18 + 1)
         server.stopService()
-        self.assertEqual(self.mark.read(), 4 * 10**18 + 1 + AHEAD)
+        self.assertEqual(self.mark.read(), 4 * 10**18 + ROOM)
+        # Stopped, its tokens still stay below the mark (connections are
+        # still being closed then, and hand locks on).
+        server.locks.last_token = 4 * 10**18 + ROOM - 1
+        self.assertEqual(server.locks.request("j", "a").token, 4 * 10**18 + ROOM)
+        self.assertGreater(self.mark.read(), 4 * 10**18 + ROOM)
+
+
+class DelayedMark:
+    """A mark that is durable only when the test says (as in etcd)."""
+
+    path = "the test's mark"
+
+    def __init__(self, durable: int) -> None:
+        self.durable = durable
+        self.pending: list = []
+        self.passed_tokens: list = []
+
+    def write(self, mark: int) -> Deferred:
+        written: Deferred = Deferred()
+        self.pending.append((mark, written))
+        return written
+
+    def commit(self) -> None:
+        pending, self.pending = self.pending, []
+        for mark, written in pending:
+            self.durable = max(self.durable, mark)
+            written.callback(None)
+
+    def passed(self, token: int) -> None:
+        self.passed_tokens.append(token)
+
+#: How many times L{RestartTests} restarts a server with a state directory.
+RESTARTS = 20
 
 
 class RestartTests(TwistdTestCase):
@@ -142,6 +267,18 @@ class RestartTests(TwistdTestCase):
         TokenMark(directory).write(ahead)
         first = yield self.granted_token("--state-dir", directory)
         self.assertEqual(first, ahead + 1)
-        self.assertGreater(TokenMark(directory).read(), first + AHEAD // 2)
+        self.assertEqual(TokenMark(directory).read(), ahead + ROOM)
         second = yield self.granted_token("--state-dir", directory)
-        self.assertGreaterEqual(second, first + AHEAD)
+        self.assertEqual(second, ahead + ROOM + 1)
+
+    @inlineCallbacks
+    def test_with_state_restarts_keep_tokens_near_the_clock(self):
+        """Restart after restart, tokens stay above every earlier one and within AHEAD of the clock."""
+        directory = short_temp_dir(self)
+        tokens = []
+        for _ in range(RESTARTS):
+            token = yield self.granted_token("--state-dir", directory)
+            self.assertGreater(token, max(tokens, default=0))
+            tokens.append(token)
+        self.assertLessEqual(tokens[-1] - time.time() * 1e6, AHEAD)
+        self.assertLessEqual(TokenMark(directory).read() - time.time() * 1e6, AHEAD)

@@ -11,12 +11,13 @@ real TCP, never through RSS.
 
 from __future__ import annotations
 
+from twisted.internet.address import IPv4Address
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
-from jesync.connections.listings import FREE_ROWS, LINE_OVERHEAD, ROW_BYTES, ListingBudget
+from jesync.connections.listings import FREE_ROWS, LINE_OVERHEAD, REFERENCE_BYTES, ROW_BYTES, ListingBudget
 from jesync.errors import LimitReached
 from tests.support import UnitServer
 from tests.test_connection_rules import hold_keys, wait_until
@@ -327,3 +328,59 @@ class ListingBudgetTCPTests(ServerTestCase):
         replies = yield reader.read_lines(len(listing) + 1, timeout=20)
         self.assertEqual(replies[-2:], [b"STATUS 1 0 one-more\n", b"END\n"])
         yield wait_until(lambda: budget.held == 0)
+
+
+class KeysTests(SynchronousTestCase):
+    """memcached's C{keys} (yrmcds's), text and binary: charged until sent, refused past the budget."""
+
+    KEYS = 3000
+
+    def setUp(self) -> None:
+        from tests.test_memcache_protocol import Unit
+
+        self.unit = Unit()
+        self.budget = self.unit.factory.policy.listings = ListingBudget(self.KEYS * REFERENCE_BYTES * 3 // 2, self.unit.clock)
+        self.keys = [b"key.%06d" % n for n in range(self.KEYS)]
+        for key in self.keys:
+            self.unit.store.store("set", key, b"v", 0, 0, None)
+
+    def not_reading(self):
+        from tests.support import UnitClient
+
+        peer = IPv4Address("TCP", "127.0.0.1", 41000 + len(self.unit.factory.policy.connections))
+        transport = FullTransport(peerAddress=peer)
+        protocol = self.unit.factory.buildProtocol(peer)
+        protocol.makeConnection(transport)
+        return UnitClient(protocol, transport)
+
+    def test_text(self) -> None:
+        slow = self.not_reading()
+        self.assertTrue(slow.ask(b"keys key.\r\n").startswith(b"VALUE key."))
+        self.assertEqual(self.budget.held, self.KEYS * REFERENCE_BYTES)
+        other = self.unit.connect()
+        self.assertEqual(
+            other.ask(b"keys\r\n"), b"SERVER_ERROR max-listing-memory exceeded (%d)\r\n" % self.budget.limit
+        )
+        slow.lose()
+        self.assertEqual(self.budget.held, 0)
+        other.send(b"keys key.00000\r\n")
+        drain(self.unit.clock)
+        self.assertEqual(other.take().count(b"VALUE key.00000"), 10)
+        self.assertEqual(self.budget.held, 0)
+
+    def test_binary(self) -> None:
+        from tests.test_memcache_protocol import binary, responses
+
+        slow = self.not_reading()
+        slow.send(binary(0x50, b"key.", opaque=1))
+        self.assertEqual(self.budget.held, self.KEYS * REFERENCE_BYTES)
+        other = self.unit.connect()
+        refused = responses(other.ask(binary(0x50, b"key.", opaque=2)))
+        self.assertEqual(
+            refused, [(0x50, 0x86, 2, b"", b"", b"max-listing-memory exceeded (%d)" % self.budget.limit)]
+        )
+        slow.transport.high_water = 10**9  # (it reads at last)
+        slow.protocol.resumeProducing()
+        drain(self.unit.clock)
+        self.assertEqual(len(responses(slow.take())), self.KEYS + 1)
+        self.assertEqual(self.budget.held, 0)

@@ -4,10 +4,11 @@ subprocesses, spoken to with C{pymemcache} (the text protocol), raw sockets
 (exact text replies, the binary protocol) and a JESync client on C{--port}
 (the lock table the objects' locks live in).
 
-Three servers serve the whole module, each started when a test first needs
+Four servers serve the whole module, each started when a test first needs
 it and stopped by L{tearDownModule}: the default one, a small one
 (C{--memcache-memory 64k --memcache-max-item 1024}) for oversized requests
-and eviction, and one with C{--auth-token-file}.  Every test uses keys of its
+and eviction, one for yrmcds's C{keys} listings (which see every object of
+their server), and one with C{--auth-token-file}.  Every test uses keys of its
 own, and leaves the server as it found it: its connections are closed and
 the test waits until the server has seen them go (no memcached connection
 left but the one asking, nothing in the lock table).
@@ -52,6 +53,7 @@ SASL_LIST_MECHS, SASL_AUTH = 0x20, 0x21
 GATK, GATKQ = 0x23, 0x24
 LOCK, LOCKQ, UNLOCK, UNLOCKQ, UNLOCK_ALL, UNLOCK_ALLQ = range(0x40, 0x46)
 LAG, LAGQ, LAGK, LAGKQ, RAU, RAUQ = range(0x46, 0x4C)
+KEYS = 0x50
 
 SUCCESS = 0x0000
 KEY_NOT_FOUND = 0x0001
@@ -114,8 +116,15 @@ class Response(NamedTuple):
 class RawClient:
     """A blocking socket whose every read waits at most L{TIMEOUT}."""
 
-    def __init__(self, port: int) -> None:
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+    def __init__(self, port: int, receive_buffer: Optional[int] = None) -> None:
+        if receive_buffer is None:
+            self.sock = socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT)
+        else:
+            # (set before connecting, so the window the server sees stays that small)
+            self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+            self.sock.settimeout(TIMEOUT)
+            self.sock.connect(("127.0.0.1", port))
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.buffer = b""
 
@@ -290,13 +299,15 @@ def _token_file() -> str:
 
 
 def server(kind: str) -> Server:
-    """The module's server of this kind (C{default}, C{small}, C{auth}), started when first asked for."""
+    """The module's server of this kind (C{default}, C{small}, C{listing}, C{auth}), started when first asked for."""
     if kind not in _SERVERS:
         port = free_port()
         args = ["--memcache-port", f"tcp:{port}:interface=127.0.0.1"]
         token = None
         if kind == "small":
             args += ["--memcache-memory", "64k", "--memcache-max-item", "1024"]
+        elif kind == "listing":
+            pass  # (a server of its own: what a listing of every key shows is the test's alone)
         elif kind == "auth":
             args += ["--auth-token-file", _token_file()]
             token = TOKEN
@@ -334,8 +345,8 @@ class MemcacheTestCase(unittest.TestCase):
         if self.server.auth_token is not None:
             self.assertEqual(client.store(b"auth", b"user " + self.server.auth_token), b"STORED\r\n")
 
-    def text(self, authenticate: bool = True) -> TextClient:
-        client = TextClient(self.server.memcache_port)
+    def text(self, authenticate: bool = True, receive_buffer: Optional[int] = None) -> TextClient:
+        client = TextClient(self.server.memcache_port, receive_buffer)
         self._closers.append(client.close)
         if authenticate:
             self._authenticate_text(client)
@@ -636,6 +647,77 @@ class TextCommandTests(MemcacheTestCase):
         key = self.key()
         client.store(key, b"not a number")
         self.assertNothingBefore(client, b"incr %s 1 noreply\r\n" % key)
+
+    def test_noreply_silences_argument_errors_as_memcached(self) -> None:
+        # Probed byte by byte against memcached 1.6.18: a command that takes
+        # noreply and ends with it is silent once its number of fields is
+        # right, whatever its other arguments are (libmemcached's memccapable
+        # sends "verbosity noreply", with no level); a pipelining client reads
+        # no stray error as the reply to its next command.
+        client = self.text()
+        key, text = self.key(), self.key("text")
+        client.store(text, b"not a number")
+        long_key = b"k" * 251
+        self.assertNothingBefore(
+            client,
+            b"verbosity noreply\r\n",
+            b"verbosity x noreply\r\n",
+            b"verbosity 1 noreply\r\n",
+            b"touch %s noreply\r\n" % key,
+            b"touch %s x noreply\r\n" % key,
+            b"touch %s 10 noreply\r\n" % long_key,
+            b"flush_all x noreply\r\n",
+            b"delete %s 1 noreply\r\n" % key,
+            b"delete %s x noreply\r\n" % key,
+            b"delete %s noreply\r\n" % long_key,
+            b"incr %s noreply\r\n" % key,
+            b"incr %s x noreply\r\n" % key,
+            b"decr %s -1 noreply\r\n" % key,
+            b"incr %s 1 noreply\r\n" % text,
+            b"incr %s 1 noreply\r\n" % long_key,
+        )
+        # A storage command silenced so is not stored; its data line is then
+        # read as a command (ERROR), as memcached does.
+        for line in (
+            b"set %s x 0 1 noreply" % key,
+            b"set %s 0 x 1 noreply" % key,
+            b"set %s 0 0 x noreply" % key,
+            b"set %s 0 0 -1 noreply" % key,
+            b"set %s 0 0 noreply" % key,
+            b"cas %s 0 0 1 noreply" % key,
+            b"cas %s 0 0 1 x noreply" % key,
+            b"set %s 0 0 1 noreply" % long_key,
+        ):
+            self.assertEqual(client.ask(line + b"\r\nv\r\n"), b"ERROR\r\n", line)
+        self.assertEqual(client.get(key), b"END\r\n")
+        self.assertEqual(client.value_of(text), b"not a number")
+
+    def test_noreply_is_the_last_field_of_a_command_with_the_right_count(self) -> None:
+        # ... and only then (memcached 1.6.18's replies, byte for byte).
+        client = self.text()
+        key = self.key()
+        for line, reply in (
+            # too many or too few fields: ERROR, noreply or not
+            (b"verbosity 1 2 noreply", b"ERROR\r\n"),
+            (b"touch %s 10 x noreply" % key, b"ERROR\r\n"),
+            (b"touch noreply", b"ERROR\r\n"),
+            (b"flush_all 0 noreply x", b"ERROR\r\n"),
+            (b"delete %s 0 noreply x" % key, b"ERROR\r\n"),
+            # a last field that is not noreply: ignored, and answered
+            (b"verbosity 1 2", b"OK\r\n"),
+            (b"touch %s 10 x" % key, b"NOT_FOUND\r\n"),
+            (b"incr %s 1 x" % key, b"NOT_FOUND\r\n"),
+            (b"flush_all 0 x", b"OK\r\n"),
+            # noreply where a number should be, and not last: that number's error
+            (b"flush_all noreply x", b"CLIENT_ERROR invalid exptime argument\r\n"),
+            (b"delete %s 0 x" % key, b"CLIENT_ERROR bad command line format.  Usage: delete <key> [noreply]\r\n"),
+            # "delete noreply" deletes the key "noreply"
+            (b"delete noreply", b"NOT_FOUND\r\n"),
+            # commands that take no noreply answer all the same
+            (b"get %s noreply" % key, b"END\r\n"),
+        ):
+            self.assertEqual(client.ask(line + b"\r\n"), reply, line)
+        self.assertNothingBefore(client, b"delete %s 0 noreply\r\n" % key, b"flush_all 0 noreply\r\n")
 
     def test_pipelining(self) -> None:
         client = self.text()
@@ -1295,6 +1377,134 @@ class BinaryLockTests(MemcacheTestCase):
 
 
 # == across protocols ==================================================================
+
+
+# == yrmcds's Keys ==================================================================
+
+
+def keys_response(key: bytes, opaque: int) -> bytes:
+    """One response of a binary Keys reply, as yrmcds 1.1.9 sends it (a key only; no key: the last)."""
+    return HEADER.pack(RESPONSE_MAGIC, KEYS, len(key), 0, 0, SUCCESS, len(key), opaque, 0) + key
+
+
+class KeysTests(MemcacheTestCase):
+    """
+    yrmcds's C{Keys} (text C{keys [prefix]}, binary 0x50): the keys of the
+    store's objects that start with a prefix, from a snapshot taken at once,
+    streamed.  The replies' bytes are those yrmcds 1.1.9 sends (probed).
+    """
+
+    kind = "listing"
+
+    def setUp(self) -> None:
+        super().setUp()
+        self.assertEqual(self.text().ask(b"flush_all\r\n"), b"OK\r\n")
+
+    def listed(self, client: TextClient, command: bytes) -> List[bytes]:
+        """The keys a text C{keys} command lists, in the order sent."""
+        reply = client.ask_until(command + b"\r\n")
+        lines = reply.split(b"\r\n")
+        self.assertEqual(lines[-2:], [b"END", b""])
+        self.assertTrue(all(line.startswith(b"VALUE ") for line in lines[:-2]), reply[:200])
+        return [line[len(b"VALUE ") :] for line in lines[:-2]]
+
+    def test_text_keys(self) -> None:
+        client = self.text()
+        self.assertEqual(client.ask(b"keys\r\n"), b"END\r\n")
+        for key in (b"apple", b"apricot", b"banana"):
+            client.store(key, b"v", flags=5)
+        # a lock-table key with no object is not listed; a locked object is
+        self.assertEqual(self.jesync().ask(b"lock only-a-lock 1 0\n"), b"GRANTED 1 0 only-a-lock 120\n")
+        self.assertEqual(client.ask(b"lock banana\r\n"), b"OK\r\n")
+        self.assertIn(
+            client.ask(b"keys ap\r\n", 3),
+            (b"VALUE apple\r\nVALUE apricot\r\nEND\r\n", b"VALUE apricot\r\nVALUE apple\r\nEND\r\n"),
+        )
+        self.assertEqual(sorted(self.listed(client, b"keys")), [b"apple", b"apricot", b"banana"])
+        self.assertEqual(self.listed(client, b"keys apple"), [b"apple"])
+        self.assertEqual(self.listed(client, b"keys zz"), [])
+        # (what follows the prefix is ignored, as yrmcds does; and noreply is a prefix)
+        self.assertEqual(self.listed(client, b"keys  ban  extra"), [b"banana"])
+        self.assertEqual(self.listed(client, b"keys noreply"), [])
+
+    def test_binary_keys(self) -> None:
+        text, client = self.text(), self.binary()
+        for key in (b"apple", b"apricot", b"banana"):
+            text.store(key, b"v", flags=5)
+        # (in no particular order, as yrmcds's)
+        client.send(request(KEYS, b"ap", opaque=0x1234, cas=5))
+        apple, apricot = keys_response(b"apple", 0x1234), keys_response(b"apricot", 0x1234)
+        self.assertIn(
+            client.exactly(len(apple) + len(apricot) + 24),
+            (apple + apricot + keys_response(b"", 0x1234), apricot + apple + keys_response(b"", 0x1234)),
+        )
+        client.send(request(KEYS, opaque=7))
+        listed = []
+        while True:
+            response = client.read()
+            self.assertEqual(
+                (response.opcode, response.status, response.opaque, response.extras, response.value),
+                (KEYS, SUCCESS, 7, b"", b""),
+            )
+            if not response.key:
+                break
+            listed.append(response.key)
+        self.assertEqual(sorted(listed), [b"apple", b"apricot", b"banana"])
+        client.send(request(KEYS, b"zz", opaque=8))
+        self.assertEqual(client.exactly(24), keys_response(b"", 8))
+        # extras, a value or a key over 250 bytes: an invalid request, and the connection goes on
+        for packet in (
+            request(KEYS, b"ap", extras=b"\0\0\0\0", opaque=9),
+            request(KEYS, b"ap", value=b"v", opaque=10),
+            request(KEYS, b"a" * 251, opaque=11),
+        ):
+            client.send(packet)
+            reply = client.read()
+            self.assertEqual(
+                (reply.opcode, reply.status, reply.opaque), (KEYS, INVALID_ARGUMENTS, HEADER.unpack_from(packet)[7])
+            )
+        self.assertEqual(client.call(NOOP, opaque=12).opaque, 12)
+
+    def test_expired_objects_are_not_listed(self) -> None:
+        client = self.text()
+        client.store(b"live", b"v")
+        client.store(b"gone-now", b"v", exptime=-1)  # (stored, and expired at once)
+        client.store(b"gone-long-ago", b"v", exptime=1_000_000_000)  # (an absolute time in the past)
+        client.store(b"touched-away", b"v")
+        self.assertEqual(client.ask(b"touch touched-away -1\r\n"), b"TOUCHED\r\n")
+        # locked, then its time ran out: live until it is unlocked, as a get sees it
+        client.store(b"locked", b"v")
+        self.assertEqual(client.ask(b"lock locked\r\n"), b"OK\r\n")
+        self.assertEqual(client.ask(b"touch locked -1\r\n"), b"TOUCHED\r\n")
+        self.assertEqual(sorted(self.listed(client, b"keys")), [b"live", b"locked"])
+        self.assertEqual(client.ask(b"unlock locked\r\n"), b"OK\r\n")
+        self.assertEqual(self.listed(client, b"keys"), [b"live"])
+
+    def test_a_large_listing_is_streamed_and_a_reader_that_stops_holds_up_no_one(self) -> None:
+        # 40,000 keys of 200 bytes: an 8 MB listing, more than the socket
+        # buffers hold, so the server must wait for the reader to take it.
+        writer = self.text()
+        keys = [b"big.%06d." % n + b"x" * 189 for n in range(40_000)]
+        writer.send(b"".join(b"set %s 0 0 1 noreply\r\nv\r\n" % key for key in keys))
+        self.assertTrue(writer.version_line().startswith(b"VERSION "))
+        reader = self.text(receive_buffer=65536)
+        reader.send(b"keys big.\r\n")
+        first = reader.line()  # (the listing has begun: its snapshot is taken)
+        self.assertTrue(first.startswith(b"VALUE big."), first)
+        # While the reader reads nothing more, everyone else is served at once,
+        # and what they change is not in the listing already taken.
+        other = self.text()
+        self.assertEqual(other.ask(b"delete %s\r\n" % keys[-1]), b"DELETED\r\n")
+        self.assertEqual(other.store(b"big.after", b"v"), b"STORED\r\n")
+        self.assertEqual(other.value_of(keys[0]), b"v")
+        self.assertEqual(sorted(self.listed(other, b"keys big.00000")), keys[:10])
+        binary = self.binary()
+        self.assertEqual(binary.call(GET, keys[1]).value, b"v")
+        # The reader then gets the whole listing, as it was when asked for.
+        rest = reader.until(b"END\r\n")
+        listed = [first[len(b"VALUE ") : -2]] + [line[len(b"VALUE ") :] for line in rest.split(b"\r\n")[:-2]]
+        self.assertEqual(sorted(listed), keys)
+        self.assertEqual(self.listed(reader, b"keys big.after"), [b"big.after"])
 
 
 class CrossProtocolTests(MemcacheTestCase):

@@ -121,6 +121,41 @@ class MixedTests(SynchronousTestCase):
             data += client.take()
         self.assertEqual(data, expected * 200 + b"END\r\nVERSION 1.6.0-jesync\r\n")
 
+    def test_keys_is_a_snapshot_streamed_turn_by_turn(self) -> None:
+        unit = Unit()
+        client = unit.connect()
+        # (1,800 keys of 200 bytes fill most of the unit's 1 MiB store)
+        keys = [b"key.%06d." % n + b"k" * 189 for n in range(1_800)]
+        self.assertEqual(len(keys[0]), 200)
+        for key in keys:
+            unit.store.store("set", key, b"v", 0, 0, None)
+        first = client.ask(b"keys key.\r\nversion\r\n")
+        self.assertLess(len(first), 100_000)  # (a 370 KB listing: not sent in one turn)
+        # written after the listing was taken: not in it
+        unit.store.store("set", b"key.late", b"v", 0, 0, None)
+        unit.store.delete(keys[-1], None)
+        data = first
+        for _ in range(20):
+            unit.clock.advance(0)
+            data += client.take()
+        listing, end, rest = data.partition(b"END\r\n")
+        self.assertEqual(sorted(listing.split(b"\r\n")[:-1]), [b"VALUE " + key for key in keys])
+        self.assertEqual((end, rest), (b"END\r\n", b"VERSION 1.6.0-jesync\r\n"))
+
+    def test_binary_keys_streamed(self) -> None:
+        unit = Unit()
+        client = unit.connect()
+        keys = [b"key.%06d." % n + b"k" * 189 for n in range(1_800)]
+        for key in keys:
+            unit.store.store("set", key, b"v", 0, 0, None)
+        data = client.ask(binary(0x50, b"key.", opaque=3) + binary(0x0A, opaque=4))
+        for _ in range(20):
+            unit.clock.advance(0)
+            data += client.take()
+        found = responses(data)
+        self.assertEqual(sorted(found[:-2]), [(0x50, 0, 3, b"", key, b"") for key in keys])
+        self.assertEqual(found[-2:], [(0x50, 0, 3, b"", b"", b""), (0x0A, 0, 4, b"", b"", b"")])
+
     def test_line_too_long_closes(self) -> None:
         unit = Unit()
         other = unit.connect()

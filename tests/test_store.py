@@ -191,6 +191,45 @@ class ExpiryTests(StoreTestCase):
         self.assertEqual((self.value(b"old"), self.value(b"during")), (None, None))
 
 
+class KeysTests(StoreTestCase):
+    """yrmcds's Keys: the keys of the live objects with a prefix, a snapshot that touches nothing."""
+
+    def test_prefix_and_snapshot(self) -> None:
+        for key in (b"apple", b"apricot", b"banana"):
+            self.set(key)
+        self.assertEqual(sorted(self.store.keys()), [b"apple", b"apricot", b"banana"])
+        self.assertEqual(sorted(self.store.keys(b"ap")), [b"apple", b"apricot"])
+        self.assertEqual(self.store.keys(b"apples"), [])
+        # listing is no use: it counts no hit and moves nothing
+        self.store.get(b"apple")
+        listed = self.store.keys()
+        self.assertEqual(self.store.keys(), listed)
+        self.assertEqual((self.store.hits, self.store.misses), (1, 0))
+        # a snapshot: later writes leave it as it was
+        self.store.delete(b"banana", A)
+        self.set(b"cherry")
+        self.assertEqual(sorted(listed), [b"apple", b"apricot", b"banana"])
+        self.assertEqual(sorted(self.store.keys()), [b"apple", b"apricot", b"cherry"])
+
+    def test_expired_objects_are_left_out_and_left_in_place(self) -> None:
+        self.set(b"never")
+        self.set(b"soon", exptime=10)
+        self.set(b"locked", exptime=10)
+        self.assertEqual(self.store.lock(b"locked", A), Outcome.OK)
+        self.assertEqual(sorted(self.store.keys()), [b"locked", b"never", b"soon"])
+        self.clock.advance(10)
+        self.assertEqual(sorted(self.store.keys()), [b"locked", b"never"])
+        self.assertEqual(self.store.keys(b"so"), [])
+        self.assertEqual(len(self.store), 3)  # (removed by a read or the sweep, not by a listing)
+        self.store.unlock(b"locked", A)
+        self.assertEqual(self.store.keys(), [b"never"])
+
+    def test_lock_table_keys_are_not_objects(self) -> None:
+        self.set(b"object")
+        self.locks.request("lock-only", B, 1, 0, 0)
+        self.assertEqual(self.store.keys(), [b"object"])
+
+
 class MemoryTests(StoreTestCase):
     def test_least_recently_used_evicted(self) -> None:
         value = b"x" * 900

@@ -5,12 +5,14 @@ twistd subcommand, and the real thing, run as a subprocess of the checkout.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import shutil
 import sys
 import tempfile
 
+import twisted
 from twisted.application.internet import StreamServerEndpointService
 from twisted.application.service import IServiceMaker, MultiService
 from twisted.internet import reactor
@@ -29,7 +31,7 @@ from twisted.plugin import getPlugins
 from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from jesync import tap
+from jesync import __version__, tap
 from jesync.protocols.jesync import JESyncFactory
 from jesync.service import LockService
 from tests.support import TIMEOUT, ConnectionTracker, LineClient
@@ -129,6 +131,204 @@ class OptionsTests(SynchronousTestCase):
         self.assertIn("--port=", text)
         self.assertIn("--verbose", text)
         self.assertIn("twistd -n jesync --port 7777\n", text)
+
+
+def help_sections(options: tap.Options) -> list[tuple[str, dict[str, str]]]:
+    """
+    C{options}' --help, wide enough not to wrap, as its sections in order:
+    each title, and the options in it (whole name: description).
+    """
+    sections: list[tuple[str, dict[str, str]]] = []
+    for line in options.getUsage(width=500).splitlines():
+        if re.fullmatch(r"[A-Z][a-z]+:", line):
+            sections.append((line[:-1], {}))
+            continue
+        row = re.fullmatch(r"  (?:-\w, |    )--([a-z-]+)=? +(.*)", line)
+        if row:
+            rows = sections[-1][1]
+            assert row.group(1) not in rows, f"listed twice: {line}"
+            rows[row.group(1)] = row.group(2)
+    return sections
+
+
+class HelpTests(SynchronousTestCase):
+    """--help: the options in groups, each once, with defaults that can be typed back."""
+
+    def test_groups_in_order(self) -> None:
+        sections = help_sections(tap.Options())
+        self.assertEqual(
+            [title for title, _ in sections], ["Listeners", "Limits", "Security", "Cluster", "Operations", "Examples"]
+        )
+        groups = dict(sections)
+        self.assertEqual(list(groups["Listeners"])[0], "port")
+        self.assertEqual(
+            list(groups["Listeners"]), ["port", "elock-port", "dlock-port", "memcache-port", "admin-port", "metrics"]
+        )
+        self.assertIn("max-keys", groups["Limits"])
+        self.assertIn("memcache-memory", groups["Limits"])
+        self.assertEqual(
+            list(groups["Security"]), ["auth-token-file", "auth-token-grace", "auth-timeout", "protected-mode"]
+        )
+        self.assertEqual(list(groups["Cluster"]), ["etcd", "cluster", "lease-ttl"])
+        self.assertEqual(list(groups["Operations"])[-3:], ["verbose", "version", "help"])
+        self.assertEqual(groups["Examples"], {})
+
+    def test_every_option_once(self) -> None:
+        options = tap.Options()
+        listed = [name for _, names in help_sections(options) for name in names]
+        self.assertEqual(sorted(listed), sorted(options.whole_names()))
+        self.assertEqual(len(listed), len(set(listed)))
+        # the short forms are shown with their options
+        self.assertIn("  -p, --port=", options.getUsage(width=80))
+        self.assertIn("  -v, --verbose ", options.getUsage(width=80))
+
+    def test_groups_must_name_every_option(self) -> None:
+        """An option left out of the groups (or named in two) is the code's mistake, found at once."""
+
+        class Forgotten(tap.Options):
+            optParameters = [["new-limit", None, 1, "A limit added without a group.", tap.limit]]
+
+        error = self.assertRaises(TypeError, Forgotten)
+        self.assertEqual(str(error), "Options.groups: options in no group: ['new-limit']; unknown or in two: []")
+
+        class Twice(tap.Options):
+            groups = (*tap.Options.groups, ("More", ("port", "no-such")))
+
+        error = self.assertRaises(TypeError, Twice)
+        self.assertEqual(str(error), "Options.groups: options in no group: []; unknown or in two: ['no-such', 'port']")
+
+    def test_defaults_as_typed(self) -> None:
+        rows = {name: text for _, names in help_sections(tap.Options()) for name, text in names.items()}
+        for name, shown in [
+            ("memcache-memory", "64m"),
+            ("memcache-max-item", "1m"),
+            ("keepalive", "60"),
+            ("idle-timeout", "0"),
+            ("auth-token-grace", "300"),
+            ("shutdown-grace", "5"),
+            ("max-unsent", "4194304"),  # a whole number of bytes: the option takes no unit
+            ("protected-mode", "on"),
+            ("port", "11400"),
+        ]:
+            self.assertTrue(rows[name].endswith(f" [default: {shown}]"), (name, rows[name]))
+        self.assertNotIn("[default:", rows["auth-token-file"])
+        self.assertNotIn("[default:", rows["verbose"])
+        # Every default shown, typed back, is the default.
+        defaults = parse()
+        typed_back = 0
+        for name, text in rows.items():
+            shown = re.search(r" \[default: ([^\]]+)\]$", text)
+            if shown and name in defaults:
+                typed_back += 1
+                self.assertEqual(parse(f"--{name}={shown.group(1)}")[name], defaults[name], name)
+                self.assertEqual(parse(f"--{name}", shown.group(1))[name], defaults[name], name)
+        self.assertGreaterEqual(typed_back, 20)
+
+    def test_sizes_and_seconds_read_back(self) -> None:
+        for value, text in [(64 * 1024**2, "64m"), (1024**3, "1g"), (1536, "1536"), (512 * 1024, "512k"), (1, "1")]:
+            self.assertEqual(tap.size_text(value), text)
+            self.assertEqual(tap.size(text), value)
+        for number, text in [(60.0, "60"), (0.0, "0"), (0.25, "0.25"), (1234567.0, "1234567")]:
+            self.assertEqual(tap.seconds_text(number), text)
+            self.assertEqual(tap.seconds(text), number)
+
+
+class VersionTests(SynchronousTestCase):
+    def test_version(self) -> None:
+        """--version names jesync's version first, then Twisted's, and exits with status 0."""
+        out = io.StringIO()
+        self.patch(sys, "stdout", out)
+        error = self.assertRaises(SystemExit, parse, "--version")
+        self.assertEqual(error.code, 0)
+        self.assertEqual(out.getvalue(), tap.version_text() + "\n")
+        self.assertTrue(out.getvalue().startswith(f"jesync {__version__} (Twisted {twisted.__version__}, "))
+        self.assertRegex(out.getvalue(), r"^jesync \S+ \(Twisted \S+, (CPython|PyPy) 3\.\d+\.\d+\S*\)\n$")
+
+
+class WholeNameTests(SynchronousTestCase):
+    """Long options only by their whole names: getopt would take any unambiguous prefix."""
+
+    def refused(self, *argv: str) -> list[str]:
+        return str(self.assertRaises(usage.UsageError, parse, *argv)).split("\n")
+
+    def test_abbreviation_refused_with_suggestion(self) -> None:
+        for argv, name, suggestion in [
+            (["--por", "7777"], "por", "--port"),
+            (["--por=7777"], "por", "--port"),
+            (["--prot", "7777"], "prot", "--protected-mode or --port"),
+            (["--verb"], "verb", "--verbose"),
+            (["--vers"], "vers", "--version"),
+            (["--max-key", "5"], "max-key", "--max-key-length or --max-keys"),
+            (["-v", "--port", "7777", "--memcache-mem=1g"], "memcache-mem", "--memcache-memory or --memcache-max-item"),
+        ]:
+            self.assertEqual(
+                self.refused(*argv),
+                [f"unknown option --{name} (options are given by their whole names)", f"Did you mean {suggestion}?"],
+                argv,
+            )
+
+    def test_misspelling_gets_a_suggestion(self) -> None:
+        self.assertEqual(
+            self.refused("--max-conections=5"), ["unknown option --max-conections", "Did you mean --max-connections?"]
+        )
+        self.assertEqual(self.refused("--stat-dir", "/tmp"), ["unknown option --stat-dir", "Did you mean --state-dir?"])
+        self.assertEqual(self.refused("--nope"), ["unknown option --nope"])
+
+    def test_whole_names_in_every_form(self) -> None:
+        for argv in [["--port", "7777"], ["--port=7777"], ["-p", "7777"], ["-p7777"], ["-vp", "7777"], ["-vp7777"]]:
+            self.assertEqual(parse(*argv)["ports"], ["tcp:7777"], argv)
+        self.assertEqual(parse("--memcache-memory", "1g", "--verbose")["memcache-memory"], 1024**3)
+
+    def test_values_are_not_options(self) -> None:
+        """A value that looks like an option is the value (as getopt takes it), not an abbreviation."""
+        for argv in [["--auth-token-file", "--por"], ["-v", "--auth-token-file", "--por"]]:
+            (line,) = self.refused(*argv)
+            self.assertTrue(line.startswith("--auth-token-file: cannot read --por: "), line)
+        # after "--" or a non-option, getopt reads no more options: nor does the check
+        self.assertEqual(self.refused("--", "--por"), ["Wrong number of arguments."])
+        self.assertEqual(self.refused("extra", "--por"), ["Wrong number of arguments."])
+
+    def test_under_twistd(self) -> None:
+        """The refusal, its suggestion and the hint; twistd's own options, before jesync, are twistd's business."""
+        from twisted.scripts.twistd import ServerOptions
+
+        error = self.assertRaises(SystemExit, ServerOptions().parseOptions, ["--nodaemon", "jesync", "--por", "7777"])
+        self.assertEqual(
+            error.code,
+            "twistd jesync: unknown option --por (options are given by their whole names)\n"
+            "Did you mean --port?\n" + tap.HELP_HINT,
+        )
+        options = ServerOptions()
+        options.parseOptions(["--nodaemon", "--pidfile=", "jesync", "--port=7777", "-v"])
+        self.assertEqual((options["nodaemon"], options["pidfile"]), (True, ""))
+        self.assertEqual(options.subOptions["ports"], ["tcp:7777"])
+
+
+class ReadmeTests(SynchronousTestCase):
+    """What README's "Running it" says twistd jesync prints is what it prints."""
+
+    def setUp(self) -> None:
+        with open(os.path.join(REPOSITORY, "README.md"), encoding="utf-8") as file:
+            self.text = " ".join(file.read().split())
+
+    def test_refusal(self) -> None:
+        lines = str(self.assertRaises(usage.UsageError, parse, "--por", "7777")).split("\n")
+        self.assertIn("`--por 7777` is refused (`unknown option --por`, then `Did you mean --port?`)", self.text)
+        self.assertTrue(lines[0].startswith("unknown option --por"), lines)
+        self.assertEqual(lines[1], "Did you mean --port?")
+
+    def test_version(self) -> None:
+        shown = re.search(r"`twistd jesync --version` prints .*?\(`(jesync [^`]*)`\)", self.text)
+        assert shown is not None
+        pattern = r"jesync (\S+) \(Twisted \S+, (?:CPython|PyPy) 3\.\d+\.\d+\S*\)"
+        example = re.fullmatch(pattern, shown.group(1))
+        assert example is not None, shown.group(1)
+        self.assertEqual(example.group(1), __version__)
+        self.assertRegex(tap.version_text(), "^" + pattern + "$")
+
+    def test_groups(self) -> None:
+        titles = [title.lower() for title, _ in tap.Options.groups]
+        self.assertIn(f"in groups: {', '.join(titles)};", self.text)
 
 
 class MakeServiceTests(SynchronousTestCase):
@@ -451,6 +651,24 @@ class TwistdTests(TestCase):
             b"twistd jesync: --port bogus:1: Unknown endpoint type: 'bogus'\n" + tap.HELP_HINT.encode() + b"\n",
         )
         self.assertNotIn(b"--max-keys", process.output)
+
+    @inlineCallbacks
+    def test_version(self):
+        process = self.spawn("jesync", "--version")
+        self.assertIsInstance((yield process.wait_ended()), ProcessDone)
+        self.assertEqual(process.output, tap.version_text().encode() + b"\n")
+
+    @inlineCallbacks
+    def test_abbreviated_option_refused(self):
+        """--por is not --port: the error, a suggestion and the hint, status 1, and no server."""
+        process = self.run_server("--por", "0")
+        assert_usage_error_status(self, (yield process.wait_ended()))
+        self.assertEqual(
+            process.errors,
+            b"twistd jesync: unknown option --por (options are given by their whole names)\n"
+            b"Did you mean --port?\n" + tap.HELP_HINT.encode() + b"\n",
+        )
+        self.assertEqual(process.output, process.errors)
 
     @inlineCallbacks
     def test_help_is_whole(self):

@@ -32,6 +32,7 @@ from jesync.client.aio import AsyncClient, AsyncLock
 from jesync.client.blocking import Client, Lock
 from jesync.client.elock import ELockClient, ELockHandle
 from jesync.client.errors import (
+    AccessRefused,
     AuthFailed,
     ClientError,
     ConnectFailed,
@@ -70,6 +71,7 @@ __all__ = [
     "DEFAULT_SERVER",
     "AsyncClient",
     "AsyncLock",
+    "AccessRefused",
     "AuthFailed",
     "Client",
     "ClientError",

@@ -29,7 +29,7 @@ from jesync.client.errors import ConnectFailed, ConnectionLost, LockLost, descri
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
 from jesync.client.pipeline import discard
-from jesync.client.session import Session
+from jesync.client.session import SERVER_CLOSED, Session
 from jesync.client.wire import (
     PING_KEY,
     Holder,
@@ -109,7 +109,7 @@ class _Protocol(asyncio.Protocol):
         self.connection.data_received(data)
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
-        self.connection.fail(describe(exc) if exc else "the server closed the connection")
+        self.connection.fail(describe(exc) if exc else SERVER_CLOSED, by_server=True)
 
 
 class _Connection:
@@ -278,15 +278,21 @@ class _Connection:
         for lock in self.session.take_lost():
             lock._notify_lost()
 
-    def fail(self, reason: str) -> None:
-        """Close the connection: outstanding requests fail, held locks are lost."""
+    def fail(self, reason: str, by_server: bool = False) -> None:
+        """
+        Close the connection (C{by_server}: the server has closed it):
+        outstanding requests fail, held locks are lost.
+        """
         if self._silence is not None:
             self._silence.cancel()
             self._silence = None
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
-        self.session.fail(reason)
+        if by_server:
+            self.session.server_closed(reason)
+        else:
+            self.session.fail(reason)
         if self._transport is not None:
             self._transport.abort()
         self._tell_lost()

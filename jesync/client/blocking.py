@@ -31,7 +31,7 @@ from jesync.client.config import (
 from jesync.client.errors import ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
-from jesync.client.session import Session
+from jesync.client.session import SERVER_CLOSED, Session
 from jesync.client.wire import (
     PING_KEY,
     Holder,
@@ -77,6 +77,8 @@ class _TLS:
         self._outgoing = ssl.MemoryBIO()
         self._tls = context.wrap_bio(self._incoming, self._outgoing, server_hostname=server_name)
         self._sock = sock
+        #: whether the server has ended TLS (its close_notify was read)
+        self.ended = False
 
     def handshake(self) -> None:
         """Blocking, within the socket's timeout; raise OSError (ssl.SSLError for TLS's failures)."""
@@ -106,20 +108,28 @@ class _TLS:
     def received(self, data: bytes) -> bytes:
         """
         The plaintext C{data} (ciphertext from the socket) completes (under
-        the connection's mutex); raise ssl.SSLZeroReturnError once the server
-        has ended TLS, ssl.SSLError for a broken stream.
+        the connection's mutex), up to the server's end of TLS if it came
+        with it (then L{ended} is true: the plaintext before it, such as
+        the server's reason for closing, is still returned); raise
+        ssl.SSLError for a broken stream.
         """
         self._incoming.write(data)
         plain = []
-        while True:
+        while not self.ended:
             try:
                 chunk = self._tls.read(65536)
             except ssl.SSLWantReadError:
                 break
+            except ssl.SSLZeroReturnError:
+                chunk = b""
             if not chunk:
-                raise ssl.SSLZeroReturnError("the server ended TLS")
+                self.ended = True
             plain.append(chunk)
-        self._flush()  # whatever TLS itself has to answer
+        try:
+            self._flush()  # whatever TLS itself has to answer
+        except OSError:
+            if not self.ended:
+                raise
         return b"".join(plain)
 
 
@@ -350,7 +360,8 @@ class _Connection:
             pass
 
     def _read_until_closed(self) -> None:
-        reason = "the server closed the connection"
+        reason = SERVER_CLOSED
+        by_server = True  # whether the server ended the connection (else the client gave it up)
         tick = None if self._read_timeout is None else min(1.0, self._read_timeout / 2)
         splitter = LineSplitter()
         try:
@@ -360,11 +371,11 @@ class _Connection:
                     ready = selector.select(self._wake_in(tick))
                     overdue = self._expire_overdue()
                     if overdue is not None:
-                        reason = overdue
+                        reason, by_server = overdue, False
                         break
                     if not ready:
                         if self._overdue():
-                            reason = f"no reply within {self._read_timeout:g} s"
+                            reason, by_server = f"no reply within {self._read_timeout:g} s", False
                             break
                         continue
                     data = self._sock.recv(65536)
@@ -372,18 +383,24 @@ class _Connection:
                         break
                     with self._mutex:
                         self._quiet_since = time.monotonic()
+                        ended = False
                         if self._tls is not None:
                             data = self._tls.received(data)
+                            ended = self._tls.ended
                         for line in splitter.feed(data):
                             self.session.line_received(line)
                     self._tell_lost()
+                    if ended:
+                        break
         except UnexpectedReply as error:
-            reason = str(error)
-        except ssl.SSLZeroReturnError:
-            pass
+            reason, by_server = str(error), False
         except OSError as error:
             reason = describe(error)
         finally:
+            if by_server:
+                # What the server said before it closed (read above, even after a send failed) tells why.
+                with self._mutex:
+                    self.session.server_closed(self._send_error or reason)
             self.fail(self._send_error or reason)
             self._sock.close()
 
@@ -498,7 +515,8 @@ class Client:
         want (their C{--auth-token-file}); it is sent as C{auth <token>} first
         on every connection, read from the file again for each.  None:
         C{$JESYNC_AUTH_TOKEN_FILE}, else no token.  A refused token raises
-        L{AuthFailed}.
+        L{AuthFailed}; a server whose protected mode refuses this client,
+        L{AccessRefused} (each with the server's line).
     @param tls: connect to TCP servers with TLS (their C{--port ssl:...}),
         checking their certificate and name.  None: C{$JESYNC_TLS}, else on
         if a CA file or server name is given (by argument or variable).

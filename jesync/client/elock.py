@@ -31,7 +31,6 @@ from __future__ import annotations
 import logging
 import selectors
 import socket
-import ssl
 import threading
 import time
 from collections import deque
@@ -44,6 +43,7 @@ from jesync.client.blocking import open_connection, start_background
 from jesync.client.config import CONNECT_RETRIES, RETRY_BACKOFF, RETRY_BACKOFF_MAX, Backoff, ConnectOptions
 from jesync.client.elock_wire import AGAIN, ELockReply, Owned, Request
 from jesync.client.errors import (
+    AccessRefused,
     AuthFailed,
     ClientError,
     ConnectFailed,
@@ -65,6 +65,8 @@ MAX_FAILOVERS_PER_REQUEST = 3
 OWNED_BATCH = 128
 #: The server's answer to a wrong token, or to a request before C{auth} when it wants one.
 AUTH_REFUSED = ELockReply(403, "auth failed")
+#: How a server in protected mode refuses a client not on its host (the start of its only line).
+PROTECTED_MODE = "protected mode:"
 #: The longest pause between heartbeats (a shorter grace period pings more often).
 HEARTBEAT_MAX = 5.0
 
@@ -76,7 +78,11 @@ class _Broken(Exception):
 
 
 class _AuthRefused(Exception):
-    """The server refused the connection's token, or wants one (C{403 auth failed}; it closes the connection)."""
+    """
+    The server refused the connection: its token, or for want of one
+    (C{403 auth failed}), or in protected mode (C{503 protected mode: ...});
+    it closes the connection.  The argument is its reply.
+    """
 
 
 class _Refused(Exception):
@@ -232,14 +238,41 @@ class _Connection:
             reply = elock_wire.parse_reply(self._lines.popleft())
         except UnexpectedReply as error:
             raise _Broken(str(error)) from None
-        if reply == AUTH_REFUSED:
-            raise _AuthRefused(str(reply))
+        if reply == AUTH_REFUSED or (reply.status == 503 and reply.text.startswith(PROTECTED_MODE)):
+            raise _AuthRefused(reply)
         return reply
 
     def ask(self, lines: Sequence[bytes], timeout: float) -> list[ELockReply]:
-        """Send C{lines} together; their replies, each within C{timeout} of the one before."""
-        self.send(b"".join(lines))
-        return [self.reply(timeout) for _ in lines]
+        """
+        Send C{lines} together; their replies, each within C{timeout} of the
+        one before.  If the server closes the connection after an error
+        reply, that reply is the reason of the L{_Broken}.
+        """
+        replies: list[ELockReply] = []
+        try:
+            try:
+                self.send(b"".join(lines))
+            except _Broken:
+                self._read_what_is_there()  # the server may have said why before it closed
+                if not self._lines:
+                    raise
+                replies.append(self.reply(0))
+                raise
+            while len(replies) < len(lines):
+                replies.append(self.reply(timeout))
+        except _Broken as broken:
+            if replies and replies[-1].status >= 400:
+                raise _Broken(f"the server closed the connection: {replies[-1]}") from broken
+            raise
+        return replies
+
+    def _read_what_is_there(self) -> None:
+        """Read the lines already received, without waiting."""
+        try:
+            while not self._lines and self._selector.select(0):
+                self._receive()
+        except _Broken:
+            pass
 
     def watch(self, timeout: float, wake: socket.socket) -> None:
         """
@@ -262,10 +295,8 @@ class _Connection:
             if not data:
                 raise _Broken("the server closed the connection")
             if self._tls is not None:
-                data = self._tls.received(data)
+                data = self._tls.received(data)  # (after the server's end of TLS, the next recv is the end of file)
             self._lines.extend(self._splitter.feed(data))
-        except ssl.SSLZeroReturnError:
-            raise _Broken("the server closed the connection") from None
         except UnexpectedReply as error:
             raise _Broken(str(error)) from None
         except OSError as error:
@@ -305,7 +336,9 @@ class ELockClient:
         retries with the same backoff for the grace period instead.
 
     Making it connects and starts the session (raising L{ConnectFailed} or
-    L{AuthFailed} if no member lets it).  If the session cannot be resumed
+    L{AccessRefused} if no member lets it: a refused or missing token is
+    L{AuthFailed}, protected mode an L{AccessRefused}, with the server's
+    line).  If the session cannot be resumed
     within its grace period, every lock is reported lost, the request that
     was waiting raises L{ConnectionLost}, and the next request starts a new
     session.
@@ -663,13 +696,17 @@ class ELockClient:
     def _authenticate(self, connection: _Connection, opening: list[bytes], lines: list[bytes]) -> list[ELockReply]:
         """
         Send C{opening} (C{auth <token>}, or nothing) and C{lines}; the
-        replies to C{lines}.  Raise L{AuthFailed} if the server refuses the
+        replies to C{lines}.  Raise L{AccessRefused} if the server refuses
+        the connection (protected mode), L{AuthFailed} if it refuses the
         token, or wants one and got none.
         """
         try:
             replies = connection.ask(opening + lines, self.read_timeout)
         except _AuthRefused as refusal:
-            raise AuthFailed(str(connection.address), str(refusal), bool(opening)) from None
+            (reply,) = refusal.args
+            if reply != AUTH_REFUSED:
+                raise AccessRefused(str(connection.address), str(reply)) from None
+            raise AuthFailed(str(connection.address), str(reply), bool(opening)) from None
         if opening and replies[0].status != 200:
             raise AuthFailed(str(connection.address), str(replies[0]), True)
         return replies[len(opening) :]
@@ -691,7 +728,7 @@ class ELockClient:
         return replies[len(head) :]
 
     def _start_session(self) -> None:
-        """Connect to a member and start a new session; raise L{ConnectFailed} (or L{AuthFailed})."""
+        """Connect to a member and start a new session; raise L{ConnectFailed} (or L{AccessRefused})."""
         backoff = self.options.backoff(None, time.monotonic())
         while True:
             failures = []
@@ -756,7 +793,7 @@ class ELockClient:
             for index, address in self._members_from(self._member_index):
                 try:
                     held = self._resume(address, keys)
-                except AuthFailed as error:
+                except AccessRefused as error:  # a refused token too: trying again cannot mend it
                     failures.append(str(error))
                     break
                 except ConnectFailed as error:

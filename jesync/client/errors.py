@@ -14,6 +14,7 @@ from typing import Optional, Sequence
 from jesync.errors import LockTimeout
 
 __all__ = [
+    "AccessRefused",
     "AuthFailed",
     "ClientError",
     "ConnectFailed",
@@ -75,7 +76,23 @@ class ConnectFailed(ConnectionLost):
         self.retryable = retryable
 
 
-class AuthFailed(ServerError):
+class AccessRefused(ServerError):
+    """
+    The server refused this client the connection and closed it, saying why
+    in C{message} (its last line, word for word): protected mode (the
+    server has no auth token and this client is not on its host), or, as
+    L{AuthFailed}, a refused or missing auth token.  C{address} is the
+    server.  Connecting again would fail the same way, so it is not retried;
+    what the message says must change first (on the server or here).
+    """
+
+    def __init__(self, address: str, message: str, hint: str = "the server refused the connection") -> None:
+        super().__init__(message)
+        self.address = address
+        self.args = (f"{address}: {hint} ({message})",)
+
+
+class AuthFailed(AccessRefused):
     """
     The server refused the connection's C{auth <token>}, or needs one and
     none was sent (set C{auth_token_file}, or C{JESYNC_AUTH_TOKEN_FILE}); it
@@ -85,14 +102,12 @@ class AuthFailed(ServerError):
     """
 
     def __init__(self, address: str, message: str, sent_token: bool) -> None:
-        super().__init__(message)
-        self.address = address
         hint = (
             "the server refused the auth token"
             if sent_token
             else "the server needs an auth token: set JESYNC_AUTH_TOKEN_FILE (or auth_token_file)"
         )
-        self.args = (f"{address}: {hint} ({message})",)
+        super().__init__(address, message, hint)
 
 
 class KeyBusy(ClientError):

@@ -17,6 +17,22 @@ consistent.
    expired) or cut off by the connection returns False and leaves the handle
    lost.
 
+The server's last words: a server that closes a connection on its own says
+why first, in one line (PROTOCOL.md: protected mode, max-connections, auth,
+auth-timeout, idle-timeout).  Whatever the order in which that line, the
+client's first requests and the close cross on the wire, the client reports
+that line, never a bare "closed" or "Broken pipe":
+
+ - C{INVALID_PARAMETER: protected mode: ...}, whenever it arrives (even
+   before anything was sent), fails the session with L{AccessRefused}.
+ - C{INVALID_PARAMETER: auth failed} in answer to the handshake fails it
+   with L{AuthFailed}.
+ - Any other error line that answers no request, or that answered the
+   handshake's C{fencing on} (which an older server without fencing refuses
+   harmlessly) and was the last line before the server closed
+   (L{Session.server_closed}), becomes the reason of the
+   L{ConnectionLost}: C{the server closed the connection: <its line>}.
+
 No I/O and no threads here: the event-loop clients call it from their loop,
 the blocking client under its connection's mutex.  Lost-lock callbacks are
 user code, so they are not called from inside: L{Session.take_lost} hands
@@ -29,15 +45,22 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable, Optional
 
-from jesync.client.errors import AuthFailed, ConnectionLost, KeyBusy, ServerError
+from jesync.client.errors import AccessRefused, AuthFailed, ConnectionLost, KeyBusy, ServerError
 from jesync.client.handle import LockState
 from jesync.client.pipeline import OnError, OnResult, Pipeline, discard
-from jesync.client.wire import Reply
+from jesync.client.wire import ERROR_WORDS, Reply
 from jesync.errors import LockTimeout
 from jesync.wire import ListingOrder
 
 #: How a server refuses a connection that did not authenticate (JESync's protocol).
 AUTH_REFUSED = "INVALID_PARAMETER: auth failed"
+
+#: How a server in protected mode refuses a client that is not on its host
+#: (the start of its line: L{jesync.errors.ProtectedMode}).
+PROTECTED_MODE = b"INVALID_PARAMETER: protected mode:"
+
+#: What a connection the server closed failed with, when it said nothing first.
+SERVER_CLOSED = "the server closed the connection"
 
 #: Builds a client's lock handle from its GRANTED (or GRANTED-MANY) reply, max_concurrent and expires.
 MakeLock = Callable[[Reply, int, int], LockState]
@@ -66,6 +89,8 @@ class Session:
         self.fencing: Optional[bool] = None
         self._make_lock = make_lock
         self._just_lost: list[LockState] = []
+        # The server's refusal of the handshake's fencing on, while it is the last line read (see server_closed).
+        self._last_words: Optional[str] = None
 
     @property
     def closed(self) -> bool:
@@ -84,7 +109,9 @@ class Session:
         C{fencing on} as well.  A refused token fails the session (every
         request on it) and C{on_error} with L{AuthFailed}; so does a server
         that wants a token when none was sent (it refuses the C{fencing
-        on}).  Exactly one of the two is called.
+        on}), and a server in protected mode, with L{AccessRefused}, even
+        if its refusal came before this was called.  Exactly one of the two
+        is called.
         """
         settled: list[bool] = []
 
@@ -97,10 +124,14 @@ class Session:
             return call
 
         ready, failed = once(on_result), once(on_error)
+        if self.closed:  # the server refused the connection before anything was sent
+            assert self.pipeline.closed is not None
+            failed(self.pipeline.closed)
+            return
         if token is not None:
 
             def refused(error: Exception) -> None:
-                if isinstance(error, ServerError):
+                if isinstance(error, ServerError) and not isinstance(error, AccessRefused):
                     error = self.fail_with(AuthFailed(self.address, error.message, sent_token=True))
                 failed(error)
 
@@ -127,11 +158,13 @@ class Session:
             on_result(on)
 
         def refused(error: Exception) -> None:
-            if isinstance(error, AuthFailed):  # the session failed with the refusal of its token
+            if isinstance(error, AccessRefused):  # the session failed with the server's refusal
                 on_error(error)
             elif needs_auth and isinstance(error, ServerError) and error.message == AUTH_REFUSED:
                 on_error(self.fail_with(AuthFailed(self.address, error.message, sent_token=False)))
             elif isinstance(error, ServerError):
+                # A server without fencing; or one refusing the connection, which it closes next.
+                self._last_words = error.message
                 answered(False)
             else:
                 on_error(error)
@@ -382,8 +415,29 @@ class Session:
     # -- the connection --------------------------------------------------
 
     def line_received(self, line: bytes) -> None:
-        """A reply line (may raise L{jesync.client.wire.UnexpectedReply}: then call L{fail})."""
+        """
+        A reply line (may raise L{jesync.client.wire.UnexpectedReply}: then
+        call L{fail}).  A refusal of the connection fails the session (see
+        the module's docstring).
+        """
+        self._last_words = None
+        if line.startswith(PROTECTED_MODE):
+            self.fail_with(AccessRefused(self.address, line.decode("utf-8", "backslashreplace")))
+            return
+        if not self.pipeline.owes_reply and line.split(b" ", 1)[0].decode("latin-1") in ERROR_WORDS:
+            # It answers no request: the server's reason for closing the connection.
+            self.fail(f"{SERVER_CLOSED}: {line.decode('utf-8', 'backslashreplace')}")
+            return
         self.pipeline.line_received(line)
+
+    def server_closed(self, reason: str = SERVER_CLOSED) -> None:
+        """
+        The server closed the connection (C{reason}: how the client saw it:
+        an end of file, a reset, a send that failed).  If the last line it
+        sent was its refusal of the handshake, that line is the reason.
+        """
+        words = self._last_words
+        self.fail(reason if words is None else f"{SERVER_CLOSED}: {words}")
 
     def fail(self, reason: str) -> None:
         """The connection is gone: its locks are lost and its requests fail with L{ConnectionLost}."""

@@ -46,7 +46,7 @@ from jesync.client.config import (
 from jesync.client.errors import ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
-from jesync.client.session import Session
+from jesync.client.session import SERVER_CLOSED, Session
 from jesync.client.wire import (
     PING_KEY,
     Holder,
@@ -179,7 +179,7 @@ class _Protocol(Protocol):
         self.connection.data_received(data)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        why = "the server closed the connection" if reason.check(ConnectionDone) else _describe_failure(reason)
+        why = SERVER_CLOSED if reason.check(ConnectionDone) else _describe_failure(reason)
         self.lost_reason = reason
         if self.handshake is not None and not self.handshake.called:
             self.handshake.errback(reason)
@@ -402,7 +402,10 @@ class _Connection:
         if self._deadline is not None and self._deadline.active():
             self._deadline.cancel()
         self._deadline = None
-        self.session.fail(reason)
+        if lost:
+            self.session.server_closed(reason)
+        else:
+            self.session.fail(reason)
         if lost:
             if not self.gone.called:
                 self.gone.callback(None)

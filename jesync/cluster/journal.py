@@ -14,8 +14,9 @@ disconnect), under C{/jesync/<cluster>/state/}:
    under the same id.
  - B{dlock grants with C{release_micro}}: C{timed/<key>} = when the grant
    ends (wall time, microseconds) and its token.
- - B{The fencing-token high-water mark}: C{fencing-mark}, kept ahead of the
-   tokens in blocks (L{jesync.fencing}), so most grants need no write.
+ - B{The fencing-token high-water mark}: C{fencing-mark}, reserved a few
+   seconds ahead of the clock and renewed every few seconds
+   (L{jesync.fencing}), so no grant needs a write.
 
 The rule: a change marks its record I{dirty} (the lock service tells this
 journal of every grant, release and expiry, as its observer; the grammars
@@ -236,6 +237,8 @@ class Journal:
         self._recorded: Set[str] = set()
         self._timed: Set[str] = set()
         self._mark: Optional[int] = None
+        #: The largest fencing-token mark committed in this term (0: none yet).
+        self.committed_mark = 0
         self._flush_call: Optional[IDelayedCall] = None
         # Batches are numbered: cut (sent) and committed so far.
         self._cut = 0
@@ -270,7 +273,9 @@ class Journal:
         self._dirtied()
 
     def mark_reached(self, mark: int) -> None:
-        """Keep C{mark} as the fencing-token high-water mark."""
+        """Keep C{mark} as the fencing-token high-water mark (one not above the committed mark is ignored)."""
+        if mark <= self.committed_mark:
+            return
         self._mark = mark if self._mark is None else max(mark, self._mark)
         self._dirtied()
 
@@ -336,10 +341,11 @@ class Journal:
         self._flush_call = None
         if self._in_flight or not self._dirty or self.failed is not None:
             return
+        mark = self._mark
         operations = self._operations()
         self._cut += 1
         self._in_flight = True
-        self._commit(self._cut, operations).addErrback(self._broken)
+        self._commit(self._cut, operations, mark).addErrback(self._broken)
 
     def _operations(self) -> List[Operation]:
         """The dirty records as the lock table has them now, as etcd operations."""
@@ -396,8 +402,8 @@ class Journal:
         return chunks
 
     @inlineCallbacks
-    def _commit(self, batch: int, operations: List[Operation]) -> Any:
-        """Write one batch, a transaction at a time; then release the replies waiting for it."""
+    def _commit(self, batch: int, operations: List[Operation], mark: Optional[int] = None) -> Any:
+        """Write one batch (with C{mark}, if not None), a transaction at a time; then release the replies it held."""
         started = self.clock.seconds()
         for number, chunk in enumerate(self._chunks(operations)):
             tag = b"%d:%d:%d" % (self.revision, batch, number)
@@ -416,6 +422,8 @@ class Journal:
                 self.fail(why)
                 return
         self._in_flight = False
+        if mark is not None:
+            self.committed_mark = max(self.committed_mark, mark)
         if self.on_commit is not None:
             self.on_commit(len(operations), self.clock.seconds() - started)
         ready = [waiting for needed, waiting in self._waiters if needed <= batch]
@@ -484,11 +492,25 @@ class Journal:
 
 
 class JournalMark:
-    """The fencing-token mark kept in etcd, for L{jesync.fencing.TokenMarkService}: written with the next commit."""
+    """
+    The fencing-token mark kept in etcd, for L{jesync.fencing.TokenMarkService}:
+    written with the next commit, durable once it is committed.  A token
+    above the durable mark ends the term (L{passed}).
+    """
 
     def __init__(self, journal: Journal) -> None:
         self.journal = journal
         self.path = "etcd " + journal.layout.mark.decode("utf-8", "replace")
 
-    def write(self, mark: int) -> None:
+    @property
+    def durable(self) -> int:
+        return self.journal.committed_mark
+
+    def write(self, mark: int) -> Optional[Deferred[None]]:
+        """Write C{mark} with the next commit: a Deferred that fires once it is durable."""
         self.journal.mark_reached(mark)
+        return self.journal.durable()
+
+    def passed(self, token: int) -> None:
+        """A token above the durable mark: the leader steps down instead of sending it."""
+        self.journal.fail(f"fencing token {token} would pass the mark in etcd ({self.journal.committed_mark})")

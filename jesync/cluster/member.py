@@ -12,8 +12,9 @@ it stops leading.
    builds a fresh server (L{jesync.server.build_server}: a new lock table,
    the same settings), restores the elock sessions (detached: their grace
    periods start again now) and the dlock timed grants into it, writes a
-   fencing-token mark above every token given before, and only then
-   listens.  A member that cannot listen resigns and campaigns again later;
+   fencing-token mark (L{jesync.fencing.reservation}: a few seconds ahead
+   of its clock, not of the old mark, so takeovers do not add up) above
+   every token given before, and only then listens.  A member that cannot listen resigns and campaigns again later;
    it never exits for that.
  - B{Certainty.}  The lease's TTL runs on etcd from when etcd received the
    last keep-alive, which was after this member sent it.  So this member is
@@ -52,7 +53,7 @@ from twisted.python.failure import Failure
 
 from jesync.cluster.etcd import Compare, EtcdClient, Get, Put
 from jesync.cluster.journal import DurableState, Journal, Layout
-from jesync.fencing import AHEAD
+from jesync.fencing import reservation
 from jesync.interfaces import ILockObserver
 from jesync.protocols.dlock import TimedGrants
 from jesync.server import Listeners
@@ -454,7 +455,7 @@ class ClusterMember(Listeners):
                 term.revision,
                 locks,
                 self.clock,
-                on_failure=lambda why: self._lapsed(term, why),
+                on_failure=lambda why: self._journal_failed(term, why),
                 commit_revision=state.commit_revision,
                 observer=self.observer,
                 on_commit=self.on_commit,
@@ -476,8 +477,9 @@ class ClusterMember(Listeners):
         )
         for raw in state.unreadable:
             self.log.warn("cluster {cluster}: ignored an unreadable record {key!r}", cluster=self.cluster, key=raw)
-        # Every token from now on is above every token given before.
-        journal.mark_reached(first_token + AHEAD)
+        # Every token from now on is above every token given before, and at
+        # most this mark: the term's TokenMarkService starts from it.
+        journal.mark_reached(reservation(int(now * 1e6), first_token))
         written = journal.durable() or succeed(None)
         return written.addCallback(lambda _: self._listen(term))
 
@@ -533,6 +535,16 @@ class ClusterMember(Listeners):
             self._lapsed(term, "the lease could not be renewed in time")
         elif term is self.term:
             self._arm_deadline(term)
+
+    def _journal_failed(self, term: Term, why: str) -> None:
+        """
+        A durable write failed, or a fencing token would pass the mark in
+        etcd: nothing more is sent from now on, and the term ends on the
+        next reactor turn (this may be called from within a grant, which
+        must finish before the lock table is thrown away).
+        """
+        term.ended = True
+        self.clock.callLater(0, self._lapsed, term, why)
 
     def _lapsed(self, term: Term, why: str = "the lease ran out before a reply could be sent") -> None:
         term.ended = True

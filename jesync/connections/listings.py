@@ -38,7 +38,10 @@ The estimate of a status snapshot is L{ROW_BYTES} a row: a C{(key, granted,
 waiting)} tuple and its slot in a list, on CPython (measured with
 C{tracemalloc}; PyPy's are smaller).  The key is the lock table's own string
 and is not counted: it is in the table anyway (a key released while a
-snapshot still lists it stays in memory until the snapshot goes).
+snapshot still lists it stays in memory until the snapshot goes).  A
+C{keys} snapshot is the store's own keys, L{REFERENCE_BYTES} each, on the
+same terms.  A C{keys} snapshot is not shared (the store keeps no version);
+it is charged, and refused past the budget, as any other.
 
 How a grammar uses it: L{ListingBudget.share} for a snapshot that can be
 shared (it needs a version of what it lists, such as
@@ -62,6 +65,9 @@ DEFAULT_LIMIT = 64 * 1024 * 1024
 #: Estimated bytes of one row of a status snapshot (CPython: a 3-tuple, 64
 #: bytes, and its list slot, 8).
 ROW_BYTES = 72
+#: Estimated bytes of one key in a snapshot of keys that another table holds
+#: anyway (memcached's C{keys}: the store's): its list slot.
+REFERENCE_BYTES = 8
 #: Estimated bytes a list of C{bytes} lines takes besides the lines' own
 #: bytes, per line (CPython: the C{bytes} object's header, 33, its list slot, 8).
 LINE_OVERHEAD = 41

@@ -8,8 +8,13 @@ Requests are answered in the order they were sent: a C{Lock} that has to wait
 holds up the requests behind it.  A C{Lock} takes all its keys or none (a
 mutex on each, through L{jesync.interfaces.ILockService.request_many}), and
 holds them until the connection ends, or, with C{release_micro}, for that
-long whatever happens to the connection.  Each granted key's fencing token is
-in the response's C{fencing_tokens}, a field of jesync's own.
+long whatever happens to the connection.  A C{Lock} that sets
+C{fencing_tokens} (a field of jesync's own) gets each granted key's fencing
+token in the response's C{fencing_tokens}; every other response carries only
+the fields the reference server's does.  The reference's clients never ask,
+and must not be sent more: its Go client reads a message with one C{Read}
+call, so a response longer than what it reads (a token per key, for a
+C{Lock} of a few hundred keys) leaves bytes that corrupt its next response.
 
 Only pings (or any other bytes) keep a connection alive: one silent for
 C{--dlock-idle-timeout} is closed even if it holds or waits for locks, as
@@ -190,15 +195,22 @@ class DlockProtocol(Grammar):
             result.addCallbacks(
                 self._granted,
                 self._not_granted,
-                (request.id, keys, switching, kept, way),
+                (request.id, keys, switching, kept, way, request.lock.fencing_tokens),
                 errbackArgs=(request.id, keys, way),
             )
             self.connection.await_reply(result)
         else:
-            self._granted(result, request.id, keys, switching, kept, way)
+            self._granted(result, request.id, keys, switching, kept, way, request.lock.fencing_tokens)
 
     def _granted(
-        self, result: object, request_id: int, keys: List[str], switching: List[str], kept: Set[str], way: _Way
+        self,
+        result: object,
+        request_id: int,
+        keys: List[str],
+        switching: List[str],
+        kept: Set[str],
+        way: _Way,
+        with_tokens: bool,
     ) -> None:
         self._owed_id = None
         given: List[IGrant] = result if isinstance(result, list) else [result]  # type: ignore[list-item]
@@ -223,7 +235,8 @@ class DlockProtocol(Grammar):
             for key in keys:  # (begun, renewed, or switched to or from a time)
                 journal.timed_changed(key)  # type: ignore[union-attr]
         response = self._response(request_id, Ok)
-        response.fencing_tokens.extend(grants[key].token for key in keys)
+        if with_tokens:
+            response.fencing_tokens.extend(grants[key].token for key in keys)
         self._send(response, durable=timed)
 
     def _not_granted(self, failure: Failure, request_id: int, keys: List[str], way: _Way) -> None:

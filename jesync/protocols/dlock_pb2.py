@@ -24,21 +24,21 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cjesync/protocols/dlock.proto\x12\x0cjesync.dlock\"\x8e\x01\n\x07Request\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\x04\x12\x14\n\x0c\x61\x63\x63\x65ss_token\x18\x03 \x01(\t\x12\'\n\x04type\x18\x04 \x01(\x0e\x32\x19.jesync.dlock.RequestType\x12\'\n\x04lock\x18\x33 \x01(\x0b\x32\x19.jesync.dlock.RequestLock\"\xb1\x01\n\x08Response\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\x12,\n\x06status\x18\x03 \x01(\x0e\x32\x1c.jesync.dlock.ResponseStatus\x12\x12\n\nerror_text\x18\x04 \x01(\t\x12\x0c\n\x04keys\x18\x05 \x03(\t\x12\x18\n\x10server_unix_time\x18\x06 \x01(\x03\x12\x16\n\x0e\x66\x65ncing_tokens\x18\x10 \x03(\x04\"F\n\x0bRequestLock\x12\x12\n\nwait_micro\x18\x01 \x01(\x04\x12\x15\n\rrelease_micro\x18\x02 \x01(\x04\x12\x0c\n\x04keys\x18\x03 \x03(\t*:\n\x0bRequestType\x12\x0b\n\x07Invalid\x10\x00\x12\x08\n\x04Ping\x10\x01\x12\x08\n\x04Lock\x10\x02\x12\n\n\x06Unlock\x10\x03*h\n\x0eResponseStatus\x12\x06\n\x02Ok\x10\x00\x12\x0b\n\x07General\x10\x01\x12\x0b\n\x07Version\x10\x02\x12\x0f\n\x0bInvalidType\x10\x03\x12\x0f\n\x0bTooManyKeys\x10\x64\x12\x12\n\x0e\x41\x63quireTimeout\x10xb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1cjesync/protocols/dlock.proto\x12\x0cjesync.dlock\"\x8e\x01\n\x07Request\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\n\n\x02id\x18\x02 \x01(\x04\x12\x14\n\x0c\x61\x63\x63\x65ss_token\x18\x03 \x01(\t\x12\'\n\x04type\x18\x04 \x01(\x0e\x32\x19.jesync.dlock.RequestType\x12\'\n\x04lock\x18\x33 \x01(\x0b\x32\x19.jesync.dlock.RequestLock\"\xb1\x01\n\x08Response\x12\x0f\n\x07version\x18\x01 \x01(\r\x12\x12\n\nrequest_id\x18\x02 \x01(\x04\x12,\n\x06status\x18\x03 \x01(\x0e\x32\x1c.jesync.dlock.ResponseStatus\x12\x12\n\nerror_text\x18\x04 \x01(\t\x12\x0c\n\x04keys\x18\x05 \x03(\t\x12\x18\n\x10server_unix_time\x18\x06 \x01(\x03\x12\x16\n\x0e\x66\x65ncing_tokens\x18\x10 \x03(\x04\"^\n\x0bRequestLock\x12\x12\n\nwait_micro\x18\x01 \x01(\x04\x12\x15\n\rrelease_micro\x18\x02 \x01(\x04\x12\x0c\n\x04keys\x18\x03 \x03(\t\x12\x16\n\x0e\x66\x65ncing_tokens\x18\x10 \x01(\x08*:\n\x0bRequestType\x12\x0b\n\x07Invalid\x10\x00\x12\x08\n\x04Ping\x10\x01\x12\x08\n\x04Lock\x10\x02\x12\n\n\x06Unlock\x10\x03*h\n\x0eResponseStatus\x12\x06\n\x02Ok\x10\x00\x12\x0b\n\x07General\x10\x01\x12\x0b\n\x07Version\x10\x02\x12\x0f\n\x0bInvalidType\x10\x03\x12\x0f\n\x0bTooManyKeys\x10\x64\x12\x12\n\x0e\x41\x63quireTimeout\x10xb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'jesync.protocols.dlock_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REQUESTTYPE']._serialized_start=443
-  _globals['_REQUESTTYPE']._serialized_end=501
-  _globals['_RESPONSESTATUS']._serialized_start=503
-  _globals['_RESPONSESTATUS']._serialized_end=607
+  _globals['_REQUESTTYPE']._serialized_start=467
+  _globals['_REQUESTTYPE']._serialized_end=525
+  _globals['_RESPONSESTATUS']._serialized_start=527
+  _globals['_RESPONSESTATUS']._serialized_end=631
   _globals['_REQUEST']._serialized_start=47
   _globals['_REQUEST']._serialized_end=189
   _globals['_RESPONSE']._serialized_start=192
   _globals['_RESPONSE']._serialized_end=369
   _globals['_REQUESTLOCK']._serialized_start=371
-  _globals['_REQUESTLOCK']._serialized_end=441
+  _globals['_REQUESTLOCK']._serialized_end=465
 # @@protoc_insertion_point(module_scope)

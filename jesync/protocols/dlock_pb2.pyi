@@ -66,11 +66,13 @@ class Response(_message.Message):
     def __init__(self, version: _Optional[int] = ..., request_id: _Optional[int] = ..., status: _Optional[_Union[ResponseStatus, str]] = ..., error_text: _Optional[str] = ..., keys: _Optional[_Iterable[str]] = ..., server_unix_time: _Optional[int] = ..., fencing_tokens: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class RequestLock(_message.Message):
-    __slots__ = ("wait_micro", "release_micro", "keys")
+    __slots__ = ("wait_micro", "release_micro", "keys", "fencing_tokens")
     WAIT_MICRO_FIELD_NUMBER: _ClassVar[int]
     RELEASE_MICRO_FIELD_NUMBER: _ClassVar[int]
     KEYS_FIELD_NUMBER: _ClassVar[int]
+    FENCING_TOKENS_FIELD_NUMBER: _ClassVar[int]
     wait_micro: int
     release_micro: int
     keys: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, wait_micro: _Optional[int] = ..., release_micro: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ...) -> None: ...
+    fencing_tokens: bool
+    def __init__(self, wait_micro: _Optional[int] = ..., release_micro: _Optional[int] = ..., keys: _Optional[_Iterable[str]] = ..., fencing_tokens: bool = ...) -> None: ...

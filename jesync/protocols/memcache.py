@@ -29,7 +29,8 @@ from typing import Callable, ClassVar, Dict, Iterable, Iterator, List, NamedTupl
 
 from jesync.connections.connection import LockConnection, LockServerFactory
 from jesync.connections.framing import MemcachedFraming
-from jesync.connections.grammar import Grammar
+from jesync.connections.grammar import PIECE, Grammar
+from jesync.connections.listings import REFERENCE_BYTES, Charge
 from jesync.connections.policy import ConnectionPolicy
 from jesync.errors import LimitReached
 from jesync.store import (
@@ -111,6 +112,17 @@ AUTH_FAILED = b"CLIENT_ERROR authentication failure"
 BAD_AUTH_FORMAT = b"CLIENT_ERROR bad authentication token format"
 
 STORAGE_MODES = ("set", "add", "replace", "append", "prepend", "cas")
+#: The text commands that take a last C{noreply} (memcached 1.6's): one that
+#: ends with it is silent, its errors included, once its number of arguments
+#: is right (too few or too many is still C{ERROR}).  memcached decides it
+#: from the last field alone, before parsing the others, so a
+#: C{verbosity noreply} or a C{touch <key> noreply} (whose C{noreply} stands
+#: where a number should) is silent too; C{delete noreply} deletes the key
+#: C{noreply}.  A pipelining client that sent C{noreply} reads nothing for it.
+NOREPLY_COMMANDS = frozenset(
+    [b"set", b"add", b"replace", b"append", b"prepend", b"cas", b"incr", b"decr", b"delete", b"touch"]
+    + [b"flush_all", b"verbosity"]
+)
 LARGEST_FLAGS = 2**32 - 1
 #: The longest text authentication data (C{<user> <token>}).
 MAX_AUTH_DATA = 4096
@@ -197,6 +209,8 @@ class MemcacheProtocol(Grammar):
         # the connection layer asks for.
         self._binary: Optional[BinaryRequest] = None
         self._refused = UNAUTHENTICATED
+        # Whether the text command being served asked for no reply.
+        self._silent = False
 
     @property
     def _framing(self) -> MemcachedFraming:
@@ -229,20 +243,27 @@ class MemcacheProtocol(Grammar):
             connection.refuse_unauthenticated()
             return
         handler = self.text_commands.get(word)
+        self._silent = (
+            word in NOREPLY_COMMANDS
+            and fields[-1] == b"noreply"
+            and len(fields) > (2 if word == b"delete" else 1)  # ("delete noreply": the key)
+        )
         if handler is None:
             self._say(b"ERROR")
             return
         try:
             handler(self, fields[1:])
         except WrongArity:
+            self._silent = False
             self._say(b"ERROR")
         except BadCommand as error:
             self._say(error.message)
         except LimitReached as error:
             self._say(b"SERVER_ERROR " + str(error).encode())
 
-    def _say(self, line: bytes, noreply: bool = False) -> None:
-        if not noreply:
+    def _say(self, line: bytes) -> None:
+        """Send one text reply line, unless the command asked for no reply."""
+        if not self._silent:
             if self.connection.verbose:
                 self.log.debug("{peer} answered {line!r}", peer=self.connection.peer, line=line)
             self.connection.write(line + CRLF)
@@ -253,17 +274,13 @@ class MemcacheProtocol(Grammar):
         return field
 
     @staticmethod
-    def _noreply(args: List[bytes], count: int) -> bool:
+    def _arity(args: List[bytes], count: int) -> None:
         """
-        Whether C{args} (C{count} of them, and one more that may be
-        C{noreply}: anything else there is ignored, as memcached does) ask
-        for no reply.
+        Check that there are C{count} arguments, or one more (C{noreply}, or
+        anything else, which is ignored, as memcached does).
         """
-        if len(args) == count:
-            return False
-        if len(args) == count + 1:
-            return args[-1] == b"noreply"
-        raise WrongArity()
+        if not count <= len(args) <= count + 1:
+            raise WrongArity()
 
     # -- reads ---------------------------------------------------------------------------------
 
@@ -313,7 +330,7 @@ class MemcacheProtocol(Grammar):
     def _text_storage(self, args: List[bytes], mode: str) -> None:
         """C{set}, C{add}, C{replace}, C{append}, C{prepend} or C{cas} (C{mode}): read its data next."""
         count = 5 if mode == "cas" else 4
-        noreply = self._noreply(args, count)
+        self._arity(args, count)
         key = self._key(args[0])
         flags = _number(args[1], LARGEST_FLAGS)
         exptime = _exptime(args[2], BAD_FORMAT)
@@ -324,18 +341,19 @@ class MemcacheProtocol(Grammar):
             self.connection.refuse_unauthenticated()
             return
         if size > self.store.max_item:
-            self._say(TOO_LARGE, noreply)
+            self._say(TOO_LARGE)
             self._framing.skip(size + 2)
             return
-        self._storing = _Storing(mode, key, flags, exptime, cas, noreply)
+        self._storing = _Storing(mode, key, flags, exptime, cas, self._silent)
         self._framing.read_block(size + 2)
 
     def _data_received(self, block: bytes) -> None:
         storing = self._storing
         assert storing is not None
         self._storing = None
+        self._silent = storing.noreply
         if block[-2:] != CRLF:
-            self._say(BAD_CHUNK, storing.noreply)
+            self._say(BAD_CHUNK)
             return
         value = block[:-2]
         connection = self.connection
@@ -352,53 +370,52 @@ class MemcacheProtocol(Grammar):
                 storing.mode, storing.key, value, storing.flags, storing.exptime, connection, storing.cas
             )
         except TooLarge:
-            self._say(TOO_LARGE, storing.noreply)
+            self._say(TOO_LARGE)
         except OutOfMemory:
-            self._say(NO_MEMORY, storing.noreply)
+            self._say(NO_MEMORY)
         else:
-            self._say(outcome.value, storing.noreply)
+            self._say(outcome.value)
 
     # -- other writes ---------------------------------------------------------------------------
 
     def _text_delta(self, args: List[bytes], decrement: bool) -> None:
-        noreply = self._noreply(args, 2)
+        self._arity(args, 2)
         key = self._key(args[0])
-        try:
-            delta = _number(args[1], LARGEST_U64)
-        except BadCommand:
-            self._say(BAD_DELTA, noreply)
-            return
+        delta = _number(args[1], LARGEST_U64, error=BAD_DELTA)
         try:
             outcome, item = self.store.add_delta(key, delta, self.connection, decrement)
         except NonNumeric:
-            self._say(NOT_NUMERIC, noreply)
+            self._say(NOT_NUMERIC)
             return
-        self._say(outcome.value if item is None else item.value, noreply)
+        self._say(outcome.value if item is None else item.value)
 
     def do_delete(self, args: List[bytes]) -> None:
         # delete <key> [0] [noreply]: memcached still takes a zero "time".
-        if not args or len(args) > 3:
+        if not 1 <= len(args) <= 3:
             raise WrongArity()
-        if len(args) >= 2 and args[1] == b"0":
-            args = args[:1] + args[2:]
-        if len(args) == 2 and args[1] != b"noreply" or len(args) == 3:
-            raise BadCommand(BAD_DELETE)
-        noreply = len(args) == 2
-        self._say(self.store.delete(self._key(args[0]), self.connection).value, noreply)
+        if len(args) > 1:
+            # (<key> 0, <key> noreply, <key> 0 noreply; the key is checked after)
+            zero = args[1] == b"0"
+            valid = (zero or self._silent) if len(args) == 2 else (zero and self._silent)
+            if not valid:
+                raise BadCommand(BAD_DELETE)
+        self._say(self.store.delete(self._key(args[0]), self.connection).value)
 
     def do_touch(self, args: List[bytes]) -> None:
-        noreply = self._noreply(args, 2)
+        self._arity(args, 2)
         key = self._key(args[0])
         exptime = _exptime(args[1])
         self.factory.commands["touch"] += 1
         found = self.store.touch(key, exptime) is not None
-        self._say(Outcome.TOUCHED.value if found else Outcome.NOT_FOUND.value, noreply)
+        self._say(Outcome.TOUCHED.value if found else Outcome.NOT_FOUND.value)
 
     def do_flush_all(self, args: List[bytes]) -> None:
         # flush_all [delay] [noreply]: a delay in the past flushes now.
-        noreply = bool(args) and args[-1] == b"noreply"
-        self._flush(max(_exptime(args[0]), 0) if args and args[0] != b"noreply" else 0)
-        self._say(b"OK", noreply)
+        if len(args) > 2:
+            raise WrongArity()
+        delayed = len(args) > (1 if self._silent else 0)
+        self._flush(max(_exptime(args[0]), 0) if delayed else 0)
+        self._say(b"OK")
 
     # -- the rest ------------------------------------------------------------------------------------
 
@@ -407,9 +424,9 @@ class MemcacheProtocol(Grammar):
 
     def do_verbosity(self, args: List[bytes]) -> None:
         # (accepted, and changes nothing: the server's log level is its own)
-        noreply = self._noreply(args, 1)
+        self._arity(args, 1)
         _number(args[0], LARGEST_FLAGS)
-        self._say(b"OK", noreply)
+        self._say(b"OK")
 
     def do_stats(self, args: List[bytes]) -> None:
         if args and args != [b"settings"]:
@@ -439,6 +456,15 @@ class MemcacheProtocol(Grammar):
         # (arguments are ignored, as yrmcds does)
         self.store.unlock_all(self.connection)
         self._say(b"OK")
+
+    # -- yrmcds's listing --------------------------------------------------------------------------
+
+    def do_keys(self, args: List[bytes]) -> None:
+        # keys [prefix]: what follows the prefix is ignored, as yrmcds does.
+        keys = self.store.keys(args[0] if args else b"")
+        held = self._charge_listing(keys)
+        self._log_listing(len(keys))
+        self.connection.write_stream(_in_pieces(_text_keys(keys)), held)
 
     # == binary ==================================================================
 
@@ -681,7 +707,35 @@ class MemcacheProtocol(Grammar):
         else:
             self._outcome(request, False, outcome)
 
+    # -- yrmcds's listing -------------------------------------------------------------------
+
+    def _bin_keys(self, request: BinaryRequest, quiet: bool) -> None:
+        keys = self.store.keys(request.key)
+        held = self._charge_listing(keys)
+        self._log_listing(len(keys))
+        self.connection.write_stream(_in_pieces(self._binary_keys(request, keys)), held)
+
+    def _binary_keys(self, request: BinaryRequest, keys: List[bytes]) -> Iterator[bytes]:
+        """A binary Keys reply: one response per key (the key only), then one with neither key nor value."""
+        for key in keys:
+            yield self._packet(request, key=key, value=b"")
+        yield self._packet(request, value=b"")
+
     # == shared ==================================================================
+
+    def _charge_listing(self, keys: List[bytes]) -> Charge:
+        """
+        A C{Keys} snapshot held until it has gone out, charged to the
+        server's listing budget (L{jesync.connections.listings}): a
+        reference per key (the keys are the store's own).
+
+        @raise LimitReached: past C{--max-listing-memory}.
+        """
+        return self.connection.policy.listings.charge(len(keys) * REFERENCE_BYTES)
+
+    def _log_listing(self, count: int) -> None:
+        if self.connection.verbose:
+            self.log.debug("{peer} answered {count} keys", peer=self.connection.peer, count=count)
 
     def _flush(self, delay: int) -> None:
         self.factory.commands["flush"] += 1
@@ -718,6 +772,28 @@ def _values(found: List[Tuple[bytes, int, bytes, int]], with_cas: bool) -> Itera
     yield b"END\r\n"
 
 
+def _text_keys(keys: List[bytes]) -> Iterator[bytes]:
+    """A text C{keys} reply: C{VALUE <key>} per key, then C{END}."""
+    for key in keys:
+        yield b"VALUE %s\r\n" % key
+    yield b"END\r\n"
+
+
+def _in_pieces(chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """Small chunks of a streamed reply joined into pieces of about L{PIECE} bytes, made only as they are sent."""
+    piece: List[bytes] = []
+    size = 0
+    for chunk in chunks:
+        piece.append(chunk)
+        size += len(chunk)
+        if size >= PIECE:
+            yield b"".join(piece)
+            piece = []
+            size = 0
+    if piece:
+        yield b"".join(piece)
+
+
 def _signed_int(value: int) -> int:
     """A binary 32-bit expiration time, as memcached reads it (signed)."""
     return value - 2**32 if value >= 2**31 else value
@@ -735,6 +811,7 @@ SETQ, ADDQ, REPLACEQ, DELETEQ, INCREMENTQ, DECREMENTQ, QUITQ, FLUSHQ, APPENDQ, P
 VERBOSITY, TOUCH, GAT, GATQ = range(27, 31)
 SASL_LIST_MECHS, SASL_AUTH, SASL_STEP, GATK, GATKQ = range(32, 37)
 LOCK, LOCKQ, UNLOCK, UNLOCKQ, UNLOCK_ALL, UNLOCK_ALLQ, LAG, LAGQ, LAGK, LAGKQ, RAU, RAUQ = range(0x40, 0x4C)
+KEYS = 0x50
 
 BINARY_STORE_MODES = {
     SET: "set",
@@ -777,6 +854,7 @@ def _binary_table() -> Dict[int, Tuple[str, Callable[..., None], bool, _Shape]]:
         ("unlock-all", (UNLOCK_ALL, UNLOCK_ALLQ), P._bin_unlock_all, _Shape(None, None, True)),
         ("lag", (LAG, LAGQ, LAGK, LAGKQ), P._bin_lock_and_get, _Shape((0, 4), True, False)),
         ("rau", (RAU, RAUQ), P._bin_store, _Shape((8,), True, True)),
+        ("keys", (KEYS,), P._bin_keys, _Shape((0,), None, False)),
     ]
     quiet = {
         GETQ,

@@ -384,3 +384,22 @@ class KeysTests(SynchronousTestCase):
         drain(self.unit.clock)
         self.assertEqual(len(responses(slow.take())), self.KEYS + 1)
         self.assertEqual(self.budget.held, 0)
+
+
+class MetricsTests(SynchronousTestCase):
+    def test_bytes_held_and_refusals(self) -> None:
+        """The metrics show the bytes the budget holds and the listings it refused, read at scrape time."""
+        from prometheus_client import generate_latest
+
+        from jesync.metrics import LockMetrics
+        from jesync.service import LockService
+
+        budget = ListingBudget(100)
+        metrics = LockMetrics(LockService(Clock()), [], listings=budget)
+        held = budget.charge(60)
+        self.assertRaises(LimitReached, budget.charge, 50)
+        text = generate_latest(metrics.registry).decode()
+        self.assertIn("\njesync_listing_bytes 60.0\n", text)
+        self.assertIn("\njesync_listing_refusals_total 1.0\n", text)
+        held.release()
+        self.assertIn("\njesync_listing_bytes 0.0\n", generate_latest(metrics.registry).decode())

@@ -516,7 +516,10 @@ def run_non_readers(server: Server, args, sampler: RSSSampler) -> None:
         f"listing: {args.non_readers} clients send status-by-key and never read"
         f"{' (the table changes between two of them)' if args.churn else ' (the table does not change)'}"
     )
-    print(f"  asked in {asked - started:,.2f} s; {listed} got a listing, {refused} the limit reply, {other} something else")
+    print(
+        f"  asked in {asked - started:,.2f} s; {listed} got a listing, {refused} the limit reply, "
+        f"{other} something else"
+    )
     print(
         f"  server RSS: {mib(rss_before)} before; {mib(rss_asked)} once all had asked "
         f"(+{mib((rss_asked or 0) - (rss_before or 0))}); {mib(rss_stalled)} after {args.stall:g} s more "

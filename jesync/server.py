@@ -23,8 +23,7 @@ from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
 
 from jesync.connections.connection import LockServerFactory
-from jesync.connections.listings import DEFAULT_LIMIT as DEFAULT_LISTING_LIMIT
-from jesync.connections.listings import ListingBudget
+from jesync.connections.listings import DEFAULT_LIMIT as DEFAULT_LISTING_LIMIT, ListingBudget
 from jesync.connections.policy import ConnectionPolicy, Connections, is_local, read_token_file
 from jesync.errors import ProtectedMode, show_number
 from jesync.protocols.elock import ELockFactory

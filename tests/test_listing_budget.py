@@ -339,7 +339,8 @@ class KeysTests(SynchronousTestCase):
         from tests.test_memcache_protocol import Unit
 
         self.unit = Unit()
-        self.budget = self.unit.factory.policy.listings = ListingBudget(self.KEYS * REFERENCE_BYTES * 3 // 2, self.unit.clock)
+        budget = ListingBudget(self.KEYS * REFERENCE_BYTES * 3 // 2, self.unit.clock)
+        self.budget = self.unit.factory.policy.listings = budget
         self.keys = [b"key.%06d" % n for n in range(self.KEYS)]
         for key in self.keys:
             self.unit.store.store("set", key, b"v", 0, 0, None)

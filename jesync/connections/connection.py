@@ -78,7 +78,6 @@ STREAM_TURN = 65536
 DIRECT_WRITE = 4096
 
 
-
 class _Stream:
     """A large reply queued: its pieces, and what it holds until they have gone out."""
 

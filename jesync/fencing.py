@@ -39,13 +39,16 @@ reply is never sent), and its successor starts above every token it gave.
 from __future__ import annotations
 
 import os
-from typing import Any, Optional
+from typing import Optional
 
 from twisted.application import service
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 from twisted.logger import Logger
+from zope.interface import Attribute, Interface, implementer
 
+from jesync.interfaces import ITokenMark
 from jesync.service import LockService
 
 #: The file in the state directory.
@@ -67,6 +70,23 @@ def reservation(now: int, last: int) -> int:
     return max(now + AHEAD, last + ROOM)
 
 
+class IDurableMark(Interface):
+    """
+    Where a mark is kept durably: a file (L{TokenMark}) or, in cluster mode,
+    etcd (L{jesync.cluster.journal.JournalMark}).
+    """
+
+    path = Attribute("Where the mark is kept, for the log.")
+    durable = Attribute("The largest mark known durable.")
+
+    def write(mark: int) -> Optional[Deferred[None]]:
+        """Write C{mark}: None once it is durable, or a Deferred that fires when it is (OSError if it cannot be)."""
+
+    def passed(token: int) -> None:
+        """A token above the durable mark is being given."""
+
+
+@implementer(IDurableMark)
 class TokenMark:
     """The high-water mark in C{directory}: read once, then written atomically (write, fsync, rename, fsync)."""
 
@@ -110,23 +130,21 @@ class TokenMark:
         """A token above the durable mark is being given (the file could not be written): nothing more to do."""
 
 
+@implementer(ITokenMark)
 class TokenMarkService(service.Service):
     """
-    Keeps C{mark} (a L{TokenMark}, or a cluster's
+    Keeps C{mark} (an L{IDurableMark}: a L{TokenMark}, or a cluster's
     L{jesync.cluster.journal.JournalMark}) reserved ahead of C{locks}'
     tokens while the server runs (a child of L{jesync.server.LockServer}),
     and C{locks}' tokens at or below the durable mark: the lock service
     calls L{reached} for a token above its C{token_check}.
-
-    A mark has C{path} (for the log), C{durable} (the largest mark known
-    durable), C{write(mark)} (returning None once C{mark} is durable, or a
-    Deferred that fires when it is) and C{passed(token)} (a token above the
-    durable mark is being given).
     """
 
     log = Logger()
 
-    def __init__(self, mark: Any, locks: LockService, clock: IReactorTime, every: Optional[float] = None) -> None:
+    def __init__(
+        self, mark: IDurableMark, locks: LockService, clock: IReactorTime, every: Optional[float] = None
+    ) -> None:
         self.mark = mark
         self.every = EVERY if every is None else every
         self.locks = locks

@@ -185,6 +185,17 @@ class ILockService(Interface):
         """
 
 
+class ITokenMark(Interface):
+    """
+    Keeps a lock service's fencing tokens at or below a durable mark (see
+    L{jesync.fencing}): the service hands it every token above its
+    C{token_check} before giving it.
+    """
+
+    def reached(token: int) -> int:
+        """The token to give instead of C{token} (never above the durable mark while there is room below it)."""
+
+
 class ILockObserver(Interface):
     """
     Told what happens in a lock service, for metrics.  Called synchronously:
@@ -204,4 +215,4 @@ class ILockObserver(Interface):
         """A grant's failsafe expiry released it."""
 
 
-__all__ = ["IGrant", "ILockObserver", "ILockService", "KeyStatus", "ListingOrder", "Totals"]
+__all__ = ["IGrant", "ILockObserver", "ILockService", "ITokenMark", "KeyStatus", "ListingOrder", "Totals"]

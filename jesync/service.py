@@ -51,7 +51,7 @@ not in a listing and do not count.
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Hashable, Iterable, List, Sequence, Tuple, Union
+from typing import Hashable, Iterable, List, Optional, Sequence, Tuple, Union
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
@@ -59,7 +59,7 @@ from zope.interface import implementer
 
 from jesync.deadlines import Deadlines
 from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout
-from jesync.interfaces import IGrant, ILockObserver, ILockService, KeyStatus, ListingOrder, Totals
+from jesync.interfaces import IGrant, ILockObserver, ILockService, ITokenMark, KeyStatus, ListingOrder, Totals
 from jesync.listing import listing_sort_key
 
 DEFAULT_EXPIRES = 120
@@ -239,7 +239,7 @@ class LockService:
         self.version = 0
         # A token above token_check is given by token_mark.reached (jesync.fencing).
         self.token_check = NO_TOKEN_CHECK
-        self.token_mark: Any = None
+        self.token_mark: Optional[ITokenMark] = None
         self._locks: dict[str, _Lock] = {}
         # owner -> key -> its grant of, or wait for, that key (a multi-key
         # wait appears under each key it waits for)
@@ -509,7 +509,7 @@ class LockService:
         token = int(now * 1000000)
         if token <= self.last_token:
             token = self.last_token + 1
-        if token > self.token_check:
+        if token > self.token_check and self.token_mark is not None:
             token = self.token_mark.reached(token)
         self.last_token = token
         grant = Grant(self, key, owner, max_concurrent, now, expires_at, token)

@@ -14,7 +14,11 @@ from twisted.internet.task import Clock
 from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
 
-from jesync.fencing import AHEAD, EVERY, MARK_FILE, RENEW_BELOW, ROOM, TokenMark, TokenMarkService
+from zope.interface import implementer
+from zope.interface.verify import verifyObject
+
+from jesync.fencing import AHEAD, EVERY, MARK_FILE, RENEW_BELOW, ROOM, IDurableMark, TokenMark, TokenMarkService
+from jesync.interfaces import ITokenMark
 from jesync.server import ServerSettings, build_server
 from jesync.service import LockService
 from tests.test_operations_twistd import LOCAL, TwistdTestCase
@@ -65,6 +69,11 @@ class TokenMarkTests(SynchronousTestCase):
 
     def test_absent_is_zero(self) -> None:
         self.assertEqual(self.mark.read(), 0)
+
+    def test_interfaces(self) -> None:
+        """The file is a durable mark, and the service keeping it is the lock service's token mark."""
+        self.assertTrue(verifyObject(IDurableMark, self.mark))
+        self.assertTrue(verifyObject(ITokenMark, TokenMarkService(self.mark, LockService(Clock()), Clock())))
 
     def test_written_and_read(self) -> None:
         self.mark.write(12345678901234567)
@@ -212,6 +221,7 @@ class TokenMarkTests(SynchronousTestCase):
         self.assertGreater(self.mark.read(), 4 * 10**18 + ROOM)
 
 
+@implementer(IDurableMark)
 class DelayedMark:
     """A mark that is durable only when the test says (as in etcd)."""
 

@@ -51,6 +51,7 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from jesync.cluster.etcd import Compare, Delete, EtcdClient, Get, KeyValue, Put, TxnResult
+from jesync.fencing import IDurableMark
 from jesync.interfaces import IGrant, ILockObserver, ILockService
 from jesync.protocols.dlock import TimedGrants
 from jesync.sessions import DEFAULT_GRACE_MS, Session
@@ -491,6 +492,7 @@ class Journal:
                 waiting.errback(Failure(Deposed(self.failed or "")))
 
 
+@implementer(IDurableMark)
 class JournalMark:
     """
     The fencing-token mark kept in etcd, for L{jesync.fencing.TokenMarkService}:

@@ -104,7 +104,7 @@ class ServerProcess:
         else:
             listen = f"tcp:{self.port}:interface=127.0.0.1"
         self.process = subprocess.Popen(
-            [*twistd_command(), "-n", "--pidfile=", "jesync", "--port", listen, *self.extra_args],
+            [*self.twistd_command(), "-n", "--pidfile=", "jesync", "--port", listen, *self.extra_args],
             env=environment(),
             stdin=subprocess.DEVNULL,
             stdout=self._log,
@@ -113,6 +113,10 @@ class ServerProcess:
         )
         self._wait_until_ready()
         return self
+
+    def twistd_command(self) -> list[str]:
+        """How to run twistd (a subclass may run it with a change of its own)."""
+        return twistd_command()
 
     def _wait_until_ready(self) -> None:
         deadline = time.monotonic() + READY_WITHIN

@@ -38,7 +38,7 @@ from jesync.client import AccessRefused, AsyncClient, AuthFailed, Client, Connec
 from jesync.client.pipeline import discard
 from jesync.client.session import Session
 from jesync.errors import ProtectedMode
-from tests.servers import READY_WITHIN, ServerProcess, environment, free_port
+from tests.servers import ServerProcess, environment, free_port
 from tests.test_client_security import PKI, TOKEN, _AtExit, skip_without_tls, temp_dir, write
 
 #: What the server says to a client that protected mode refuses (JESync's limit reply).
@@ -87,48 +87,19 @@ class Listeners:
         return f"127.0.0.1:{ports[protocol, tls]}"
 
 
-class ProtectedServer:
+class ProtectedServer(ServerProcess):
     """C{twistd jesync} in protected mode (no token) that counts every client as remote."""
 
-    def __init__(self, directory: str, pki: PKI) -> None:
+    def __init__(self, pki: PKI) -> None:
         self.listeners = Listeners(pki)
-        self._log = tempfile.TemporaryFile()
-        self.process = subprocess.Popen(
-            [sys.executable, "-c", _EVERY_PEER_REMOTE, "-n", "--pidfile=", "jesync", *self.listeners.arguments],
-            env=environment(),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=directory,
-        )
-        self._wait_until_refusing()
+        super().__init__(extra_args=self.listeners.arguments)
 
-    def _wait_until_refusing(self) -> None:
-        """Until a loopback client gets the protected-mode refusal (so the stand-in is in place)."""
-        deadline = time.monotonic() + READY_WITHIN
-        while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"twistd exited with {self.process.returncode}:\n{self.log()}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.listeners.jesync), timeout=1) as probe:
-                    if probe.makefile("rb").readline() == PROTECTED_LINE.encode() + b"\n":
-                        return
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                self.close()
-                raise RuntimeError(f"the protected server did not refuse within {READY_WITHIN} s:\n{self.log()}")
-            time.sleep(0.05)
+    def twistd_command(self) -> list[str]:
+        return [sys.executable, "-c", _EVERY_PEER_REMOTE]
 
-    def log(self) -> str:
-        self._log.seek(0)
-        return self._log.read().decode(errors="replace")
-
-    def close(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
-        self._log.close()
+    def _answers(self, probe: socket.socket) -> bool:
+        """Ready once a loopback client gets the protected-mode refusal (so the stand-in is in place)."""
+        return probe.makefile("rb").readline() == PROTECTED_LINE.encode() + b"\n"
 
 
 class Servers:
@@ -139,8 +110,9 @@ class Servers:
         self.pki = PKI(directory)
         self.token_file = write(directory, "token", TOKEN + b"\n")
         self.wrong_token_file = write(directory, "wrong-token", b"not-the-token\n")
-        self.protected = ProtectedServer(directory, self.pki)
+        self.protected = ProtectedServer(self.pki)
         test.addCleanup(self.protected.close)
+        self.protected.start()
         self.secured_listeners = Listeners(self.pki)
         secured = ServerProcess(
             extra_args=["--auth-token-file", self.token_file, *self.secured_listeners.arguments], auth_token=TOKEN

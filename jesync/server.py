@@ -97,6 +97,7 @@ class ServerSettings:
             "max-sessions": self.max_sessions,
             "max-key-length": self.max_key_length,
             "max-unsent": self.max_unsent,
+            "max-listing-memory": self.max_listing_memory,
             "auth-timeout": self.auth_timeout,
             "idle-timeout": self.idle_timeout,
         }

@@ -939,8 +939,8 @@ class GracefulStopTests(ServerTestCase):
             [
                 "jesync starting: JESync on tcp:0:interface=127.0.0.1; elock on tcp:0:interface=127.0.0.1; "
                 "limits: max-connections=10000, max-keys=1000000, max-waiters=10000, max-total-waits=100000, "
-                "max-held=10000, max-sessions=10000, max-key-length=1024, max-unsent=4194304, max-listing-memory=67108864, auth-timeout=10, "
-                "idle-timeout=none; keepalive 60.0; auth off"
+                "max-held=10000, max-sessions=10000, max-key-length=1024, max-unsent=4194304, "
+                "max-listing-memory=67108864, auth-timeout=10, idle-timeout=none; keepalive 60.0; auth off"
                 "; protected mode: only local clients (set --auth-token-file, or --protected-mode off)"
             ],
         )

@@ -26,7 +26,7 @@ import warnings
 from collections import Counter
 
 from google.protobuf.message import DecodeError
-from twisted.internet import reactor
+from twisted.internet import reactor, task
 from twisted.internet.address import IPv4Address
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
@@ -423,13 +423,58 @@ class ClockTests(SynchronousTestCase):
         self.assertEqual(last.error_text, "idle-timeout exceeded (60)")
         self.assertEqual(unit.service.status("k"), ("k", 1, 0))
 
-    def test_neither_idle_timeout_nor_auth_timeout_of_the_policy_applies(self) -> None:
-        """--idle-timeout and --auth-timeout govern JESync and elock; --dlock-idle-timeout 0 is never."""
+    def test_a_client_that_never_completes_a_request_is_closed_at_the_auth_timeout(self) -> None:
+        """
+        With a token, --auth-timeout applies to dlock as to every listener: a
+        client that sends a length prefix, then one byte now and then, never
+        completes a request, so no token is checked; it is closed when the
+        auth timeout is up, however recently it sent a byte.
+        """
+        unit = UnitDlock(auth_token=TOKEN, auth_timeout=1)
+        client = unit.connect()
+        client.protocol.dataReceived((100).to_bytes(4, "big"))
+        for _ in range(3):
+            unit.clock.advance(0.25)
+            client.protocol.dataReceived(b"\x08")
+        unit.clock.advance(0.24)  # (0.99 s)
+        client.protocol.dataReceived(b"\x08")
+        self.assertFalse(client.closing)
+        unit.clock.advance(0.01)
+        self.assertTrue(client.closing)
+        (last,) = client.take()
+        self.assertEqual((outcome(last), last.error_text), (("General", 0, []), "auth-timeout exceeded (1)"))
+        client.lose()
+        self.assertEqual(len(unit.factory.policy.connections), 0)
+
+    def test_the_first_request_with_the_right_token_meets_the_auth_timeout(self) -> None:
+        """Then neither --auth-timeout nor --idle-timeout applies: --dlock-idle-timeout does (None: never)."""
         unit = UnitDlock(dlock_idle_timeout=None, auth_token=TOKEN, auth_timeout=1, idle_timeout=1)
         client = unit.connect()
+        unit.clock.advance(0.999)
+        self.assertEqual(outcome(client.ask(ping(access_token=TOKEN.decode()))[0]), ("Ok", 1, []))
         unit.clock.advance(1000)
         self.assertFalse(client.closing)
-        self.assertEqual(outcome(client.ask(ping(access_token=TOKEN.decode()))[0]), ("Ok", 1, []))
+        self.assertEqual(outcome(client.ask(ping(id=2, access_token=TOKEN.decode()))[0]), ("Ok", 2, []))
+
+    def test_a_wrong_token_does_not_meet_the_auth_timeout(self) -> None:
+        """It closes the connection at once, answered with its request's id."""
+        unit = UnitDlock(auth_token=TOKEN, auth_timeout=1)
+        client = unit.connect()
+        (last,) = client.ask(lock(["k"], id=7, access_token="wrong"))
+        self.assertEqual((outcome(last), last.error_text), (("General", 7, []), "access token refused"))
+        self.assertTrue(client.closing)
+        self.assertEqual(unit.holders("k"), 0)
+
+    def test_the_idle_timeout_starts_once_authenticated(self) -> None:
+        unit = UnitDlock(dlock_idle_timeout=60, auth_token=TOKEN, auth_timeout=10)
+        client = unit.connect()
+        unit.clock.advance(5)
+        client.ask(lock(["k"], access_token=TOKEN.decode()))
+        unit.clock.advance(59.999)
+        self.assertFalse(client.closing)
+        unit.clock.advance(0.001)
+        self.assertTrue(client.closing)
+        self.assertIn("idle-timeout exceeded (60)", client.take()[0].error_text)
 
     def test_half_close_answers_the_waiting_lock_and_what_follows(self) -> None:
         """
@@ -564,16 +609,17 @@ class OptionsTests(SynchronousTestCase):
 
     def test_defaults(self) -> None:
         factory = self.dlock_factory()
-        self.assertEqual((factory.max_message, factory.max_keys, factory.policy.idle_timeout), (16384, 1000, 60.0))
-        self.assertEqual((factory.policy.auth_token, factory.policy.auth_timeout, factory.shared_policy.auth_token), (None, None, None))
+        self.assertEqual((factory.max_message, factory.max_keys, factory.idle_timeout), (16384, 1000, 60.0))
+        self.assertIsNone(factory.policy.auth_token)
         self.assertIsNone(tap.makeService(test_twistd.parse()).factories["dlock"])
 
     def test_given(self) -> None:
         factory = self.dlock_factory(
             "--dlock-max-message", "100", "--dlock-max-keys", "5", "--dlock-idle-timeout", "2.5", "--idle-timeout", "9"
         )
-        self.assertEqual((factory.max_message, factory.max_keys, factory.policy.idle_timeout), (100, 5, 2.5))
-        self.assertIsNone(self.dlock_factory("--dlock-idle-timeout", "0").policy.idle_timeout)
+        self.assertEqual((factory.max_message, factory.max_keys, factory.idle_timeout), (100, 5, 2.5))
+        self.assertEqual(factory.policy.idle_timeout, 9)  # (JESync's and elock's)
+        self.assertIsNone(self.dlock_factory("--dlock-idle-timeout", "0").idle_timeout)
 
     def test_bad_values(self) -> None:
         for argv in (["--dlock-max-message", "3"], ["--dlock-max-keys", "0"], ["--dlock-idle-timeout", "-1"]):
@@ -930,17 +976,43 @@ class AccessTokenTests(DlockTestCase):
         self.assertEqual(outcome((yield good.ask(ping(id=5, access_token=token)))), ("Ok", 5, []))
 
     @inlineCallbacks
-    def test_not_subject_to_the_auth_timeout(self):
+    def test_a_trickling_client_without_the_token_is_closed_after_the_auth_timeout(self):
+        """
+        Connections that send a length prefix, then a byte now and then,
+        never complete a request: they are closed after --auth-timeout and
+        give back their connection slots; one that sent a request with the
+        token is not closed.
+        """
         path = write_file(self, TOKEN + b"\n")
-        server = yield self.start("--auth-token-file", path, "--auth-timeout", "0.2")
-        client = yield server.dlock()
+        server = yield self.start("--auth-token-file", path, "--auth-timeout", "1", "--max-connections", "3")
+        good = yield server.dlock()
+        self.assertEqual(outcome((yield good.ask(ping(id=9, access_token=TOKEN.decode())))), ("Ok", 9, []))
+        trickling = []
+        for _ in range(2):
+            trickling.append((yield server.dlock()))
+        full = yield server.jesync()
+        self.assertEqual((yield full.read_line()), b"INVALID_PARAMETER: max-connections exceeded (3)\n")
+        for client in trickling:
+            client.send((1000).to_bytes(4, "big"))
+
+        def trickle() -> None:
+            for client in trickling:
+                if client.lost_reason is None:
+                    client.send(b"\x08")
+
+        ticker = task.LoopingCall(trickle)
+        ticker.start(0.2, now=False)
+        self.addCleanup(lambda: ticker.running and ticker.stop())
+        for client in trickling:
+            self.assertIsInstance((yield client.wait_closed()), ConnectionDone)
+            (last,) = client.unread()
+            self.assertEqual((outcome(last), last.error_text), (("General", 0, []), "auth-timeout exceeded (1)"))
+            yield server.wait_lost(client)
+        # Their slots are free: a JESync client connects and is served.
         jesync = yield server.jesync()
-        # The JESync connection, opened after it, is closed for not authenticating ...
-        self.assertIsInstance((yield jesync.wait_closed()), ConnectionDone)
-        self.assertEqual(jesync.unread(), b"INVALID_PARAMETER: auth-timeout exceeded (0.2)\n")
-        # ... the dlock one is not.
-        self.assertIsNone(client.lost_reason)
-        self.assertEqual(outcome((yield client.ask(ping(id=9, access_token=TOKEN.decode())))), ("Ok", 9, []))
+        self.assertEqual((yield jesync.ask(b"auth %s\nstatus k\n" % TOKEN, count=2)), b"OK\nSTATUS 0 0 k\n")
+        self.assertIsNone(good.lost_reason)
+        self.assertEqual(outcome((yield good.ask(ping(id=10, access_token=TOKEN.decode())))), ("Ok", 10, []))
 
     @inlineCallbacks
     def test_without_a_token_file_any_token_is_accepted(self):

@@ -118,7 +118,7 @@ class LockConnection(Protocol):
         self.clock = factory.service.clock
         self.verbose: bool = factory.verbose
         self.grammar: Grammar = factory.grammar(self)
-        self._watch_idle = self.policy.idle_timeout is not None
+        self._watch_idle = self.grammar.idle_timeout is not None
         self.framing = self.grammar.framing(self.grammar.frame_received, self._frame_too_long, self.grammar.max_frame)
         # Replies owed (waits, in the order they were asked for): whether
         # each waits for durable state (then it is answered after a FIN).
@@ -187,9 +187,9 @@ class LockConnection(Protocol):
         elif state == READY:
             self.authenticated = True
             self._cancel_timer()
-            if self.policy.idle_timeout is not None:
+            if self.grammar.idle_timeout is not None:
                 self._last_heard = self.clock.seconds()
-                self._timer = self.clock.callLater(self.policy.idle_timeout, self._idle_check)
+                self._timer = self.clock.callLater(self.grammar.idle_timeout, self._idle_check)
         elif state == HALF_CLOSED:
             self._end_waits(answer_durable=True)
             self._close_if_answered()
@@ -318,7 +318,7 @@ class LockConnection(Protocol):
 
     def _idle_check(self) -> None:
         self._timer = None
-        timeout = self.policy.idle_timeout
+        timeout = self.grammar.idle_timeout
         assert timeout is not None
         if self.state not in (READY, HALF_CLOSED):
             return

@@ -45,6 +45,8 @@ class Grammar:
     @cvar idle_while_busy: whether the idle timeout closes a quiet
         connection that holds or waits for locks too (dlock: only its pings
         keep a connection alive), not only one that holds nothing.
+    @ivar idle_timeout: the idle timeout of its connection: the policy's,
+        unless the protocol has its own (dlock's C{--dlock-idle-timeout}).
     """
 
     framing: ClassVar[type[Framing]] = LineFraming
@@ -56,6 +58,7 @@ class Grammar:
     def __init__(self, connection: LockConnection) -> None:
         self.connection = connection
         self.service = connection.service
+        self.idle_timeout: Optional[float] = connection.policy.idle_timeout
 
     def frame_received(self, frame: bytes) -> None:
         """One request: parse it, carry it out, reply."""

@@ -20,13 +20,17 @@ Only pings (or any other bytes) keep a connection alive: one silent for
 C{--dlock-idle-timeout} is closed even if it holds or waits for locks, as
 the reference server does.  The access token travels in every request; it
 is checked against the server's token (when it has one), and a wrong one
-closes the connection.
+closes the connection.  With a token, a connection is authenticating until
+its first complete request with a right token, and is closed if that has not
+come within C{--auth-timeout}, as on every listener: otherwise a client
+without the token could hold a connection slot for as long as it trickles
+bytes of a request it never finishes (the idle timeout starts once it has
+authenticated).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import replace
 from typing import Callable, ClassVar, Dict, List, NamedTuple, Optional, Sequence, Set, Tuple, Union
 
 from google.protobuf.message import DecodeError
@@ -107,9 +111,12 @@ class DlockProtocol(Grammar):
         assert isinstance(factory, DlockFactory)
         self.factory = factory
         self.max_frame = factory.max_message
+        self.idle_timeout = factory.idle_timeout
         self.timed: Optional[TimedGrants] = None
         # The id of the request whose answer is owed (a Lock waiting), if any.
         self._owed_id: Optional[int] = None
+        # The id of the request being read (its token refused: the answer's).
+        self._request_id = 0
 
     # -- requests -----------------------------------------------------------------
 
@@ -124,9 +131,10 @@ class DlockProtocol(Grammar):
         self.factory.requests[TYPE_NAMES.get(request.type, "invalid")] += 1
         if self.connection.verbose:
             self.log.debug("{peer} sent {request}", peer=self.connection.peer, request=_described(request))
-        if not self.factory.shared_policy.accepts(request.access_token.encode("utf-8"), self.service.clock.seconds()):
-            self.log.info("{peer} sent a wrong access token", peer=self.connection.peer)
-            self.connection.close(self._framed(self._response(request.id, General, "access token refused")))
+        # (each request's token is checked: the first right one authenticates
+        # the connection, a wrong one closes it, with this request's id)
+        self._request_id = request.id
+        if not self.connection.authenticate(request.access_token.encode("utf-8")):
             return
         if request.version not in (0, API_VERSION):
             self._reply(request.id, Version, f"version {request.version} not supported: {API_VERSION} is")
@@ -317,8 +325,8 @@ class DlockProtocol(Grammar):
         # A waiting Lock (idle timeout) is answered; otherwise request id 0.
         return self._framed(self._response(self._owed_id or 0, General, str(error)))
 
-    def auth_refused(self) -> bytes:  # pragma: no cover - dlock has no auth handshake
-        return self._framed(self._response(0, General, "access token refused"))
+    def auth_refused(self) -> bytes:
+        return self._framed(self._response(self._request_id, General, "access token refused"))
 
     def frame_too_long(self) -> bytes:
         return self._framed(self._response(0, General, f"message longer than {self.max_frame} bytes"))
@@ -340,10 +348,11 @@ class DlockFactory(LockServerFactory):
     Serves the dlock protocol over a lock service; listen on it with any
     stream endpoint.
 
-    @param policy: the server's policy; dlock connections keep its limits
-        and registry, but not its authentication handshake or idle timeout:
-        they carry C{access_token} in every request (checked against the
-        policy's token) and close after C{idle_timeout} seconds of silence.
+    @param policy: the server's policy; dlock connections keep its limits,
+        registry and authentication, whose handshake is the first request
+        with a right C{access_token} (every request's is checked against the
+        policy's token), but not its idle timeout: they close after
+        C{idle_timeout} seconds of silence.
     @param max_message: the longest message, in bytes (a longer one closes
         the connection).
     @param max_keys: the most keys one request may name.
@@ -363,12 +372,8 @@ class DlockFactory(LockServerFactory):
         max_keys: int = DEFAULT_MAX_KEYS,
         idle_timeout: Optional[float] = DEFAULT_IDLE_TIMEOUT,
     ) -> None:
-        shared = policy if policy is not None else ConnectionPolicy()
-        # (the shared policy's token is checked at each request: it may be
-        # rotated while the server runs)
-        self.shared_policy = shared
-        own = replace(shared, auth_token=None, auth_timeout=None, idle_timeout=idle_timeout)
-        super().__init__(service, verbose, own)
+        super().__init__(service, verbose, policy)
+        self.idle_timeout = idle_timeout
         self.max_message = max_message
         self.max_keys = max_keys
         self.requests: Counter[str] = Counter()

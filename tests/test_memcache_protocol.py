@@ -261,6 +261,64 @@ class AuthTests(SynchronousTestCase):
         )
         self.assertTrue(client.closing)
 
+    def test_every_malformed_text_request_before_auth_is_answered_then_closes(self) -> None:
+        """
+        Before authentication, every request but a right text or SASL
+        authentication is the last: answered (as memcached would answer it;
+        silent with noreply), then the connection is closed and nothing after
+        it is read.
+        """
+        unit = self.unit()
+        for request, reply in (
+            (b"set k 0 0\r\n", b"ERROR\r\n"),
+            (b"set k 0 0 1 2 3\r\n", b"ERROR\r\n"),
+            (b"set k x 0 5\r\n", b"CLIENT_ERROR bad command line format\r\n"),
+            (b"set k 0 0 -1\r\n", b"CLIENT_ERROR bad command line format\r\n"),
+            (b"set " + b"k" * 251 + b" 0 0 5\r\n", b"CLIENT_ERROR bad command line format\r\n"),
+            (b"set k x 0 5 noreply\r\n", b""),
+            (b"set k 0 0 2000\r\n", b"SERVER_ERROR object too large for cache\r\n"),  # (max_item 1000)
+            (b"set k 0 0 3\r\nuser s3cret\r\n", b"CLIENT_ERROR bad data chunk\r\n"),
+            (b"set k 0 0 3 noreply\r\nuser s3cret\r\n", b""),
+            (b"cas k 0 0 11 1\r\nuser s3cret\r\n", b"CLIENT_ERROR unauthenticated\r\n"),
+            (b"delete k noreply\r\n", b"CLIENT_ERROR unauthenticated\r\n"),
+            (b"\r\n", b"CLIENT_ERROR unauthenticated\r\n"),
+        ):
+            client = unit.connect()
+            self.assertEqual(client.ask(request + b"version\r\nset a 0 0 11\r\nuser s3cret\r\n"), reply, request)
+            self.assertTrue(client.closing, request)
+        self.assertEqual(unit.store.keys(b""), [])
+
+    def test_every_malformed_binary_request_before_auth_is_answered_then_closes(self) -> None:
+        unit = self.unit()
+        too_long = HEADER.pack(0x80, 0x21, 5, 0, 0, 0, 10_000_000, 4, 0)
+        short_body = HEADER.pack(0x80, 0x21, 5, 0, 0, 0, 2, 5, 0) + b"PL"
+        for request, expected in (
+            (too_long, (0x21, 0x03, 4)),  # longer than the largest frame
+            (short_body, (0x21, 0x04, 5)),  # key and extras longer than the body
+            (binary(0x20, b"key", opaque=6), (0x20, 0x04, 6)),  # list-mechs takes no key
+            (binary(0x21, b"PLAIN", extras=b"\0" * 4, value=b"\0u\0s3cret", opaque=7), (0x21, 0x04, 7)),
+            (binary(0x21, value=b"\0u\0s3cret", opaque=8), (0x21, 0x04, 8)),  # no mechanism
+            (binary(0x99, opaque=9), (0x99, 0x20, 9)),  # unknown: "Auth failure." as any other
+        ):
+            client = unit.connect()
+            answer = responses(client.ask(request + binary(0x0A, opaque=99)))
+            self.assertEqual([(opcode, status, opaque) for opcode, status, opaque, *_ in answer], [expected])
+            self.assertTrue(client.closing, request)
+
+    def test_text_authentication_follows_noreply(self) -> None:
+        """C{set ... noreply} authenticates silently; a wrong token is as silent, and still closes."""
+        unit = self.unit()
+        client = unit.connect()
+        answer = client.ask(b"set auth 0 0 11 noreply\r\nuser s3cret\r\nversion\r\n")
+        self.assertEqual(answer, b"VERSION 1.6.0-jesync\r\n")
+        self.assertFalse(client.closing)
+        wrong = unit.connect()
+        self.assertEqual(wrong.ask(b"set auth 0 0 10 noreply\r\nuser wrong\r\nversion\r\n"), b"")
+        self.assertTrue(wrong.closing)
+        no_user = unit.connect()
+        self.assertEqual(no_user.ask(b"set auth 0 0 6 noreply\r\ns3cret\r\nversion\r\n"), b"")
+        self.assertTrue(no_user.closing)
+
     def test_auth_timeout(self) -> None:
         unit = self.unit()
         client = unit.connect()

@@ -208,7 +208,9 @@ class MemcacheProtocol(Grammar):
         # The last binary request (None: the last was text), for the replies
         # the connection layer asks for.
         self._binary: Optional[BinaryRequest] = None
-        self._refused = UNAUTHENTICATED
+        # The last reply to a client refused before (or after: its token
+        # rotated out) authenticating, as it goes on the wire.
+        self._refused = UNAUTHENTICATED + CRLF
         # Whether the text command being served asked for no reply.
         self._silent = False
 
@@ -239,8 +241,8 @@ class MemcacheProtocol(Grammar):
                 "{peer} sent {line!r}", peer=connection.peer, line=line if connection.authenticated else word
             )
         if not connection.authenticated and word != b"set":
-            self._refused = UNAUTHENTICATED
-            connection.refuse_unauthenticated()
+            self._silent = False
+            self._refuse(UNAUTHENTICATED)
             return
         handler = self.text_commands.get(word)
         self._silent = (
@@ -255,11 +257,11 @@ class MemcacheProtocol(Grammar):
             handler(self, fields[1:])
         except WrongArity:
             self._silent = False
-            self._say(b"ERROR")
+            self._say_error(b"ERROR")
         except BadCommand as error:
-            self._say(error.message)
+            self._say_error(error.message)
         except LimitReached as error:
-            self._say(b"SERVER_ERROR " + str(error).encode())
+            self._say_error(b"SERVER_ERROR " + str(error).encode())
 
     def _say(self, line: bytes) -> None:
         """Send one text reply line, unless the command asked for no reply."""
@@ -267,6 +269,23 @@ class MemcacheProtocol(Grammar):
             if self.connection.verbose:
                 self.log.debug("{peer} answered {line!r}", peer=self.connection.peer, line=line)
             self.connection.write(line + CRLF)
+
+    def _say_error(self, line: bytes) -> None:
+        """
+        An error reply; before authentication, the last one: every request
+        of an unauthenticated client but a right authentication closes the
+        connection, malformed ones included (unless C{noreply}, it is told
+        why).
+        """
+        if self.connection.authenticated:
+            self._say(line)
+        else:
+            self._refuse(line)
+
+    def _refuse(self, line: bytes) -> None:
+        """Refuse an unauthenticated client: C{line} (unless the command asked for no reply), then close."""
+        self._refused = b"" if self._silent else line + CRLF
+        self.connection.refuse_unauthenticated()
 
     def _key(self, field: bytes) -> bytes:
         if len(field) > MAX_KEY_LENGTH:
@@ -337,12 +356,12 @@ class MemcacheProtocol(Grammar):
         size = _number(args[3], 2**31 - 1)
         cas = _number(args[4], LARGEST_U64) if mode == "cas" else 0
         if not self.connection.authenticated and size > MAX_AUTH_DATA:
-            self._refused = BAD_AUTH_FORMAT
-            self.connection.refuse_unauthenticated()
+            self._refuse(BAD_AUTH_FORMAT)
             return
         if size > self.store.max_item:
-            self._say(TOO_LARGE)
-            self._framing.skip(size + 2)
+            self._say_error(TOO_LARGE)
+            if self.connection.authenticated:
+                self._framing.skip(size + 2)
             return
         self._storing = _Storing(mode, key, flags, exptime, cas, self._silent)
         self._framing.read_block(size + 2)
@@ -353,15 +372,17 @@ class MemcacheProtocol(Grammar):
         self._storing = None
         self._silent = storing.noreply
         if block[-2:] != CRLF:
-            self._say(BAD_CHUNK)
+            self._say_error(BAD_CHUNK)
             return
         value = block[:-2]
         connection = self.connection
         if not connection.authenticated:
-            # memcached's text authentication: the data is "<user> <token>".
+            # memcached's text authentication: the data is "<user> <token>";
+            # answered as any storage command (so not at all with noreply).
             user, space, token = value.partition(b" ")
-            self._refused = AUTH_FAILED if space else BAD_AUTH_FORMAT
+            self._refused = b"" if self._silent else (AUTH_FAILED if space else BAD_AUTH_FORMAT) + CRLF
             if connection.authenticate(token if space else None):
+                self._refused = UNAUTHENTICATED + CRLF
                 self._say(b"STORED")
             return
         self.factory.commands["set"] += 1
@@ -481,10 +502,10 @@ class MemcacheProtocol(Grammar):
             request = BinaryRequest(opcode, b"", b"", b"", opaque, cas)
         self._binary = request
         if not whole:
-            self._respond(request, VALUE_TOO_LARGE)
+            self._respond_error(request, VALUE_TOO_LARGE)
             return
         if key_length + extras_length > body_length:
-            self._respond(request, INVALID_ARGUMENTS)
+            self._respond_error(request, INVALID_ARGUMENTS)
             return
         command = self.binary_commands.get(opcode)
         connection = self.connection
@@ -497,8 +518,7 @@ class MemcacheProtocol(Grammar):
                 size=len(request.value),
             )
         if not connection.authenticated and opcode not in (SASL_LIST_MECHS, SASL_AUTH):
-            self._refused = self._packet(request, AUTH_ERROR)
-            connection.refuse_unauthenticated()
+            self._respond_error(request, AUTH_ERROR)
             return
         if command is None:
             self._respond(request, UNKNOWN_COMMAND)
@@ -510,7 +530,7 @@ class MemcacheProtocol(Grammar):
             or (request.value and not shape.value)
             or len(request.key) > MAX_KEY_LENGTH
         ):
-            self._respond(request, INVALID_ARGUMENTS)
+            self._respond_error(request, INVALID_ARGUMENTS)
             return
         try:
             handler(self, request, quiet)
@@ -555,6 +575,14 @@ class MemcacheProtocol(Grammar):
         if self.connection.verbose:
             self.log.debug("{peer} answered status {status:#06x}", peer=self.connection.peer, status=status)
         self.connection.write(self._packet(request, status, **fields))  # type: ignore[arg-type]
+
+    def _respond_error(self, request: BinaryRequest, status: int) -> None:
+        """An error response; before authentication, the last one (as L{_say_error})."""
+        if self.connection.authenticated:
+            self._respond(request, status)
+        else:
+            self._refused = self._packet(request, status)
+            self.connection.refuse_unauthenticated()
 
     def _outcome(self, request: BinaryRequest, quiet: bool, outcome: Outcome, cas: int = 0) -> None:
         """Answer with a store outcome (a quiet request: only when it failed)."""
@@ -749,8 +777,7 @@ class MemcacheProtocol(Grammar):
         return b"SERVER_ERROR " + str(error).encode() + CRLF
 
     def auth_refused(self) -> bytes:
-        refused = self._refused
-        return refused if refused[:1] == b"\x81" else refused + CRLF
+        return self._refused
 
     def frame_too_long(self) -> bytes:
         return b"CLIENT_ERROR line too long" + CRLF

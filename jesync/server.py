@@ -32,6 +32,8 @@ from jesync.service import LockService
 from jesync.sessions import DEFAULT_MAX_SESSIONS
 
 if TYPE_CHECKING:
+    from twisted.internet.interfaces import IDelayedCall
+
     from jesync.cluster.member import ClusterMember, Leadership
 
 DEFAULT_PORT = "tcp:11400"
@@ -418,8 +420,9 @@ class TokenFile(service.Service):
     """
     Reads the auth token file again on SIGHUP: the new token is accepted at
     once, the previous one for C{grace} seconds more (clients can be given
-    the new one without a restart).  A file that cannot be read, or holds no
-    single token, is logged and changes nothing.
+    the new one without a restart); when they are over, the connections
+    still authenticated with it are closed.  A file that cannot be read, or
+    holds no single token, is logged and changes nothing.
     """
 
     log = Logger()
@@ -430,6 +433,8 @@ class TokenFile(service.Service):
         self.clock = clock
         self.grace = grace
         self._previous_handler: Any = None
+        # The ends of grace periods to come (cancelled when the server stops).
+        self._retirements: List[IDelayedCall] = []
 
     def startService(self) -> None:
         super().startService()
@@ -443,6 +448,10 @@ class TokenFile(service.Service):
 
     def stopService(self) -> None:
         super().stopService()
+        for call in self._retirements:
+            if call.active():
+                call.cancel()
+        self._retirements = []
         if self._previous_handler is not None:
             signal.signal(signal.SIGHUP, self._previous_handler)
             self._previous_handler = None
@@ -458,8 +467,16 @@ class TokenFile(service.Service):
             return
         if self.policy.rotate(token, self.clock.seconds(), self.grace):
             self.log.info("new auth token taken; the previous one is accepted for {grace} s more", grace=self.grace)
+            self._retirements = [call for call in self._retirements if call.active()]
+            self._retirements.append(self.clock.callLater(self.grace, self.close_rotated_out))
         else:
             self.log.info("token file read again: the token is unchanged")
+
+    def close_rotated_out(self) -> None:
+        """A grace period is over: close the connections still on the token it was for."""
+        closed = self.policy.close_rotated_out(self.clock.seconds())
+        if closed:
+            self.log.info("closed {count} connections authenticated with a token rotated out", count=closed)
 
 
 class ListenFailed(Exception):

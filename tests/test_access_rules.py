@@ -4,7 +4,8 @@ a server without an auth token refuses clients that are neither on loopback
 nor on a UNIX socket, each in its own protocol's words, before they count
 toward max-connections; local clients are served as usual.  And the auth
 token rotated while the server runs (L{ConnectionPolicy.rotate}): the new
-one accepted at once by every protocol, the old one for a grace period.
+one accepted at once by every protocol, the old one for a grace period, at
+whose end the connections still on it are closed.
 """
 
 from __future__ import annotations
@@ -146,6 +147,119 @@ class TokenRotationTests(SynchronousTestCase):
         self.assertEqual(ask(jesync, b"auth old\nstatus k\n", 4), b"INVALID_PARAMETER: auth failed\n")
         [refused] = parse_responses(ask(dlock, dlock_frame(ping(id=2, access_token="old")), 5))
         self.assertEqual(refused.error_text, "access token refused")
+
+
+class RotatedOutTests(SynchronousTestCase):
+    """
+    A connection authenticated with a token rotated out is closed when the
+    token's grace period ends (the secure default: a token rotated out stops
+    being a credential for connections already open too), with the
+    protocol's auth refusal; one that authenticated again with the new token,
+    or first with it, stays.
+    """
+
+    def setUp(self) -> None:
+        import os
+        import tempfile
+
+        from jesync.server import TokenFile
+
+        self.clock = Clock()
+        self.service = LockService(self.clock)
+        self.policy = ConnectionPolicy(auth_token=b"old")
+        handle, self.path = tempfile.mkstemp()
+        os.close(handle)
+        self.addCleanup(os.unlink, self.path)
+        self.token_file = TokenFile(self.path, self.policy, self.clock, 30)
+        self.token_file.startService()  # (a Clock: no SIGHUP handler)
+        self.addCleanup(self.token_file.stopService)
+        self._port = 40000
+
+    def rotate(self, token: bytes) -> None:
+        with open(self.path, "wb") as file:
+            file.write(token + b"\n")
+        self.token_file.reload()
+
+    def connect(self, factory) -> UnitClient:
+        self._port += 1
+        peer = IPv4Address("TCP", "127.0.0.1", self._port)
+        transport = StringTransport(peerAddress=peer)
+        protocol = factory.buildProtocol(peer)
+        protocol.makeConnection(transport)
+        return UnitClient(protocol, transport)
+
+    def test_every_protocol_closes_them_at_the_end_of_the_grace_period(self) -> None:
+        from tests.test_dlock import dlock_frame, lock, parse_responses, ping
+
+        jesync = JESyncFactory(self.service, policy=self.policy)
+        elock = ELockFactory(self.service, policy=self.policy)
+        dlock = DlockFactory(self.service, policy=self.policy)
+        memcache = MemcacheFactory(ObjectStore(self.service), policy=self.policy)
+        on_old = self.connect(jesync)
+        self.assertEqual(on_old.ask(b"auth old\nlock a\n"), b"OK\nGRANTED 1 0 a 120\n")
+        moved = self.connect(jesync)
+        self.assertEqual(moved.ask(b"auth old\n"), b"OK\n")
+        elock_old = self.connect(elock)
+        self.assertEqual(elock_old.ask(b"auth old\r\n"), b"200 OK\r\n")
+        dlock_old = self.connect(dlock)
+        [granted] = parse_responses(dlock_old.ask(dlock_frame(lock(["b"], access_token="old"))))
+        self.assertEqual(granted.error_text, "")
+        memcache_old = self.connect(memcache)
+        self.assertEqual(memcache_old.ask(b"set u 0 0 8\r\nuser old\r\n"), b"STORED\r\n")
+        self.rotate(b"new")
+        on_new = self.connect(jesync)
+        self.assertEqual(on_new.ask(b"auth new\n"), b"OK\n")
+        self.assertEqual(moved.ask(b"auth new\n"), b"OK\n")  # moved to the new token in time
+        # A dlock client moves by sending the new token.
+        dlock_moved = self.connect(dlock)
+        parse_responses(dlock_moved.ask(dlock_frame(ping(access_token="old"))))
+        parse_responses(dlock_moved.ask(dlock_frame(ping(id=2, access_token="new"))))
+        everyone = [on_old, moved, elock_old, dlock_old, memcache_old, on_new, dlock_moved]
+        self.clock.advance(29.9)
+        self.assertEqual([client.closing for client in everyone], [False] * 7)
+        self.assertEqual(on_old.ask(b"status a\n"), b"STATUS 1 0 a\n")  # still served within the grace period
+        self.clock.advance(0.1)
+        self.assertEqual([client.closing for client in everyone], [True, False, True, True, True, False, False])
+        self.assertEqual(on_old.take(), b"INVALID_PARAMETER: auth failed\n")
+        self.assertEqual(elock_old.take(), b"403 auth failed\r\n")
+        [refused] = parse_responses(dlock_old.take())
+        self.assertEqual(refused.error_text, "access token refused")
+        self.assertEqual(memcache_old.take(), b"CLIENT_ERROR unauthenticated\r\n")
+        # What they held is given back.
+        self.assertEqual((self.service.status("a").granted, self.service.status("b").granted), (0, 0))
+        self.assertEqual(moved.ask(b"status a\n"), b"STATUS 0 0 a\n")
+
+    def test_a_second_rotation_within_the_grace_period(self) -> None:
+        """Each token's connections are closed when its own grace period ends."""
+        jesync = JESyncFactory(self.service, policy=self.policy)
+        on_old = self.connect(jesync)
+        on_old.ask(b"auth old\n")
+        self.clock.advance(1)
+        self.rotate(b"middle")
+        on_middle = self.connect(jesync)
+        self.assertEqual(on_middle.ask(b"auth middle\n"), b"OK\n")
+        self.clock.advance(10)
+        self.rotate(b"new")
+        self.clock.advance(20)  # the old token's grace period is over
+        self.assertEqual((on_old.closing, on_middle.closing), (True, False))
+        self.clock.advance(10)  # and the middle one's
+        self.assertTrue(on_middle.closing)
+
+    def test_a_connection_not_yet_authenticated_keeps_its_auth_timeout(self) -> None:
+        """Only authenticated connections are closed: one still authenticating is the auth timeout's."""
+        policy = self.policy
+        policy.auth_timeout = 100
+        client = self.connect(JESyncFactory(self.service, policy=policy))
+        self.rotate(b"new")
+        self.clock.advance(30)
+        self.assertFalse(client.closing)
+        self.assertEqual(client.ask(b"auth new\n"), b"OK\n")
+
+    def test_stopping_cancels_the_ends_of_grace_periods(self) -> None:
+        self.rotate(b"new")
+        self.assertEqual(len(self.clock.getDelayedCalls()), 1)
+        self.token_file.stopService()
+        self.assertEqual(self.clock.getDelayedCalls(), [])
 
 
 class OptionsTests(SynchronousTestCase):

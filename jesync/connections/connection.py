@@ -110,6 +110,8 @@ class LockConnection(Protocol):
     state = lifecycle.ACCEPTED
     peer = "?"
     authenticated = False
+    #: The generation of the token it authenticated with (L{ConnectionPolicy.generation_of}).
+    auth_generation = 0
 
     def __init__(self, factory: LockServerFactory) -> None:
         self.factory = factory
@@ -300,7 +302,9 @@ class LockConnection(Protocol):
         True if right (or if the server has no token); False closes the
         connection with the grammar's refusal.
         """
-        if self.policy.accepts(token, self.clock.seconds()):
+        generation = self.policy.generation_of(token, self.clock.seconds())
+        if generation is not None:
+            self.auth_generation = generation
             self._feed("authenticated")
             return True
         self.refuse_unauthenticated()
@@ -308,6 +312,11 @@ class LockConnection(Protocol):
 
     def refuse_unauthenticated(self) -> None:
         self.log.info("{peer} failed to authenticate", peer=self.peer)
+        self.close(self.grammar.auth_refused())
+
+    def token_rotated_out(self) -> None:
+        """The token it authenticated with was rotated out, and its grace period is over: close."""
+        self.log.info("{peer} closed: the token it authenticated with was rotated out", peer=self.peer)
         self.close(self.grammar.auth_refused())
 
     def _auth_timed_out(self) -> None:

@@ -3,6 +3,13 @@ What every connection of a server is held to, whichever protocol it speaks:
 the registry that enforces max-connections and closes them all on shutdown,
 the policy (limits, timeouts, keepalive, authentication), TCP keepalive, and
 how a peer is named in the log.
+
+A token rotated out stops being a credential everywhere at the end of its
+grace period: a connection that authenticated with it (and not since with
+the new one) is closed then (L{ConnectionPolicy.close_rotated_out}), as a
+new connection that offers it is refused.  Otherwise a client that stole the
+old token, or a process that should have been cut off with it, would keep
+its connections, and what they hold, for as long as it likes.
 """
 
 from __future__ import annotations
@@ -11,7 +18,7 @@ import hmac
 import ipaddress
 import socket
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol
+from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol, cast
 
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.defer import Deferred, succeed
@@ -44,6 +51,17 @@ class Connection(Protocol):
 
     def close(self) -> None:
         """Close as the server stops: give back what it holds, flush what it owes, then close."""
+
+
+class AuthenticatedConnection(Connection, Protocol):
+    """What L{ConnectionPolicy.close_rotated_out} needs of a connection."""
+
+    policy: ConnectionPolicy
+    authenticated: bool
+    auth_generation: int
+
+    def token_rotated_out(self) -> None:
+        """Close: the token this connection authenticated with is no longer accepted."""
 
 
 class Connections:
@@ -127,6 +145,8 @@ class ConnectionPolicy:
     @ivar previous_token: the token L{rotate} replaced, still accepted until
         C{previous_until} (clock time), so that clients can be moved to the
         new one without a restart.
+    @ivar generation: how many times the token was rotated (the token a
+        connection authenticated with is known by its generation).
     @ivar auth_timeout: seconds a connection may take to authenticate (when
         a token is set); None: no limit.
     @ivar idle_timeout: seconds after which a connection that has sent
@@ -155,6 +175,7 @@ class ConnectionPolicy:
     auth_token: Optional[bytes] = None
     previous_token: Optional[bytes] = None
     previous_until: float = 0.0
+    generation: int = 0
     auth_timeout: Optional[float] = 10.0
     idle_timeout: Optional[float] = None
     close_grace: float = 5.0
@@ -170,26 +191,60 @@ class ConnectionPolicy:
         token, or the previous one during its grace period (compared in
         constant time); anything when the server has no token.
         """
+        return self.generation_of(token, now) is not None
+
+    def generation_of(self, token: Optional[bytes], now: float) -> Optional[int]:
+        """
+        The generation of the server's token that C{token} is at clock time
+        C{now}: L{generation} for the token, one less for the previous one
+        during its grace period (both compared in constant time, whichever
+        matches); None if neither.  Without a token: L{generation}.
+        """
         if self.auth_token is None:
-            return True
+            return self.generation
         if token is None:
-            return False
-        right = hmac.compare_digest(token, self.auth_token)
-        if self.previous_token is not None and now < self.previous_until:
-            right = hmac.compare_digest(token, self.previous_token) or right
-        return right
+            return None
+        current = hmac.compare_digest(token, self.auth_token)
+        previous = self.previous_token is not None and now < self.previous_until
+        if previous and hmac.compare_digest(token, self.previous_token or b""):
+            return self.generation - 1
+        return self.generation if current else None
+
+    def still_accepted(self, generation: int, now: float) -> bool:
+        """Whether the token of C{generation} is accepted at clock time C{now}."""
+        return generation == self.generation or (generation == self.generation - 1 and now < self.previous_until)
 
     def rotate(self, token: bytes, now: float, grace: float) -> bool:
         """
         Take C{token} as the server's token (the token file was read again);
-        the one it replaces is still accepted for C{grace} seconds.  False
-        (nothing changes) if it is the same token.
+        the one it replaces is still accepted for C{grace} seconds (then
+        L{close_rotated_out} is due).  False (nothing changes) if it is the
+        same token.
         """
         if self.auth_token is None or hmac.compare_digest(token, self.auth_token):
             return False
         self.previous_token, self.previous_until = self.auth_token, now + grace
         self.auth_token = token
+        self.generation += 1
         return True
+
+    def close_rotated_out(self, now: float) -> int:
+        """
+        Close every connection of this policy that authenticated with a
+        token no longer accepted at clock time C{now} (and not since with
+        one that is): the end of a rotation's grace period.  Returns how
+        many.
+        """
+        closing = []
+        for connection in self.connections:
+            if getattr(connection, "policy", None) is not self:
+                continue  # (another policy's: the admin listener's, or not a lock connection)
+            authenticated = cast(AuthenticatedConnection, connection)
+            if authenticated.authenticated and not self.still_accepted(authenticated.auth_generation, now):
+                closing.append(authenticated)
+        for authenticated in closing:
+            authenticated.token_rotated_out()
+        return len(closing)
 
 
 def read_token_file(path: str) -> bytes:

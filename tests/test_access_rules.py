@@ -215,11 +215,26 @@ class RotatedOutTests(SynchronousTestCase):
         parse_responses(dlock_moved.ask(dlock_frame(ping(access_token="old"))))
         parse_responses(dlock_moved.ask(dlock_frame(ping(id=2, access_token="new"))))
         everyone = [on_old, moved, elock_old, dlock_old, memcache_old, on_new, dlock_moved]
+        logged: list[str] = []
+
+        def observe(event: dict) -> None:
+            from twisted.logger import formatEvent
+
+            logged.append(formatEvent(event))
+
+        from twisted.logger import globalLogPublisher
+
+        globalLogPublisher.addObserver(observe)
+        self.addCleanup(globalLogPublisher.removeObserver, observe)
         self.clock.advance(29.9)
         self.assertEqual([client.closing for client in everyone], [False] * 7)
         self.assertEqual(on_old.ask(b"status a\n"), b"STATUS 1 0 a\n")  # still served within the grace period
         self.clock.advance(0.1)
         self.assertEqual([client.closing for client in everyone], [True, False, True, True, True, False, False])
+        self.assertIn("closed 4 connections authenticated with a token rotated out", logged)
+        rotated_out = [line for line in logged if line.endswith(": the token it authenticated with was rotated out")]
+        self.assertEqual(len(rotated_out), 4)
+        self.assertFalse([line for line in logged if "old" in line.split()])  # (no token in the log)
         self.assertEqual(on_old.take(), b"INVALID_PARAMETER: auth failed\n")
         self.assertEqual(elock_old.take(), b"403 auth failed\r\n")
         [refused] = parse_responses(dlock_old.take())

@@ -316,6 +316,8 @@ class LockConnection(Protocol):
 
     def token_rotated_out(self) -> None:
         """The token it authenticated with was rotated out, and its grace period is over: close."""
+        if self.state not in READING:
+            return  # (closing already)
         self.log.info("{peer} closed: the token it authenticated with was rotated out", peer=self.peer)
         self.close(self.grammar.auth_refused())
 

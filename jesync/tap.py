@@ -269,9 +269,9 @@ class Options(usage.Options):
             "admin-token-file",
             None,
             None,
-            "A file holding the admin listener's own token (one line): --admin-port then accepts only "
-            "'auth <this token>', and not --auth-token-file's, which does not open it. Read again on SIGHUP, "
-            "as --auth-token-file is.",
+            "A file holding the admin listener's own token (one line): --admin-port then accepts "
+            "'auth <this token>' alone (not --auth-token-file's), and this token opens no other listener. "
+            "Read again on SIGHUP, as --auth-token-file is.",
         ],
         [
             "tls-ciphers",

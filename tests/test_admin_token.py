@@ -173,3 +173,35 @@ class AdminTokenOptionTests(SynchronousTestCase):
             self.refusal("--admin-port", "0", "--admin-token-file", "/nonexistent/admin-token"),
             "--admin-token-file: cannot read /nonexistent/admin-token: No such file or directory",
         )
+
+
+class ReadmeAdminTokenTests(SynchronousTestCase):
+    """README's example of an admin listener with its own token starts the server it describes."""
+
+    def test_readme_example(self) -> None:
+        import re
+        import shlex
+        from pathlib import Path
+
+        from jesync import tap
+
+        text = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+        blocks = [block for block in re.findall(r"```sh\n(.*?)```", text, re.DOTALL) if "--admin-token-file" in block]
+        self.assertEqual(len(blocks), 1)
+        argv = shlex.split(blocks[0].replace("\\\n", " "))
+        self.assertEqual(argv[:4], ["twistd", "-n", "--pidfile=", "jesync"])
+        directory = tempfile.mkdtemp()
+        self.addCleanup(shutil.rmtree, directory)
+        files = {}
+        for name, token in (("/etc/jesync/token", b"lock-token\n"), ("/etc/jesync/admin-token", b"admin-token\n")):
+            files[name] = os.path.join(directory, os.path.basename(name))
+            with open(files[name], "wb") as file:
+                file.write(token)
+        options = tap.Options()
+        options.parseOptions([files.get(argument, argument) for argument in argv[4:]])
+        server = tap.makeService(options)
+        admin = server.factories["admin"]
+        self.assertEqual(admin.policy.auth_token, b"admin-token")
+        self.assertIs(admin.policy.connections, server.policy.connections)  # max-connections counts them too
+        self.assertEqual(server.factories["jesync"].policy.auth_token, b"lock-token")
+        self.assertEqual([listener.description for listener in server.listeners()][-1], "tcp:11409:interface=10.0.0.5")

@@ -126,6 +126,7 @@ class ServerSettings:
                 if self.etcd
                 else ""
             )
+            + self.tls_summary()
             + f"; auth {'required' if self.auth_token is not None else 'off'}"
             + ("; admin auth: its own token" if self.admin_token is not None and self.admin_ports else "")
             + (
@@ -138,6 +139,16 @@ class ServerSettings:
                 )
             )
         )
+
+    def tls_summary(self) -> str:
+        """What the ssl: listeners accept, for the summary (nothing without one)."""
+        listeners = (
+            self.ports + self.elock_ports + self.dlock_ports + self.memcache_ports + self.metrics_ports + self.admin_ports
+        )
+        if not any(description.split(":", 1)[0].strip().lower() == "ssl" for description in listeners):
+            return ""
+        ciphers = "" if self.tls.ciphers == DEFAULT_TLS_CIPHERS else f", TLS 1.2 ciphers {self.tls.ciphers}"
+        return f"; TLS {self.tls.min_version}+{ciphers}"
 
     @property
     def protected(self) -> bool:

@@ -702,7 +702,10 @@ for _parameter in cast(List[List[Any]], Options.optParameters):
 
 
 def read_token(path: str, option: str = "auth-token-file") -> bytes:
-    """The token in C{path}, given as C{--option}: its first line, without surrounding whitespace (L{read_token_file})."""
+    """
+    The token in C{path}, given as C{--option}: its first line, without
+    surrounding whitespace (L{read_token_file}).
+    """
     try:
         return read_token_file(path)
     except OSError as error:

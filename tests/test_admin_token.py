@@ -25,7 +25,7 @@ WITHIN = 10.0
 
 
 def exchange(port: int, request: bytes, expected: int = 1) -> bytes:
-    """Send C{request} on a new connection to 127.0.0.1:C{port}; what it answers, in C{expected} lines or until closed."""
+    """Send C{request} on a new connection to 127.0.0.1:C{port}; its answer: C{expected} lines, or until closed."""
     with socket.create_connection(("127.0.0.1", port), timeout=WITHIN) as client:
         client.sendall(request)
         received = b""

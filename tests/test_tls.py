@@ -299,14 +299,16 @@ class TLSPolicyTests(ServerTestCase):
 
     @inlineCallbacks
     def test_the_cipher_string_is_the_operators(self):
-        yield self.start("--tls-ciphers", "AES128-SHA:ECDHE+AESGCM")
+        server = yield self.start("--tls-ciphers", "AES128-SHA:ECDHE+AESGCM")
+        self.assertIn("; TLS 1.2+, TLS 1.2 ciphers AES128-SHA:ECDHE+AESGCM; auth off", server.service.summary)
         self.assertEqual((yield self.handshake("AES128-SHA", "1.2")), ("TLSv1.2", "AES128-SHA"))
         self.assertIsInstance((yield self.handshake("ECDHE-RSA-CHACHA20-POLY1305", "1.2")), str)
         self.assertEqual((yield self.handshake(version="1.3"))[0], "TLSv1.3")
 
     @inlineCallbacks
     def test_tls_1_3_only(self):
-        yield self.start("--tls-min-version", "1.3")
+        server = yield self.start("--tls-min-version", "1.3")
+        self.assertIn("; TLS 1.3+; auth off", server.service.summary)
         self.assertIsInstance((yield self.handshake("ECDHE-RSA-AES128-GCM-SHA256", "1.2")), str)
         self.assertEqual((yield self.handshake(version="1.3"))[0], "TLSv1.3")
 
@@ -375,6 +377,7 @@ class TwistdTLSTests(TwistdTestCase):
         summary = yield self.summary(process)
         # where it listens, never the key's or the certificate's file
         self.assertTrue(summary.startswith(b"JESync on ssl:0:interface=127.0.0.1;"), summary)
+        self.assertIn(b"; TLS 1.2+; auth off", summary)
         client = yield connect_tls(int(match.group(1)), pem)
         self.addCleanup(lambda: client.abort() if client.lost_reason is None else None)
         self.assertEqual((yield client.ask(b"lock k\nstatus k\n", 2)), b"GRANTED 1 0 k 120\nSTATUS 1 0 k\n")

@@ -60,14 +60,13 @@ class AdminTokenTests(SynchronousTestCase):
         self.directory = tempfile.mkdtemp()
         self.addCleanup(shutil.rmtree, self.directory)
 
-    def start(self, *args: str, admin_token: bool = True):
+    def start(self, *args: str, admin_token: bool = True, lock_token: bool = True):
         self.admin_port = free_port()
         self.elock_port = free_port()
         self.token_path = self.write("token", b"lock-token\n")
         self.admin_token_path = self.write("admin-token", b"admin-token\n")
         extra = [
-            "--auth-token-file",
-            self.token_path,
+            *(["--auth-token-file", self.token_path] if lock_token else []),
             "--admin-port",
             f"tcp:{self.admin_port}:interface=127.0.0.1",
             "--elock-port",
@@ -76,7 +75,7 @@ class AdminTokenTests(SynchronousTestCase):
         ]
         if admin_token:
             extra += ["--admin-token-file", self.admin_token_path]
-        return start_server(self, extra_args=extra, auth_token=b"lock-token")
+        return start_server(self, extra_args=extra, auth_token=b"lock-token" if lock_token else None)
 
     def wait_for_log(self, server, text: str) -> None:
         deadline = time.monotonic() + WITHIN
@@ -135,6 +134,16 @@ class AdminTokenTests(SynchronousTestCase):
             closed_after(self.server.port, b"auth admin-token-2\n"), b"INVALID_PARAMETER: auth failed\n"
         )
         self.assertNotIn("admin-token-2", self.server.log())  # tokens are never logged
+
+    def test_an_admin_token_without_a_lock_token(self) -> None:
+        """The lock listeners need no token (local clients, protected mode), the admin listener its own."""
+        server = self.start(lock_token=False)
+        self.assertEqual(exchange(server.port, b"status k\n"), b"STATUS 0 0 k\n")
+        self.assertEqual(closed_after(self.admin_port, b"force-release k\n"), b"INVALID_PARAMETER: auth failed\n")
+        self.assertEqual(closed_after(self.admin_port, b"auth x\n"), b"INVALID_PARAMETER: auth failed\n")
+        self.assertEqual(
+            exchange(self.admin_port, b"auth admin-token\nforce-release k\n", 2), b"OK\nFORCE-RELEASED 0 k\n"
+        )
 
     def test_without_it_the_admin_listener_takes_the_lock_token(self) -> None:
         server = self.start(admin_token=False)

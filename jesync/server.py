@@ -8,7 +8,7 @@ starts only if every one of them listens, with a graceful stop.
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple, Union
 
 from twisted.application import service
@@ -69,7 +69,13 @@ class ServerSettings:
     # The file the token came from: read again on SIGHUP (None: never).
     auth_token_file: Optional[str] = None
     auth_token_grace: float = 300.0
+    # The admin listener's own token, and its file (read again on SIGHUP):
+    # with it, the admin listener takes this token and not auth_token.
+    admin_token: Optional[bytes] = None
+    admin_token_file: Optional[str] = None
     protected_mode: bool = True
+    # What ssl: endpoints accept (--tls-ciphers, --tls-min-version).
+    tls: TLSPolicy = field(default_factory=lambda: TLSPolicy())
     auth_timeout: Optional[float] = 10.0
     idle_timeout: Optional[float] = None
     shutdown_grace: float = 5.0
@@ -122,7 +128,9 @@ class ServerSettings:
                 if self.etcd
                 else ""
             )
+            + self.tls_summary()
             + f"; auth {'required' if self.auth_token is not None else 'off'}"
+            + ("; admin auth: its own token" if self.admin_token is not None and self.admin_ports else "")
             + (
                 ""
                 if self.auth_token is not None
@@ -133,6 +141,16 @@ class ServerSettings:
                 )
             )
         )
+
+    def tls_summary(self) -> str:
+        """What the ssl: listeners accept, for the summary (nothing without one)."""
+        listeners = (
+            self.ports + self.elock_ports + self.dlock_ports + self.memcache_ports + self.metrics_ports + self.admin_ports
+        )
+        if not any(description.split(":", 1)[0].strip().lower() == "ssl" for description in listeners):
+            return ""
+        ciphers = "" if self.tls.ciphers == DEFAULT_TLS_CIPHERS else f", TLS 1.2 ciphers {self.tls.ciphers}"
+        return f"; TLS {self.tls.min_version}+{ciphers}"
 
     @property
     def protected(self) -> bool:
@@ -249,6 +267,7 @@ def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[
         policy.journal = journal
         mark, mark_every = JournalMark(journal), 1.0
     server = LockServer(locks, policy, reactor, settings.shutdown_grace)
+    server.tls = settings.tls
     server.summary = settings.summary()
     verbose = settings.verbose
     jesync = JESyncFactory(locks, verbose, policy)
@@ -288,9 +307,14 @@ def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[
     if settings.admin_ports:
         from jesync.protocols.admin import AdminFactory
 
-        admin = AdminFactory(locks, verbose, policy, sessions=elock.sessions)
+        admin_policy = admin_listener_policy(policy, settings)
+        admin = AdminFactory(locks, verbose, admin_policy, sessions=elock.sessions)
         for description in settings.admin_ports:
             server.listen(description, admin)
+        if settings.admin_token_file is not None and admin_policy is not policy:
+            TokenFile(
+                settings.admin_token_file, admin_policy, reactor, settings.auth_token_grace, name="admin token"
+            ).setServiceParent(server)
     server.factories = {"jesync": jesync, "elock": elock, "dlock": dlock, "memcache": memcache, "admin": admin}
     if settings.auth_token_file is not None:
         TokenFile(settings.auth_token_file, policy, reactor, settings.auth_token_grace).setServiceParent(server)
@@ -310,6 +334,23 @@ def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[
         for description in settings.metrics_ports:
             server.listen(description, counted)
     return server
+
+
+def admin_listener_policy(policy: ConnectionPolicy, settings: ServerSettings) -> ConnectionPolicy:
+    """
+    What the admin listener's connections are held to: the server's
+    C{policy} itself, unless the settings give the admin listener a token
+    of its own (C{--admin-token-file}).  Then a copy of it whose token is
+    that one alone: the lock token does not open the admin listener, nor
+    the admin token a lock listener, so a client given the lock token
+    cannot force-release what others hold.  Limits, the registry of
+    connections (max-connections counts admin connections too), the
+    listing budget and cluster mode are the server's; protected mode does
+    not apply, as a token is required.
+    """
+    if settings.admin_token is None:
+        return policy
+    return replace(policy, auth_token=settings.admin_token, previous_token=None, previous_until=0.0, protected=False)
 
 
 def build_member(reactor: Any, settings: ServerSettings) -> ClusterMember:
@@ -350,6 +391,7 @@ def build_member(reactor: Any, settings: ServerSettings) -> ClusterMember:
         observer=metrics,
         on_commit=cluster_metrics.committed if cluster_metrics is not None else None,
     )
+    member.tls = settings.tls
     if metrics is not None:
         from jesync.metrics import metrics_site
 
@@ -418,20 +460,26 @@ class CountedFactory(WrappingFactory):
 
 class TokenFile(service.Service):
     """
-    Reads the auth token file again on SIGHUP: the new token is accepted at
-    once, the previous one for C{grace} seconds more (clients can be given
-    the new one without a restart); when they are over, the connections
-    still authenticated with it are closed.  A file that cannot be read, or
-    holds no single token, is logged and changes nothing.
+    Reads a token file again on SIGHUP: the new token is accepted at once,
+    the previous one for C{grace} seconds more (clients can be given the new
+    one without a restart); when they are over, the connections still
+    authenticated with it are closed.  A file that cannot be read, or holds
+    no single token, is logged and changes nothing.  A server may read two
+    (the auth token's, and the admin listener's own, C{name}d C{admin
+    token}): each one's SIGHUP handler calls the one it replaced, so one
+    SIGHUP reads both.
     """
 
     log = Logger()
 
-    def __init__(self, path: str, policy: ConnectionPolicy, clock: IReactorTime, grace: float) -> None:
+    def __init__(
+        self, path: str, policy: ConnectionPolicy, clock: IReactorTime, grace: float, name: str = "auth token"
+    ) -> None:
         self.path = path
         self.policy = policy
         self.clock = clock
         self.grace = grace
+        self.name = name
         self._previous_handler: Any = None
         # The ends of grace periods to come (cancelled when the server stops).
         self._retirements: List[IDelayedCall] = []
@@ -441,8 +489,14 @@ class TokenFile(service.Service):
         call_from_thread = getattr(self.clock, "callFromThread", None)
         if call_from_thread is None or not hasattr(signal, "SIGHUP"):
             return  # not a reactor (an embedder's clock), or no SIGHUP here
+
+        def hangup(number: int, frame: Any) -> None:
+            call_from_thread(self.reload)
+            if callable(self._previous_handler):
+                self._previous_handler(number, frame)
+
         try:
-            self._previous_handler = signal.signal(signal.SIGHUP, lambda number, frame: call_from_thread(self.reload))
+            self._previous_handler = signal.signal(signal.SIGHUP, hangup)
         except ValueError:  # not the main thread: the embedder handles signals
             self._previous_handler = None
 
@@ -462,15 +516,19 @@ class TokenFile(service.Service):
             token = read_token_file(self.path)
         except (OSError, ValueError) as error:
             self.log.error(
-                "token file not read again, the token stays: {why}", why=getattr(error, "strerror", None) or error
+                "{name} file not read again, the token stays: {why}",
+                name=self.name,
+                why=getattr(error, "strerror", None) or error,
             )
             return
         if self.policy.rotate(token, self.clock.seconds(), self.grace):
-            self.log.info("new auth token taken; the previous one is accepted for {grace} s more", grace=self.grace)
+            self.log.info(
+                "new {name} taken; the previous one is accepted for {grace} s more", name=self.name, grace=self.grace
+            )
             self._retirements = [call for call in self._retirements if call.active()]
             self._retirements.append(self.clock.callLater(self.grace, self.close_rotated_out))
         else:
-            self.log.info("token file read again: the token is unchanged")
+            self.log.info("{name} file read again: the token is unchanged", name=self.name)
 
     def close_rotated_out(self) -> None:
         """A grace period is over: close the connections still on the token it was for."""
@@ -512,31 +570,88 @@ def _close_now(port: IListeningPort) -> None:
         port.stopListening()
 
 
-def _tls_as_cryptography(endpoint: IStreamServerEndpoint) -> None:
-    """
-    An C{ssl:} endpoint's certificate, key and chain, as C{cryptography}'s
-    objects rather than pyOpenSSL's.  Twisted's C{ssl:} parser (through 26.10
-    at least) loads them as pyOpenSSL C{X509} and C{PKey}, which pyOpenSSL
-    deprecates handing to a context (a DeprecationWarning from 24.3, at
-    listening or at the first connection); L{CertificateOptions} takes
-    either.  Done before the endpoint listens, so before the context is made.
-    Any other endpoint is left as it is.
-    """
-    options = getattr(endpoint, "_sslContextFactory", None)
-    if options is None:
-        return
-    from OpenSSL import crypto  # only for ssl:, which needs it anyway
+# TLS 1.2's suites a listener accepts by default: forward-secret key
+# exchange (ECDHE, or DHE with dhParameters=) and AEAD ciphers only.  TLS
+# 1.3's suites are all of that kind; OpenSSL's own list of them is used.
+DEFAULT_TLS_CIPHERS = "ECDHE+AESGCM:ECDHE+CHACHA20:DHE+AESGCM:DHE+CHACHA20:!aNULL"
+TLS_VERSIONS = ("1.2", "1.3")
 
-    if isinstance(getattr(options, "certificate", None), crypto.X509):
-        options.certificate = options.certificate.to_cryptography()
-    if isinstance(getattr(options, "privateKey", None), crypto.PKey):
-        options.privateKey = options.privateKey.to_cryptography_key()
-    chain = getattr(options, "extraCertChain", None)
-    if chain:
-        options.extraCertChain = [
-            certificate.to_cryptography() if isinstance(certificate, crypto.X509) else certificate
-            for certificate in chain
-        ]
+
+@dataclass(frozen=True)
+class TLSPolicy:
+    """
+    What every C{ssl:} listener accepts (C{--tls-ciphers},
+    C{--tls-min-version}): by default TLS 1.2 or newer, and, for TLS 1.2,
+    forward-secret AEAD suites only (L{DEFAULT_TLS_CIPHERS}).  Twisted's
+    C{ssl:} parser takes neither a cipher list nor a minimum version, and
+    its own defaults still accept TLS 1.0 and static-RSA CBC suites
+    (C{AES128-SHA}), so L{apply} gives each such endpoint new options,
+    with this policy, built from the certificate, key, chain and DH
+    parameters it parsed.
+
+    @ivar ciphers: an OpenSSL cipher string, for TLS 1.2 (TLS 1.3's suites
+        are OpenSSL's).
+    @ivar min_version: C{"1.2"} or C{"1.3"}.
+    """
+
+    ciphers: str = DEFAULT_TLS_CIPHERS
+    min_version: str = "1.2"
+
+    def check(self) -> None:
+        """
+        @raise ValueError: the cipher string selects no suite OpenSSL has,
+            or the version is not one of L{TLS_VERSIONS}.
+        """
+        if self.min_version not in TLS_VERSIONS:
+            raise ValueError(f"{self.min_version}: not one of {', '.join(TLS_VERSIONS)}")
+        self.options()
+
+    def options(self, **credentials: Any) -> Any:
+        """A L{CertificateOptions} of this policy, for the C{credentials} (its certificate, key, chain, DH)."""
+        from twisted.internet.ssl import AcceptableCiphers, CertificateOptions, TLSVersion
+
+        acceptable = AcceptableCiphers.fromOpenSSLCipherString(self.ciphers)
+        minimum = TLSVersion.TLSv1_3 if self.min_version == "1.3" else TLSVersion.TLSv1_2
+        try:
+            return CertificateOptions(acceptableCiphers=acceptable, raiseMinimumTo=minimum, **credentials)
+        except ValueError as error:  # Twisted's: "... yielded no usable ciphers on this platform."
+            if "cipher" not in str(error):
+                raise
+            raise ValueError(f"{self.ciphers!r} selects no cipher suite this OpenSSL has") from None
+
+    def apply(self, endpoint: IStreamServerEndpoint) -> None:
+        """
+        Give an C{ssl:} endpoint this policy's options, before it listens
+        (so before its context is made); any other endpoint is left alone.
+        The certificate, key and chain go in as C{cryptography}'s objects
+        rather than pyOpenSSL's: Twisted's C{ssl:} parser (through 26.10 at
+        least) loads them as pyOpenSSL C{X509} and C{PKey}, which pyOpenSSL
+        deprecates handing to a context (a DeprecationWarning from 24.3).
+
+        @raise ValueError: the endpoint was given an C{sslmethod}, which
+            these options replace (C{--tls-min-version} says the versions).
+        """
+        parsed = getattr(endpoint, "_sslContextFactory", None)
+        if parsed is None:
+            return
+        from OpenSSL import SSL, crypto  # only for ssl:, which needs it anyway
+
+        if parsed.method != SSL.TLS_METHOD:
+            raise ValueError("sslmethod= is not taken: --tls-min-version says which TLS versions are accepted")
+
+        def current(value: Any) -> Any:
+            if isinstance(value, crypto.X509):
+                return value.to_cryptography()
+            if isinstance(value, crypto.PKey):
+                return value.to_cryptography_key()
+            return value
+
+        endpoint._sslContextFactory = self.options(  # type: ignore[attr-defined]
+            certificate=current(parsed.certificate),
+            privateKey=current(parsed.privateKey),
+            extraCertChain=[current(certificate) for certificate in parsed.extraCertChain or ()] or None,
+            dhParameters=parsed.dhParameters,
+        )
 
 
 class Listener(StreamServerEndpointService):
@@ -608,11 +723,13 @@ class Listeners(service.MultiService):
         # How the last start went (None: every endpoint listens), once known.
         self._outcome: Optional[Tuple[Optional[Failure]]] = None
         self._waiters: List[Deferred[None]] = []
+        # What its ssl: endpoints accept (set before the first listen).
+        self.tls = TLSPolicy()
 
     def listen(self, description: str, factory: IProtocolFactory) -> None:
         """Serve C{factory} on the endpoint C{description} while this service runs."""
         endpoint = endpoints.serverFromString(self.clock, description)
-        _tls_as_cryptography(endpoint)
+        self.tls.apply(endpoint)
         Listener(description, endpoint, factory).setServiceParent(self)
 
     def listeners(self) -> List[Listener]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import atexit
 import difflib
 import functools
+import hmac
 import importlib
 import os
 import platform
@@ -29,7 +30,16 @@ from twisted.python.failure import Failure
 
 from jesync import __version__
 from jesync.connections.policy import read_token_file
-from jesync.server import DEFAULT_PORT, ListenFailed, ServerSettings, build_server
+from jesync.server import (
+    DEFAULT_PORT,
+    DEFAULT_TLS_CIPHERS,
+    TLS_VERSIONS,
+    ListenFailed,
+    ServerSettings,
+    TLSPolicy,
+    build_server,
+    public_endpoint,
+)
 
 # elock's own default, 11400, is JESync's: elock listeners are off unless asked for.
 SUGGESTED_ELOCK_PORT = 11401
@@ -93,6 +103,13 @@ def on_off(value: str) -> bool:
     if value not in ("on", "off"):
         raise ValueError("must be on or off")
     return value == "on"
+
+
+def tls_version(value: str) -> str:
+    """A TLS version jesync's listeners may require at least: C{1.2} or C{1.3}."""
+    if value not in TLS_VERSIONS:
+        raise ValueError(f"must be {' or '.join(TLS_VERSIONS)}")
+    return value
 
 
 def seconds(value: str) -> float:
@@ -249,6 +266,28 @@ class Options(usage.Options):
             seconds,
         ],
         [
+            "admin-token-file",
+            None,
+            None,
+            "A file holding the admin listener's own token (one line): --admin-port then accepts "
+            "'auth <this token>' alone (not --auth-token-file's), and this token opens no other listener. "
+            "Read again on SIGHUP, as --auth-token-file is.",
+        ],
+        [
+            "tls-ciphers",
+            None,
+            DEFAULT_TLS_CIPHERS,
+            "The TLS 1.2 cipher suites ssl: listeners accept, as an OpenSSL cipher string "
+            "(forward-secret AEAD suites only by default; TLS 1.3's are OpenSSL's, all of that kind).",
+        ],
+        [
+            "tls-min-version",
+            None,
+            "1.2",
+            "The oldest TLS version ssl: listeners accept: 1.2 or 1.3.",
+            tls_version,
+        ],
+        [
             "protected-mode",
             None,
             "on",
@@ -360,7 +399,18 @@ class Options(usage.Options):
                 "memcache-max-item",
             ),
         ),
-        ("Security", ("auth-token-file", "auth-token-grace", "auth-timeout", "protected-mode")),
+        (
+            "Security",
+            (
+                "auth-token-file",
+                "auth-token-grace",
+                "admin-token-file",
+                "auth-timeout",
+                "protected-mode",
+                "tls-ciphers",
+                "tls-min-version",
+            ),
+        ),
         ("Cluster", ("etcd", "cluster", "lease-ttl")),
         ("Operations", ("state-dir", "keepalive", "shutdown-grace", "verbose", "version", "help")),
     )
@@ -381,6 +431,7 @@ class Options(usage.Options):
             if isinstance(default, str) and isinstance(dispatch, usage.CoerceParameter):
                 self[name] = dispatch.coerce(default)
         self["ports"] = []
+        self["tls"] = TLSPolicy()
         self["elock_ports"] = []
         self["dlock_ports"] = []
         self["memcache_ports"] = []
@@ -388,6 +439,7 @@ class Options(usage.Options):
         self["admin_ports"] = []
         self["etcd"] = []
         self["auth_token"] = None
+        self["admin_token"] = None
 
     def parseOptions(self, options: Optional[List[str]] = None) -> None:
         """
@@ -585,6 +637,13 @@ class Options(usage.Options):
                 raise usage.UsageError(str(error)) from None
         if self["auth-token-file"] is not None:
             self["auth_token"] = read_token(self["auth-token-file"])
+        if self["admin-token-file"] is not None:
+            if not self["admin_ports"]:
+                raise usage.UsageError("--admin-token-file has no use without --admin-port")
+            self["admin_token"] = read_token(self["admin-token-file"], "admin-token-file")
+            if self["auth_token"] is not None and hmac.compare_digest(self["admin_token"], self["auth_token"]):
+                raise usage.UsageError("--admin-token-file must hold a token other than --auth-token-file's")
+        self["tls"] = self._tls_policy()
         if self["dlock-max-message"] < 4:
             raise usage.UsageError("--dlock-max-message must be at least 4 bytes")
         if self["dlock-max-keys"] < 1:
@@ -607,6 +666,34 @@ class Options(usage.Options):
         elif self["cluster"] != "jesync" or self["lease-ttl"] != 5:
             raise usage.UsageError("--cluster and --lease-ttl need --etcd")
 
+    def _tls_policy(self) -> TLSPolicy:
+        """What the ssl: listeners accept, checked against every ssl: endpoint given (if any)."""
+        tls = TLSPolicy(self["tls-ciphers"], self["tls-min-version"])
+        listeners = {
+            "port": "ports",
+            "elock-port": "elock_ports",
+            "dlock-port": "dlock_ports",
+            "memcache-port": "memcache_ports",
+            "metrics": "metrics_ports",
+            "admin-port": "admin_ports",
+        }
+        checked = False
+        for option, key in listeners.items():
+            for description in self[key]:
+                if endpoint_type(description) != "ssl":
+                    continue
+                if not checked:
+                    try:
+                        tls.check()
+                    except ValueError as error:
+                        raise usage.UsageError(f"--tls-ciphers: {error}") from None
+                    checked = True
+                try:
+                    tls.apply(endpoints.serverFromString(_ParseOnly(), description))
+                except ValueError as error:
+                    raise usage.UsageError(f"--{option} {public_endpoint(description)}: {error}") from None
+        return tls
+
 
 # Errors in a parameter's value name it.
 for _parameter in cast(List[List[Any]], Options.optParameters):
@@ -614,15 +701,18 @@ for _parameter in cast(List[List[Any]], Options.optParameters):
         _parameter[4] = named(_parameter[0], _parameter[4])
 
 
-def read_token(path: str) -> bytes:
-    """The token in C{path}: its first line, without surrounding whitespace (L{read_token_file})."""
+def read_token(path: str, option: str = "auth-token-file") -> bytes:
+    """
+    The token in C{path}, given as C{--option}: its first line, without
+    surrounding whitespace (L{read_token_file}).
+    """
     try:
         return read_token_file(path)
     except OSError as error:
-        raise usage.UsageError(f"--auth-token-file: cannot read {path}: {error.strerror}") from None
+        raise usage.UsageError(f"--{option}: cannot read {path}: {error.strerror}") from None
     except ValueError as error:
         # (The token itself is never shown.)
-        raise usage.UsageError(f"--auth-token-file: {error}") from None
+        raise usage.UsageError(f"--{option}: {error}") from None
 
 
 def check_state_dir(path: str) -> str:
@@ -660,7 +750,10 @@ def settings_from(options: Options) -> ServerSettings:
         auth_token=options["auth_token"],
         auth_token_file=options["auth-token-file"],
         auth_token_grace=options["auth-token-grace"],
+        admin_token=options["admin_token"],
+        admin_token_file=options["admin-token-file"],
         protected_mode=options["protected-mode"],
+        tls=options["tls"],
         auth_timeout=options["auth-timeout"] or None,
         idle_timeout=options["idle-timeout"] or None,
         shutdown_grace=options["shutdown-grace"],

@@ -14,13 +14,18 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import os
+import ssl
+import socket
 import warnings
 
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.error import ConnectionDone
+from twisted.internet.threads import deferToThread
+from twisted.python import usage
 
 from jesync.interfaces import Totals
+from jesync.tap import Options
 from tests.support import TIMEOUT, LineClient, without_tokens
 from tests.test_operations import LINUX_KEEPALIVE, Server, ServerTestCase, capture_log, keepalive_options, peer_of
 from tests.test_operations_twistd import TwistdTestCase
@@ -29,7 +34,7 @@ from tests.test_twistd import short_temp_dir
 try:
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.hazmat.primitives.asymmetric import ec, rsa
     from cryptography.x509.oid import NameOID
     from twisted.internet.endpoints import SSL4ClientEndpoint, connectProtocol
     from twisted.internet.ssl import Certificate, CertificateOptions
@@ -39,9 +44,13 @@ else:
     skip_without_tls = None
 
 
-def make_certificate(test) -> tuple[str, str, bytes]:
-    """A self-signed certificate for localhost and 127.0.0.1: (key path, certificate path, certificate PEM)."""
-    key = ec.generate_private_key(ec.SECP256R1())
+def make_certificate(test, key_type: str = "ec") -> tuple[str, str, bytes]:
+    """
+    A self-signed certificate for localhost and 127.0.0.1: (key path,
+    certificate path, certificate PEM).  Its key is C{ec} (P-256) or
+    C{rsa} (2048 bits: the key static-RSA suites such as C{AES128-SHA} need).
+    """
+    key = ec.generate_private_key(ec.SECP256R1()) if key_type == "ec" else rsa.generate_private_key(65537, 2048)
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
     now = datetime.datetime.now(datetime.timezone.utc)
     certificate = (
@@ -139,8 +148,8 @@ class TLSTests(ServerTestCase):
         self.assertEqual(deprecations(warned), [])
 
     @inlineCallbacks
-    def start(self, *argv: str):
-        key_path, certificate_path, self.pem = make_certificate(self)
+    def start(self, *argv: str, key_type: str = "ec"):
+        key_path, certificate_path, self.pem = make_certificate(self, key_type)
         server = yield Server.start(self, *argv, port=ssl_port(key_path, certificate_path), elock=False)
         return server
 
@@ -225,6 +234,135 @@ class TLSTests(ServerTestCase):
         )
 
 
+def handshake(port: int, pem: bytes, ciphers: str = "", version: str = "") -> tuple[str, str] | str:
+    """
+    A TLS handshake with 127.0.0.1:C{port}, by Python's C{ssl} (as
+    jesync's own clients make it), trusting only C{pem}, offering only the
+    TLS 1.2 suites C{ciphers} and only TLS C{version} (1.2 or 1.3), if
+    given: the version and suite agreed on, or why there was none.
+    Blocking: run it in a thread (L{deferToThread}).
+    """
+    context = ssl.create_default_context(cadata=pem.decode())
+    if ciphers:
+        context.set_ciphers(ciphers)
+    if version:
+        chosen = {"1.2": ssl.TLSVersion.TLSv1_2, "1.3": ssl.TLSVersion.TLSv1_3}[version]
+        context.minimum_version = context.maximum_version = chosen
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as raw:
+        try:
+            with context.wrap_socket(raw, server_hostname="localhost") as tls:
+                version_name, cipher = tls.version(), tls.cipher()
+        except ssl.SSLError as error:
+            return error.reason or str(error)
+    assert version_name is not None and cipher is not None
+    return version_name, cipher[0]
+
+
+class TLSPolicyTests(ServerTestCase):
+    """
+    What ssl: listeners accept (C{--tls-ciphers}, C{--tls-min-version}):
+    by default TLS 1.2 or 1.3, and for TLS 1.2 forward-secret AEAD suites
+    only; over real TLS, with an RSA certificate (which would allow static-RSA
+    suites) and clients that offer one suite at a time.
+    """
+
+    skip = skip_without_tls
+
+    @inlineCallbacks
+    def start(self, *argv: str):
+        key_path, certificate_path, self.pem = make_certificate(self, "rsa")
+        server = yield Server.start(self, *argv, port=ssl_port(key_path, certificate_path), elock=False)
+        self.port = server.ports["jesync"].getHost().port
+        return server
+
+    def handshake(self, ciphers: str = "", version: str = ""):
+        return deferToThread(handshake, self.port, self.pem, ciphers, version).addTimeout(TIMEOUT * 2, reactor)
+
+    @inlineCallbacks
+    def test_modern_suites_by_default(self):
+        yield self.start()
+        # static RSA key exchange, CBC: refused
+        self.assertIsInstance((yield self.handshake("AES128-SHA", "1.2")), str)
+        self.assertIsInstance((yield self.handshake("AES256-GCM-SHA384", "1.2")), str)
+        # forward-secret, but CBC: refused
+        self.assertIsInstance((yield self.handshake("ECDHE-RSA-AES128-SHA", "1.2")), str)
+        # forward-secret AEAD suites of TLS 1.2, and TLS 1.3
+        self.assertEqual(
+            (yield self.handshake("ECDHE-RSA-AES128-GCM-SHA256", "1.2")), ("TLSv1.2", "ECDHE-RSA-AES128-GCM-SHA256")
+        )
+        self.assertEqual(
+            (yield self.handshake("ECDHE-RSA-CHACHA20-POLY1305", "1.2")), ("TLSv1.2", "ECDHE-RSA-CHACHA20-POLY1305")
+        )
+        self.assertEqual((yield self.handshake(version="1.3"))[0], "TLSv1.3")
+        # a client offering every version gets TLS 1.3
+        self.assertEqual((yield self.handshake())[0], "TLSv1.3")
+
+    @inlineCallbacks
+    def test_the_cipher_string_is_the_operators(self):
+        server = yield self.start("--tls-ciphers", "AES128-SHA:ECDHE+AESGCM")
+        self.assertIn("; TLS 1.2+, TLS 1.2 ciphers AES128-SHA:ECDHE+AESGCM; auth off", server.service.summary)
+        self.assertEqual((yield self.handshake("AES128-SHA", "1.2")), ("TLSv1.2", "AES128-SHA"))
+        self.assertIsInstance((yield self.handshake("ECDHE-RSA-CHACHA20-POLY1305", "1.2")), str)
+        self.assertEqual((yield self.handshake(version="1.3"))[0], "TLSv1.3")
+
+    @inlineCallbacks
+    def test_tls_1_3_only(self):
+        server = yield self.start("--tls-min-version", "1.3")
+        self.assertIn("; TLS 1.3+; auth off", server.service.summary)
+        self.assertIsInstance((yield self.handshake("ECDHE-RSA-AES128-GCM-SHA256", "1.2")), str)
+        self.assertEqual((yield self.handshake(version="1.3"))[0], "TLSv1.3")
+
+    @inlineCallbacks
+    def test_a_client_of_jesync_connects(self):
+        """jesync's own blocking client, with its default TLS settings, over the default policy."""
+        from jesync.client import Client
+
+        server = yield self.start()
+        ca_file = os.path.join(short_temp_dir(self), "ca.pem")
+        with open(ca_file, "wb") as file:
+            file.write(self.pem)
+
+        def lock_and_release() -> bool:
+            client = Client(
+                f"127.0.0.1:{self.port}", tls=True, tls_ca_file=ca_file, tls_server_name="localhost", environ={}
+            )
+            try:
+                return client.lock("tls-key", wait=5).release()
+            finally:
+                client.close()
+
+        self.assertTrue((yield deferToThread(lock_and_release).addTimeout(TIMEOUT * 2, reactor)))
+        self.assertEqual(server.locks.totals(), Totals(0, 0, 0))
+
+
+class TLSOptionTests(ServerTestCase):
+    skip = skip_without_tls
+
+    def refusal(self, *argv: str, port_arguments: str = "") -> str:
+        key_path, certificate_path, _ = make_certificate(self)
+        with self.assertRaises(usage.UsageError) as raised:
+            Options().parseOptions(["--port", ssl_port(key_path, certificate_path) + port_arguments, *argv])
+        return str(raised.exception)
+
+    def test_a_cipher_string_that_selects_nothing(self):
+        self.assertEqual(
+            self.refusal("--tls-ciphers", "NO-SUCH-SUITE"),
+            "--tls-ciphers: 'NO-SUCH-SUITE' selects no cipher suite this OpenSSL has",
+        )
+
+    def test_versions(self):
+        self.assertEqual(self.refusal("--tls-min-version", "1.1"), "--tls-min-version 1.1: must be 1.2 or 1.3")
+
+    def test_sslmethod_is_refused(self):
+        refusal = self.refusal(port_arguments=":sslmethod=TLSv1_2_METHOD")
+        self.assertEqual(
+            refusal,
+            "--port ssl:0:interface=127.0.0.1: "
+            "sslmethod= is not taken: --tls-min-version says which TLS versions are accepted",
+        )
+        self.flushWarnings()  # Twisted's own, on parsing sslmethod: deprecated
+
+
 class TwistdTLSTests(TwistdTestCase):
     skip = skip_without_tls
 
@@ -239,6 +377,7 @@ class TwistdTLSTests(TwistdTestCase):
         summary = yield self.summary(process)
         # where it listens, never the key's or the certificate's file
         self.assertTrue(summary.startswith(b"JESync on ssl:0:interface=127.0.0.1;"), summary)
+        self.assertIn(b"; TLS 1.2+; auth off", summary)
         client = yield connect_tls(int(match.group(1)), pem)
         self.addCleanup(lambda: client.abort() if client.lost_reason is None else None)
         self.assertEqual((yield client.ask(b"lock k\nstatus k\n", 2)), b"GRANTED 1 0 k 120\nSTATUS 1 0 k\n")

@@ -167,7 +167,16 @@ class HelpTests(SynchronousTestCase):
         self.assertIn("max-keys", groups["Limits"])
         self.assertIn("memcache-memory", groups["Limits"])
         self.assertEqual(
-            list(groups["Security"]), ["auth-token-file", "auth-token-grace", "auth-timeout", "protected-mode"]
+            list(groups["Security"]),
+            [
+                "auth-token-file",
+                "auth-token-grace",
+                "admin-token-file",
+                "auth-timeout",
+                "protected-mode",
+                "tls-ciphers",
+                "tls-min-version",
+            ],
         )
         self.assertEqual(list(groups["Cluster"]), ["etcd", "cluster", "lease-ttl"])
         self.assertEqual(list(groups["Operations"])[-3:], ["verbose", "version", "help"])

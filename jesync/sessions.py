@@ -285,7 +285,10 @@ class SessionTable:
         return session if session.resume(connection) else None
 
     def end_one_detached(self, session_id: str) -> bool:
-        """End the session C{session_id} now if it is in its grace period (an operator's C{end-session}); False if not."""
+        """
+        End the session C{session_id} now if it is in its grace period (an
+        operator's C{end-session}); False if not.
+        """
         session = self._detached.get(session_id)
         if session is None:
             return False

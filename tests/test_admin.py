@@ -70,7 +70,9 @@ class AdminTests(SynchronousTestCase):
         # elock keeps a chosen id as UTF-8 with surrogate escapes: any bytes but whitespace
         for session_id in ["s\u00e9ance-\u6f22".encode(), b"\xff\xfe-not-utf-8", b"ctl\x01\x7f"]:
             client = self.server.connect_elock()
-            self.assertEqual(client.ask(b"conn_id " + session_id + b"\r\nlock k\r\n"), b"200 conn id set\r\n200 Acquired\r\n")
+            self.assertEqual(
+                client.ask(b"conn_id " + session_id + b"\r\nlock k\r\n"), b"200 conn id set\r\n200 Acquired\r\n"
+            )
             client.lose()
             self.assertEqual(self.end_session(session_id), b"SESSION-ENDED " + session_id + b"\n")
             self.assertEqual(self.server.service.status("k").granted, 0)

@@ -458,7 +458,9 @@ class IdleSessionTests(ELockTestCase):
 
     def test_reconnecting_to_an_idle_session_starts_it_again(self) -> None:
         first = self.elock()
-        self.assertEqual(first.ask(b"conn_id mine\r\nset_timeout 1000\r\n"), b"200 conn id set\r\n200 timeout set\r\n")
+        self.assertEqual(
+            first.ask(b"conn_id mine\r\nset_timeout 1000\r\n"), b"200 conn id set\r\n200 timeout set\r\n"
+        )
         first.lose(ConnectionLost)
         second = self.elock()
         # elock's answer to a client coming back to a session with no locks

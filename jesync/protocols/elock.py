@@ -219,7 +219,9 @@ class ELockProtocol(CommandGrammar):
         dlock = factory.dlock
         if dlock is not None:
             lines.append(b"STAT dlock_clients %d" % dlock.clients)
-            lines.extend(b"STAT dlock_requests_%s %d" % (kind.encode(), count) for kind, count in dlock.request_counts())
+            lines.extend(
+                b"STAT dlock_requests_%s %d" % (kind.encode(), count) for kind, count in dlock.request_counts()
+            )
             lines.append(b"STAT dlock_timeouts %d" % dlock.timeouts)
         lines.append(b"END")
         self.reply_lines(lines)

@@ -193,7 +193,7 @@ class Session:
 
 
 def _peer_of(connection: object) -> str:
-    """A connection's address, as listings show it ("unknown" for a session restored with none)."""
+    """A connection's address, as listings show it ("unknown": an embedder's connection without one)."""
     return getattr(connection, "peer", None) or "unknown"
 
 

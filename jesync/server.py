@@ -60,6 +60,8 @@ class ServerSettings:
     max_total_waits: Optional[int] = 100_000
     max_held: Optional[int] = 10_000
     max_sessions: Optional[int] = DEFAULT_MAX_SESSIONS
+    # Seconds: the longest grace period an elock session may ask for (None: no bound).
+    max_session_grace: Optional[float] = 300.0
     max_key_length: Optional[int] = 1024
     max_unsent: Optional[int] = 4 * 1024 * 1024
     # Bytes all pending listings' snapshots may hold together (jesync.connections.listings).
@@ -103,6 +105,7 @@ class ServerSettings:
             "max-total-waits": self.max_total_waits,
             "max-held": self.max_held,
             "max-sessions": self.max_sessions,
+            "max-session-grace": self.max_session_grace,
             "max-key-length": self.max_key_length,
             "max-unsent": self.max_unsent,
             "max-listing-memory": self.max_listing_memory,
@@ -271,7 +274,13 @@ def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[
     server.summary = settings.summary()
     verbose = settings.verbose
     jesync = JESyncFactory(locks, verbose, policy)
-    elock = ELockFactory(locks, verbose, policy, max_sessions=settings.max_sessions)
+    elock = ELockFactory(
+        locks,
+        verbose,
+        policy,
+        max_sessions=settings.max_sessions,
+        max_grace_ms=None if settings.max_session_grace is None else round(settings.max_session_grace * 1000),
+    )
     if policy.journal is not None:
         elock.sessions.on_end = policy.journal.session_ended
     for description in settings.ports:

@@ -10,14 +10,28 @@ quits, ends and its locks are released.
     attached --connection_lost--> detached --grace period over--> ended
         ^                             |
         +-----------resume------------+
-    attached --end (quit)--> ended
-    detached --end (server stopping)--> ended
+    attached --end (quit, or gone holding nothing)--> ended
+    detached --end (server stopping, an operator's end-session)--> ended
+
+Two rules bound what a session keeps after its client has gone, since the
+sessions in their grace period are capped (C{--max-sessions}) and a full cap
+refuses every new client:
+
+ - B{The grace period is bounded} (C{--max-session-grace}, default
+   L{DEFAULT_MAX_GRACE_MS}): a client may ask for a longer one
+   (C{set_timeout} takes up to 2**31-1 ms, 24.8 days), and gets the bound.
+ - B{A session that holds nothing ends when its connection goes}: it has
+   nothing to keep, so it does not wait out a grace period (and does not
+   count toward the cap).  A client that comes back with C{conn_id <id>}
+   gets a new session under the same id, as it would from elock, whose
+   sessions hold nothing but their locks and their C{set_timeout} (which a
+   client sends again on a new connection).
 """
 
 from __future__ import annotations
 
 import secrets
-from typing import Callable, Dict, Iterable, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 from automat import MethodicalMachine
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -26,6 +40,8 @@ from jesync.errors import LimitReached
 from jesync.interfaces import ILockService
 
 DEFAULT_GRACE_MS = 30_000
+# The longest grace period a client may ask for (--max-session-grace): 5 minutes.
+DEFAULT_MAX_GRACE_MS = 300_000
 # The most sessions in their grace period at once (--max-sessions).
 DEFAULT_MAX_SESSIONS = 10_000
 
@@ -55,7 +71,9 @@ class Session:
     ) -> None:
         self.id = session_id
         self.connection: object | None = connection
-        self.grace_ms = DEFAULT_GRACE_MS
+        # The address of the connection it had last (an operator's listing shows it once it has gone).
+        self.last_peer: str = _peer_of(connection)
+        self.grace_ms = table.grace_in_force(DEFAULT_GRACE_MS)
         self._clock = clock
         self._service = service
         self._table = table
@@ -73,6 +91,29 @@ class Session:
     def peer(self) -> str:
         """Where its client is, for listings (never its id: that would let anyone take it over)."""
         return getattr(self.connection, "peer", None) or "detached-session"
+
+    def set_grace(self, milliseconds: int) -> int:
+        """Ask for a grace period of C{milliseconds}; returns the one in force (at most the table's bound)."""
+        self.grace_ms = self._table.grace_in_force(milliseconds)
+        return self.grace_ms
+
+    def seconds_left(self) -> float | None:
+        """Seconds until its grace period is over, if it is in one (None: it is attached, or has ended)."""
+        timer = self._grace_timer
+        return None if timer is None else max(0.0, timer.getTime() - self._clock.seconds())
+
+    def disconnected(self) -> None:
+        """
+        Its connection went away without quitting: it detaches for its grace
+        period if it holds anything (its waits are cancelled by then), or
+        ends now if it holds nothing: there is nothing to keep for a
+        reconnect, and a session kept for nothing would count toward
+        C{--max-sessions}.
+        """
+        if self._service.owned(self):
+            self.connection_lost()
+        else:
+            self.end()
 
     # -- states ----------------------------------------------------------
 
@@ -126,6 +167,7 @@ class Session:
     @_machine.output()
     def _attach(self, connection: object) -> bool:
         self.connection = connection
+        self.last_peer = _peer_of(connection)
         self._table._detached.pop(self.id, None)
         return True
 
@@ -150,6 +192,11 @@ class Session:
     ended.upon(resume, enter=ended, outputs=[_refuse], collector=_last_output)
 
 
+def _peer_of(connection: object) -> str:
+    """A connection's address, as listings show it ("unknown": an embedder's connection without one)."""
+    return getattr(connection, "peer", None) or "unknown"
+
+
 class SessionTable:
     """
     The live sessions of one listener family, by id.
@@ -160,12 +207,21 @@ class SessionTable:
         that many, no new session starts (L{LimitReached}), so churn or
         guessed ids cannot grow the table without bound.  Attached sessions
         are bounded by the connections.  None: no limit.
+    @param max_grace_ms: the longest grace period a session may have, in
+        milliseconds; a longer one asked for is cut to it.  None: no bound.
     """
 
-    def __init__(self, clock: IReactorTime, service: ILockService, limit: Optional[int] = None) -> None:
+    def __init__(
+        self,
+        clock: IReactorTime,
+        service: ILockService,
+        limit: Optional[int] = None,
+        max_grace_ms: Optional[int] = DEFAULT_MAX_GRACE_MS,
+    ) -> None:
         self._clock = clock
         self._service = service
         self.limit = limit
+        self.max_grace_ms = max_grace_ms
         self._sessions: Dict[str, Session] = {}
         self._detached: Dict[str, Session] = {}
         # Told of every session that ends, once its locks are released
@@ -174,6 +230,16 @@ class SessionTable:
 
     def __len__(self) -> int:
         return len(self._sessions)
+
+    def grace_in_force(self, milliseconds: int) -> int:
+        """The grace period a session asking for C{milliseconds} gets: at most L{max_grace_ms}."""
+        if self.max_grace_ms is None:
+            return milliseconds
+        return min(milliseconds, self.max_grace_ms)
+
+    def sessions(self) -> List[Session]:
+        """Every live session (attached or in its grace period), in the order they started."""
+        return list(self._sessions.values())
 
     def detached_count(self) -> int:
         """Sessions in their grace period (elock's "monitoring")."""
@@ -198,10 +264,12 @@ class SessionTable:
     def restore(self, session_id: str, grace_ms: int) -> Session:
         """
         A session a previous leader kept in etcd (cluster mode), detached: its
-        grace period starts now.  Not refused by C{limit}: it existed already.
+        grace period starts now (at most L{max_grace_ms}, which may have
+        changed since).  Not refused by C{limit}: it existed already.
         """
         session = Session(session_id, None, self._clock, self._service, self)
-        session.grace_ms = grace_ms
+        session.last_peer = "restored"
+        session.set_grace(grace_ms)
         self._sessions[session_id] = session
         session.connection_lost()
         return session
@@ -217,7 +285,10 @@ class SessionTable:
         return session if session.resume(connection) else None
 
     def end_one_detached(self, session_id: str) -> bool:
-        """End the session C{session_id} now if it is in its grace period (an operator's C{end-session}); False if not."""
+        """
+        End the session C{session_id} now if it is in its grace period (an
+        operator's C{end-session}); False if not.
+        """
         session = self._detached.get(session_id)
         if session is None:
             return False

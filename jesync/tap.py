@@ -15,6 +15,7 @@ import difflib
 import functools
 import hmac
 import importlib
+import math
 import os
 import platform
 import sys
@@ -118,6 +119,8 @@ def seconds(value: str) -> float:
         number = float(value)
     except ValueError:
         raise ValueError("not a number of seconds") from None
+    if not math.isfinite(number):
+        raise ValueError("not a finite number of seconds")
     if number < 0:
         raise ValueError("must not be negative")
     return number
@@ -225,6 +228,14 @@ class Options(usage.Options):
             "Most elock sessions in their grace period (detached) at once; while there are that many, "
             "no new session starts.",
             limit,
+        ],
+        [
+            "max-session-grace",
+            None,
+            300.0,
+            "Longest grace period, in seconds, an elock session may ask for with set_timeout "
+            "(a longer one is cut to it); a session holding nothing ends when its connection goes.",
+            seconds,
         ],
         ["max-key-length", None, 1024, "Longest key accepted, in bytes.", limit],
         [
@@ -388,6 +399,7 @@ class Options(usage.Options):
                 "max-total-waits",
                 "max-held",
                 "max-sessions",
+                "max-session-grace",
                 "max-key-length",
                 "max-unsent",
                 "max-listing-memory",
@@ -743,6 +755,7 @@ def settings_from(options: Options) -> ServerSettings:
         max_total_waits=options["max-total-waits"],
         max_held=options["max-held"],
         max_sessions=options["max-sessions"],
+        max_session_grace=options["max-session-grace"] or None,
         max_key_length=options["max-key-length"],
         max_unsent=options["max-unsent"],
         max_listing_memory=options["max-listing-memory"],

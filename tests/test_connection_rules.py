@@ -264,18 +264,20 @@ class SessionCapTests(ServerTestCase):
     @inlineCallbacks
     def test_detached_sessions_capped_over_many_cycles(self):
         """
-        Connect, set a long grace period, disconnect, over and over: once 3
-        sessions are in their grace period, no new session starts (503),
-        but a detached one can still be resumed.
+        Connect, set a long grace period, take a lock, disconnect, over and
+        over: once 3 sessions are in their grace period, no new session
+        starts (503), but a detached one can still be resumed.  (A session
+        holding nothing ends when its connection goes, so it takes a lock.)
         """
         server = yield Server.start(self, "--max-sessions", "3")
         table = server.factories["elock"].sessions
         ids = []
         for cycle in range(12):
             client = yield server.elock()
-            reply = yield client.ask(b"set_timeout 600000\r\n")
+            reply = yield client.ask(b"set_timeout 300000\r\n")
             if cycle < 3:
                 self.assertEqual(reply, b"200 timeout set\r\n")
+                self.assertEqual((yield client.ask(b"lock k%d\r\n" % cycle)), b"200 Acquired\r\n")
                 ids.append((yield client.ask(b"conn_id\r\n"))[4:-2])
             else:
                 self.assertEqual(reply, b"503 max-sessions exceeded (3)\r\n")
@@ -284,7 +286,7 @@ class SessionCapTests(ServerTestCase):
             self.assertEqual(table.detached_count(), min(cycle + 1, 3))
         self.assertEqual(len(table), 3)
         client = yield server.elock()
-        self.assertEqual((yield client.ask(b"conn_id %s\r\nlock k\r\n" % ids[0], 2)), b"200 conn id set\r\n200 Acquired\r\n")
+        self.assertEqual((yield client.ask(b"conn_id %s\r\nlock k0\r\n" % ids[0], 2)), b"200 conn id set\r\n200 Acquired\r\n")
         self.assertEqual(table.detached_count(), 2)
         table.end_detached()
 

@@ -405,6 +405,69 @@ class TimeoutTests(ELockTestCase):
         self.assertEqual(jesync.take(), b"GRANTED 1 0 k 120\n")
 
 
+class GraceBoundTests(ELockTestCase):
+    """C{set_timeout} past C{--max-session-grace} (300 s by default) is cut to it, and says so."""
+
+    def test_a_longer_timeout_is_cut_and_the_reply_says_the_value_in_force(self) -> None:
+        client = self.elock()
+        self.assertEqual(client.ask(b"set_timeout 2147483647\r\n"), b"200 timeout set to 300000\r\n")
+        self.assertEqual(client.ask(b"set_timeout 300001\r\n"), b"200 timeout set to 300000\r\n")
+        # within the bound: elock's own reply
+        self.assertEqual(client.ask(b"set_timeout 300000\r\n"), b"200 timeout set\r\n")
+
+    def test_the_cut_grace_is_the_one_waited(self) -> None:
+        holder, jesync = self.elock(), self.jesync()
+        holder.ask(b"set_timeout 2147483647\r\nlock k\r\n")
+        jesync.ask(b"lock k\n")
+        holder.lose(ConnectionLost)
+        self.clock.advance(299.999)
+        self.assertEqual(jesync.take(), b"")
+        self.clock.advance(0.001)
+        self.assertEqual(jesync.take(), b"GRANTED 1 0 k 120\n")
+        self.assertEqual(len(self.sessions), 0)
+
+    def test_the_bound_is_the_factorys(self) -> None:
+        self.sessions.max_grace_ms = 5000
+        client = self.elock()
+        self.assertEqual(client.ask(b"set_timeout 5001\r\n"), b"200 timeout set to 5000\r\n")
+        self.sessions.max_grace_ms = None
+        self.assertEqual(client.ask(b"set_timeout 2147483647\r\n"), b"200 timeout set\r\n")
+
+
+class IdleSessionTests(ELockTestCase):
+    """A session that holds nothing and waits for nothing ends when its connection goes."""
+
+    def test_idle_sessions_do_not_fill_max_sessions(self) -> None:
+        self.sessions.limit = 50
+        for _ in range(50):
+            client = self.elock()
+            self.assertEqual(client.ask(b"set_timeout 2147483647\r\n"), b"200 timeout set to 300000\r\n")
+            client.lose(ConnectionLost)
+        self.assertEqual((len(self.sessions), self.sessions.detached_count()), (0, 0))
+        self.assertEqual(self.elock().ask(b"lock k\r\n"), b"200 Acquired\r\n")
+
+    def test_a_session_whose_wait_is_cancelled_by_the_drop_ends(self) -> None:
+        holder, waiter = self.elock(), self.elock()
+        holder.ask(b"lock k\r\n")
+        waiter.send(b"lock k 60\r\n")
+        self.assertEqual(self.service.status("k").waiting, 1)
+        waiter.lose(ConnectionLost)
+        self.assertEqual(self.service.status("k").waiting, 0)
+        self.assertEqual(len(self.sessions), 1)  # the holder's only
+        self.assertEqual(self.sessions.detached_count(), 0)
+
+    def test_reconnecting_to_an_idle_session_starts_it_again(self) -> None:
+        first = self.elock()
+        self.assertEqual(
+            first.ask(b"conn_id mine\r\nset_timeout 1000\r\n"), b"200 conn id set\r\n200 timeout set\r\n"
+        )
+        first.lose(ConnectionLost)
+        second = self.elock()
+        # elock's answer to a client coming back to a session with no locks
+        self.assertEqual(second.ask(b"conn_id mine\r\nconn_id\r\n"), b"200 conn id set\r\n200 mine\r\n")
+        self.assertEqual(second.ask(b"unlock k\r\n"), b"403 not_locked\r\n")
+
+
 class StatsTests(ELockTestCase):
     def test_stats(self) -> None:
         client = self.elock()

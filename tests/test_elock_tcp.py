@@ -1,7 +1,7 @@
 """
 The elock protocol over real TCP, next to JESync: one L{LockService} shared by
-a L{JESyncFactory} and an L{ELockFactory}, each listening on 127.0.0.1 port 0,
-in this process.
+a L{JESyncFactory}, an L{ELockFactory} and the operator's L{AdminFactory},
+each listening on 127.0.0.1 port 0, in this process.
 
 Nothing here sleeps: every step waits for the reply line it expects, or a
 connection closing, with a bounded timeout.  Grace periods are short
@@ -20,6 +20,7 @@ from twisted.trial.unittest import TestCase
 
 from jesync import ELockFactory, JESyncFactory, LockService
 from jesync.connections.policy import ConnectionPolicy
+from jesync.protocols.admin import AdminFactory
 from tests.support import BYE, TIMEOUT, ConnectionTracker, LineClient, stats
 
 MAX_LINE = 8192
@@ -40,15 +41,17 @@ class SharedServer:
         self.jesync_factory = JESyncFactory(self.service, policy=self.policy)
         self.elock_factory = ELockFactory(self.service, policy=self.policy)
         self.sessions = self.elock_factory.sessions
+        self.admin_factory = AdminFactory(self.service, policy=self.policy, sessions=self.sessions)
         self.trackers = {
             "jesync": ConnectionTracker(self.jesync_factory),
             "elock": ConnectionTracker(self.elock_factory),
+            "admin": ConnectionTracker(self.admin_factory),
         }
-        self.clients: dict[str, list[LineClient]] = {"jesync": [], "elock": []}
+        self.clients: dict[str, list[LineClient]] = {"jesync": [], "elock": [], "admin": []}
         self.ports: dict[str, object] = {}
         # peer port -> fires with the server side once it is connected
         self._connected: dict[int, Deferred] = {}
-        for factory in (self.jesync_factory, self.elock_factory):
+        for factory in (self.jesync_factory, self.elock_factory, self.admin_factory):
             self._announce_connections(factory)
 
     def _announce_connections(self, factory) -> None:
@@ -75,7 +78,11 @@ class SharedServer:
     def start(cls, test):
         server = cls(test)
         test.addCleanup(server.shutdown)
-        for name, factory in [("jesync", server.jesync_factory), ("elock", server.elock_factory)]:
+        for name, factory in [
+            ("jesync", server.jesync_factory),
+            ("elock", server.elock_factory),
+            ("admin", server.admin_factory),
+        ]:
             endpoint = TCP4ServerEndpoint(reactor, 0, interface="127.0.0.1")
             server.ports[name] = yield endpoint.listen(factory)
         return server
@@ -95,6 +102,9 @@ class SharedServer:
 
     def jesync(self) -> Deferred:
         return self._connect("jesync")
+
+    def admin(self) -> Deferred:
+        return self._connect("admin")
 
     def send(self, client: LineClient, data: bytes) -> Deferred:
         """
@@ -392,6 +402,80 @@ class SessionTests(ELockTCPTestCase):
         key = b"k" * (MAX_LINE - len(b"lock "))
         self.assertEqual((yield client.ask(b"lock %s\r\n" % key)), b"200 Acquired\r\n")
         self.assertEqual((yield client.ask(b"unlock_all\n")), b"200 OK\r\n")
+
+
+class SessionBoundTests(ELockTCPTestCase):
+    """What a client that goes away can leave behind: a bounded grace, and nothing if it held nothing."""
+
+    @inlineCallbacks
+    def test_idle_sessions_asking_the_longest_grace_do_not_fill_max_sessions(self):
+        self.sessions.limit = 50
+        for _ in range(50):
+            client = yield self.server.elock()
+            self.assertEqual(
+                (yield client.ask(b"set_timeout 2147483647\r\n")), b"200 timeout set to 300000\r\n"
+            )
+            yield self.server.drop(client)
+        self.assertEqual((len(self.sessions), self.sessions.detached_count()), (0, 0))
+        newcomer = yield self.server.elock()
+        self.assertEqual((yield newcomer.ask(b"lock k\r\n")), b"200 Acquired\r\n")
+        self.assertEqual((yield newcomer.ask(b"stats\r\n", 5)), stats(1, 1, 0))
+        self.assertEqual((yield newcomer.ask(b"unlock k\r\n")), b"200 Unlocked\r\n")
+
+    @inlineCallbacks
+    def test_a_session_holding_a_lock_keeps_it_for_the_bounded_grace(self):
+        self.sessions.max_grace_ms = 300
+        holder, waiter = yield self.hold_with_waiter()
+        self.assertEqual((yield holder.ask(b"set_timeout 2147483647\r\n")), b"200 timeout set to 300\r\n")
+        dropped_at = yield self.server.drop(holder)
+        self.assertEqual(self.sessions.detached_count(), 1)
+        self.assertEqual((yield waiter.read_line()), b"GRANTED 1 0 k 120\n")
+        self.assertGreaterEqual(reactor.seconds() - dropped_at, 0.25)
+        self.assertEqual(len(self.sessions), 0)
+
+    @inlineCallbacks
+    def test_the_operator_lists_sessions_and_ends_them_by_id(self):
+        # ids a client chose: UTF-8 that is not ASCII, and bytes that are not UTF-8
+        ids = ["s\u00e9ance".encode(), b"\xff\xfe\x80"]
+        waiter = yield self.server.jesync()
+        peers = []
+        for number, session_id in enumerate(ids):
+            holder = yield self.server.elock()
+            peers.append(b"127.0.0.1:%d" % holder.transport.getHost().port)
+            self.assertEqual(
+                (yield holder.ask(b"conn_id %s\r\nlock k%d\r\n" % (session_id, number), 2)),
+                b"200 conn id set\r\n200 Acquired\r\n",
+            )
+            status = yield waiter.ask(b"lock k%d\nstatus k%d\n" % (number, number))
+            self.assertEqual(status, b"STATUS 1 1 k%d\n" % number)
+            yield self.server.drop(holder)
+        attached = yield self.server.elock()
+        attached_id = yield self.session_id(attached)
+        attached_peer = b"127.0.0.1:%d" % attached.transport.getHost().port
+        admin = yield self.server.admin()
+        listing = yield admin.ask(b"sessions\n", 4)
+        lines = listing.split(b"\n")
+        self.assertEqual(lines[-2:], [b"END", b""])
+        rows = [line.split(b" ") for line in lines[:-2]]
+        self.assertEqual(
+            [row[:5] for row in rows],
+            [
+                [b"SESSION", ids[0], peers[0], b"1", b"detached"],
+                [b"SESSION", ids[1], peers[1], b"1", b"detached"],
+                [b"SESSION", attached_id, attached_peer, b"0", b"attached"],
+            ],
+        )
+        for row in rows[:2]:
+            self.assertTrue(0 < int(row[5]) <= 30_000, row)
+        self.assertEqual(rows[2][5], b"30000")
+        # each id as listed ends its session, and its lock goes to the waiter
+        for number, row in enumerate(rows[:2]):
+            self.assertEqual((yield admin.ask(b"end-session %s\n" % row[1])), b"SESSION-ENDED %s\n" % ids[number])
+            self.assertEqual((yield waiter.read_line()), b"GRANTED 1 0 k%d 120\n" % number)
+        self.assertEqual(
+            (yield admin.ask(b"sessions\n", 2)), b"SESSION %s %s 0 attached 30000\nEND\n" % (attached_id, attached_peer)
+        )
+        self.assertEqual((yield waiter.ask(b"release k0\nrelease k1\n", 2)), b"RELEASED 0 0 k0\nRELEASED 0 0 k1\n")
 
 
 class PipeliningTests(ELockTCPTestCase):

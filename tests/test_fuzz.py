@@ -213,7 +213,7 @@ JESYNC_LINE = re.compile(
 )
 ELOCK_LINE = re.compile(
     rb"(200 Acquired|409 Unavailable|200 Unlocked|403 not_yours|403 not_locked|200 OK|200 conn id set"
-    rb"|403 cannot set conn id|200 timeout set|200 STATS|STAT (clients|locks|monitoring) \d+|END"
+    rb"|403 cannot set conn id|200 timeout set( to \d+)?|200 STATS|STAT (clients|locks|monitoring) \d+|END"
     rb"|200 Hey, it was nice seeing you\.|400 Unknown command: (\"[^\r\n]*\"|\[[0-9,]+\])|400 [ -~]+|503 [ -~]+|200 \S+)\r\n",
     re.S,
 )
@@ -517,21 +517,37 @@ class Harness:
     def finish(self) -> None:
         """
         Every connection goes: nothing waits any more, and elock sessions
-        (but those that quit) are detached; once their grace periods are
-        over, nothing is left.
+        (but those that quit) are detached if they hold a lock, ended if
+        they hold nothing; once their grace periods are over, nothing is
+        left.
         """
         holders, others = self.clients[:2], self.clients[2:]
+        elock = self.server.elock_factory
+        test = self.test
+        # the sessions of the connections closed here, by whether they held a lock as it closed
+        kept, ended = [], []
+
+        def lose(client) -> None:
+            grammar = client.protocol.grammar
+            session = getattr(grammar, "session", None) if client.protocol.factory is elock else None
+            alive = client.protocol.state != CLOSED and client not in self.quit
+            if alive and session is not None and session.connection is client.protocol:
+                (kept if self.service.grants_of(session) else ended).append(session)
+            client.lose()
+
         for client in others:
             if client.protocol.state != CLOSED:
-                client.lose()
-        test = self.test
+                lose(client)
         # (checked while the holders still keep any wait waiting)
         test.assertEqual(self.service.totals().waiting, 0, "a wait outlived its connection")
         for client in holders:
-            client.lose()
-        elock = self.server.elock_factory
-        sessions = [c for c in self.clients if c.protocol.factory is elock and c.protocol.grammar.session is not None]
-        test.assertEqual(elock.sessions.detached_count(), len([c for c in sessions if c not in self.quit]))
+            lose(client)
+        test.assertTrue(all(session.live and session.connection is None for session in kept), kept)
+        test.assertFalse(any(session.live for session in ended), ended)
+        # every session left is in its grace period, keeping a lock
+        live = elock.sessions.sessions()
+        test.assertEqual(elock.sessions.detached_count(), len(live))
+        test.assertTrue(all(self.service.grants_of(session) for session in live), live)
         self.clock.advance(FOREVER)
         self.clock.advance(0)
         test.assertEqual(self.service.listing(), [])

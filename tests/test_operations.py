@@ -340,7 +340,7 @@ class OptionsTests(SynchronousTestCase):
         self.assertEqual(
             server.summary,
             "JESync on tcp:11400; limits: max-connections=10000, max-keys=1000000, max-waiters=10000, "
-            "max-total-waits=100000, max-held=10000, max-sessions=10000, max-key-length=1024, max-unsent=4194304, "
+            "max-total-waits=100000, max-held=10000, max-sessions=10000, max-session-grace=300, max-key-length=1024, max-unsent=4194304, "
             "max-listing-memory=67108864, auth-timeout=10, idle-timeout=none; keepalive 60.0; auth off"
             "; protected mode: only local clients (set --auth-token-file, or --protected-mode off)",
         )
@@ -387,6 +387,15 @@ class OptionsTests(SynchronousTestCase):
         ]:
             for value in ["-1", "lots", ""]:
                 self.assertRaises(usage.UsageError, parse, option, value)
+
+    def test_max_session_grace(self) -> None:
+        cases = [((), 300_000), (("--max-session-grace", "20.5"), 20_500), (("--max-session-grace", "0"), None)]
+        for argv, bound in cases:
+            server = self.build("--elock-port", "11401", *argv)
+            (elock,) = [child.factory for child in server if isinstance(child.factory, ELockFactory)]
+            self.assertEqual(elock.sessions.max_grace_ms, bound)
+        for value in ["-1", "inf", "nan", "lots"]:
+            self.assertRaises(usage.UsageError, parse, "--max-session-grace", value)
 
 
 class AuthTokenFileTests(SynchronousTestCase):
@@ -939,7 +948,7 @@ class GracefulStopTests(ServerTestCase):
             [
                 "jesync starting: JESync on tcp:0:interface=127.0.0.1; elock on tcp:0:interface=127.0.0.1; "
                 "limits: max-connections=10000, max-keys=1000000, max-waiters=10000, max-total-waits=100000, "
-                "max-held=10000, max-sessions=10000, max-key-length=1024, max-unsent=4194304, "
+                "max-held=10000, max-sessions=10000, max-session-grace=300, max-key-length=1024, max-unsent=4194304, "
                 "max-listing-memory=67108864, auth-timeout=10, idle-timeout=none; keepalive 60.0; auth off"
                 "; protected mode: only local clients (set --auth-token-file, or --protected-mode off)"
             ],

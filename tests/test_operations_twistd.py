@@ -131,7 +131,7 @@ class MetricsTests(TwistdTestCase):
             (yield self.summary(process)),
             b"JESync on tcp:0:interface=127.0.0.1; metrics on tcp:0:interface=127.0.0.1; limits: "
             b"max-connections=10000, max-keys=1000000, max-waiters=10000, max-total-waits=100000, max-held=10000, "
-            b"max-sessions=10000, max-key-length=1024, max-unsent=4194304, max-listing-memory=67108864, auth-timeout=10, idle-timeout=none; "
+            b"max-sessions=10000, max-session-grace=300, max-key-length=1024, max-unsent=4194304, max-listing-memory=67108864, auth-timeout=10, idle-timeout=none; "
             b"keepalive 60.0; auth off"
             b"; protected mode: only local clients (set --auth-token-file, or --protected-mode off)",
         )

@@ -7,7 +7,11 @@ matters.
     attached --connection_lost--> detached --grace period over--> ended
         ^                             |
         +-----------resume------------+
-    attached --end (quit)--> ended
+    attached --end (quit, or gone holding nothing)--> ended
+
+and the two bounds on what a session keeps once its client has gone: its
+grace period (at most C{max_grace_ms}), and nothing at all if it holds
+nothing (L{Session.disconnected}).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.service import LockService
-from jesync.sessions import DEFAULT_GRACE_MS, Session, SessionTable, new_session_id
+from jesync.errors import LimitReached
+from jesync.sessions import DEFAULT_GRACE_MS, DEFAULT_MAX_GRACE_MS, Session, SessionTable, new_session_id
 
 URL_SAFE = set(string.ascii_letters + string.digits + "-_")
 
@@ -29,6 +34,7 @@ class Connection:
 
     def __init__(self, name: str) -> None:
         self.name = name
+        self.peer = f"127.0.0.1:{name}"
 
     def __repr__(self) -> str:
         return f"<Connection {self.name}>"
@@ -312,3 +318,137 @@ class TableTests(SessionTestCase):
         self.table.take(Connection("again"), sessions[1].id)
         self.assertEqual(self.table.detached_count(), 0)
         self.assertEqual(len(self.table), 2)
+
+
+# The largest set_timeout elock takes: 24.8 days.
+LARGEST_TIMEOUT = 2**31 - 1
+
+
+class GraceBoundTests(SessionTestCase):
+    def test_the_bound_is_five_minutes_by_default(self) -> None:
+        self.assertEqual(DEFAULT_MAX_GRACE_MS, 300_000)
+        self.assertEqual(self.table.max_grace_ms, DEFAULT_MAX_GRACE_MS)
+
+    def test_a_longer_grace_is_cut_to_the_bound(self) -> None:
+        session = self.table.start(Connection("a"))
+        self.assertEqual(session.set_grace(LARGEST_TIMEOUT), 300_000)
+        self.assertEqual(session.grace_ms, 300_000)
+        self.lock("k", session)
+        session.connection_lost()
+        self.assertEqual(self.timers(), [300.0])
+        self.clock.advance(299.999)
+        self.assertEqual(self.holders("k"), 1)
+        self.clock.advance(0.001)
+        self.assertEqual(self.holders("k"), 0)
+        self.assertEqual(len(self.table), 0)
+
+    def test_a_grace_within_the_bound_is_kept(self) -> None:
+        session = self.table.start(Connection("a"))
+        self.assertEqual(session.set_grace(300_000), 300_000)
+        self.assertEqual(session.set_grace(0), 0)
+        self.assertEqual(session.set_grace(1234), 1234)
+
+    def test_the_default_grace_is_cut_by_a_smaller_bound(self) -> None:
+        table = SessionTable(self.clock, self.service, max_grace_ms=10_000)
+        self.assertEqual(table.start(Connection("a")).grace_ms, 10_000)
+
+    def test_no_bound(self) -> None:
+        table = SessionTable(self.clock, self.service, max_grace_ms=None)
+        session = table.start(Connection("a"))
+        self.assertEqual(session.grace_ms, DEFAULT_GRACE_MS)
+        self.assertEqual(session.set_grace(LARGEST_TIMEOUT), LARGEST_TIMEOUT)
+
+    def test_a_restored_session_gets_at_most_the_bound(self) -> None:
+        # (a previous leader's record, written under a larger bound)
+        session = self.table.restore("old", LARGEST_TIMEOUT)
+        self.assertEqual(session.grace_ms, 300_000)
+        self.assertEqual(self.timers(), [300.0])
+        self.assertEqual(session.last_peer, "restored")
+        self.clock.advance(300)
+        self.assertEqual(len(self.table), 0)
+
+
+class IdleSessionTests(SessionTestCase):
+    def test_a_session_holding_nothing_ends_when_its_connection_goes(self) -> None:
+        ended = []
+        self.table.on_end = ended.append
+        session = self.table.start(Connection("a"), "idle")
+        session.set_grace(LARGEST_TIMEOUT)
+        session.disconnected()
+        self.assertFalse(session.live)
+        self.assertEqual((len(self.table), self.table.detached_count()), (0, 0))
+        self.assertEqual(self.timers(), [])
+        self.assertEqual(ended, [session])
+        # Its id names a new session, as on elock.
+        fresh = self.table.take(Connection("b"), "idle")
+        self.assertIsNot(fresh, session)
+        self.assertEqual(fresh.grace_ms, DEFAULT_GRACE_MS)
+
+    def test_a_session_holding_a_lock_detaches(self) -> None:
+        session = self.table.start(Connection("a"))
+        self.lock("k", session)
+        session.disconnected()
+        self.assertTrue(session.live)
+        self.assertEqual(self.table.detached_count(), 1)
+        self.assertEqual(self.timers(), [30.0])
+        self.assertEqual(self.holders("k"), 1)
+
+    def test_a_session_that_gave_its_locks_back_ends(self) -> None:
+        session = self.table.start(Connection("a"))
+        self.lock("k", session)
+        self.service.release_all(session)
+        session.disconnected()
+        self.assertFalse(session.live)
+        self.assertEqual(len(self.table), 0)
+
+    def test_idle_sessions_do_not_fill_the_cap(self) -> None:
+        table = SessionTable(self.clock, self.service, limit=50)
+        for n in range(50):
+            session = table.start(Connection(str(n)))
+            session.set_grace(LARGEST_TIMEOUT)
+            session.disconnected()
+        self.assertEqual((len(table), table.detached_count()), (0, 0))
+        newcomer = table.start(Connection("new"))
+        self.lock("k", newcomer)
+        self.assertEqual(self.holders("k"), 1)
+
+    def test_sessions_holding_locks_fill_the_cap_for_the_bounded_grace_only(self) -> None:
+        table = SessionTable(self.clock, self.service, limit=50)
+        for n in range(50):
+            session = table.start(Connection(str(n)))
+            session.set_grace(LARGEST_TIMEOUT)
+            self.lock(f"k{n}", session)
+            session.disconnected()
+        self.assertEqual(table.detached_count(), 50)
+        self.assertRaises(LimitReached, table.start, Connection("refused"))
+        self.clock.advance(300)
+        self.assertEqual(table.detached_count(), 0)
+        self.assertEqual(self.service.listing(), [])
+        table.start(Connection("served"))
+
+
+class ListingTests(SessionTestCase):
+    def test_sessions_in_the_order_they_started(self) -> None:
+        first = self.table.start(Connection("a"))
+        second = self.table.start(Connection("b"))
+        self.lock("k", second)
+        second.connection_lost()
+        ended = self.table.start(Connection("c"))
+        ended.end()
+        self.assertEqual(self.table.sessions(), [first, second])
+
+    def test_last_peer_and_time_left(self) -> None:
+        session = self.table.start(Connection("a"))
+        self.assertEqual(session.last_peer, "127.0.0.1:a")
+        self.assertIsNone(session.seconds_left())
+        self.lock("k", session)
+        session.connection_lost()
+        self.assertEqual(session.last_peer, "127.0.0.1:a")
+        self.assertEqual(session.seconds_left(), 30.0)
+        self.clock.advance(12.5)
+        self.assertEqual(session.seconds_left(), 17.5)
+        self.assertIs(self.table.take(Connection("b"), session.id), session)
+        self.assertEqual(session.last_peer, "127.0.0.1:b")
+        self.assertIsNone(session.seconds_left())
+        session.end()
+        self.assertIsNone(session.seconds_left())

@@ -25,7 +25,7 @@ from jesync.connections.grammar import CommandGrammar
 from jesync.connections.policy import ConnectionPolicy
 from jesync.errors import AlreadyWaiting, LockTimeout
 from jesync.interfaces import IGrant, ILockService
-from jesync.sessions import DEFAULT_MAX_SESSIONS, Session, SessionTable
+from jesync.sessions import DEFAULT_MAX_GRACE_MS, DEFAULT_MAX_SESSIONS, Session, SessionTable
 from jesync.wire import BadRequest, check_key_field, no_arguments, only_argument, parse_integer
 
 if TYPE_CHECKING:
@@ -94,8 +94,9 @@ class ELockProtocol(CommandGrammar):
     def closing(self) -> None:
         """
         The session detaches (its waits are already cancelled; its locks
-        stay for its grace period), or ends: after C{quit}, or when the
-        server no longer listens (nobody could resume it).
+        stay for its grace period), or ends: after C{quit}, when it holds
+        nothing (L{Session.disconnected}), or when the server no longer
+        listens (nobody could resume it).
         """
         session = self.session
         if session is None or session.connection is not self.connection:
@@ -103,7 +104,7 @@ class ELockProtocol(CommandGrammar):
         if self._quitting or self.connection.factory.stopped:
             session.end()
         else:
-            session.connection_lost()
+            session.disconnected()
 
     # -- commands ---------------------------------------------------------
 
@@ -189,15 +190,22 @@ class ELockProtocol(CommandGrammar):
             self.reply(b"200 conn id set")
 
     def do_set_timeout(self, args: List[bytes]) -> None:
+        """
+        The session's grace period, in milliseconds: at most the server's
+        C{--max-session-grace}.  A longer one is cut to it, and then the
+        reply says the value in force (C{200 timeout set to <ms>}), still a
+        C{200}: elock's clients check the status, and one that asked for
+        more keeps working, with the server's bound.
+        """
         milliseconds = parse_integer(only_argument(args, "timeout"), "timeout")
         if milliseconds < 0:
             raise BadRequest("timeout must not be negative")
         session = self._session()
-        session.grace_ms = milliseconds
+        in_force = session.set_grace(milliseconds)
         journal = self.connection.policy.journal
         if journal is not None and self.service.owned(session):
             journal.session_changed(session)
-        self.reply(b"200 timeout set")
+        self.reply(b"200 timeout set" if in_force == milliseconds else b"200 timeout set to %d" % in_force)
 
     def do_stats(self, args: List[bytes]) -> None:
         no_arguments(args)
@@ -211,7 +219,9 @@ class ELockProtocol(CommandGrammar):
         dlock = factory.dlock
         if dlock is not None:
             lines.append(b"STAT dlock_clients %d" % dlock.clients)
-            lines.extend(b"STAT dlock_requests_%s %d" % (kind.encode(), count) for kind, count in dlock.request_counts())
+            lines.extend(
+                b"STAT dlock_requests_%s %d" % (kind.encode(), count) for kind, count in dlock.request_counts()
+            )
             lines.append(b"STAT dlock_timeouts %d" % dlock.timeouts)
         lines.append(b"END")
         self.reply_lines(lines)
@@ -239,7 +249,8 @@ class ELockFactory(LockServerFactory):
     """
     Serves the elock protocol over a lock service; listen on it with any
     stream endpoint.  See L{LockServerFactory} for the parameters;
-    C{max_sessions} bounds the sessions in their grace period (None: no
+    C{max_sessions} bounds the sessions in their grace period, and
+    C{max_grace_ms} the grace period a session may ask for (None: no
     bound).
     """
 
@@ -254,9 +265,10 @@ class ELockFactory(LockServerFactory):
         verbose: bool = False,
         policy: Optional[ConnectionPolicy] = None,
         max_sessions: Optional[int] = DEFAULT_MAX_SESSIONS,
+        max_grace_ms: Optional[int] = DEFAULT_MAX_GRACE_MS,
     ) -> None:
         super().__init__(service, verbose, policy)
-        self.sessions = SessionTable(service.clock, service, max_sessions)
+        self.sessions = SessionTable(service.clock, service, max_sessions, max_grace_ms)
 
     def startFactory(self) -> None:
         self.stopped = False

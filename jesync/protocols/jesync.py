@@ -43,7 +43,11 @@ def whole_seconds_left(grant: IGrant) -> int:
 
 def describe_owner(owner: object) -> bytes:
     """One field naming a holder: a connection's peer address, or what an embedder's owner calls itself."""
-    name = getattr(owner, "peer", None) or repr(owner)
+    return name_field(getattr(owner, "peer", None) or repr(owner))
+
+
+def name_field(name: str) -> bytes:
+    """A name (an address, say) as one field of a listing's line: its whitespace made C{_}."""
     return "_".join(name.split()).encode("utf-8", "backslashreplace")
 
 
@@ -194,7 +198,7 @@ class JESyncProtocol(CommandGrammar):
             for grant in grants
         ]
         held = self.connection.policy.listings.charge(lines_bytes(lines))
-        self.reply_stream(_ended(lines), held)
+        self.reply_stream(ended_listing(lines), held)
 
     def _listing(self, order: ListingOrder, args: List[bytes]) -> None:
         """
@@ -208,7 +212,7 @@ class JESyncProtocol(CommandGrammar):
         snapshot = self.connection.policy.listings.share(
             ("status", order), service.version, service.totals().keys * ROW_BYTES, lambda: service.snapshot(order)
         )
-        self.reply_stream(_ended(_status_lines(snapshot.rows)), snapshot)
+        self.reply_stream(ended_listing(_status_lines(snapshot.rows)), snapshot)
 
     def do_status_by_key(self, args: List[bytes]) -> None:
         self._listing("key", args)
@@ -230,7 +234,8 @@ def _status_lines(rows: Sequence[Tuple[str, int, int]]) -> Iterator[bytes]:
         yield status_reply(b"STATUS", granted, waiting, encode_key(key))
 
 
-def _ended(lines: Iterable[bytes]) -> Iterator[bytes]:
+def ended_listing(lines: Iterable[bytes]) -> Iterator[bytes]:
+    """A listing's lines, then its C{END}."""
     yield from lines
     yield b"END"
 

@@ -60,7 +60,8 @@ from jesync.errors import LockTimeout
 from jesync.wire import ListingOrder
 
 #: How a server begins the line it sends before closing a connection on its
-#: own (a limit's reply: PROTOCOL.md); no other error reply is a closing reason.
+#: own (a limit's reply: PROTOCOL.md): an error reply that answered a request
+#: is the closing reason only if it starts so.
 CLOSING_REPLY = "INVALID_PARAMETER: "
 
 #: How a server refuses a connection that did not authenticate (JESync's protocol).

@@ -16,6 +16,11 @@ The refusal and the clients' first requests cross on the wire in every
 order (a line before anything is sent, in answer to C{auth} or to C{fencing
 on}, a send that fails because the server has closed, TLS's close_notify
 right behind the line): L{SessionTests} drives those orders without I/O.
+The orders a real server shows only by chance, and the other closing lines,
+are forced by a stand-in server on a socket (L{StandIn}): TLS 1.2's last
+handshake message, the line and the close_notify in one segment; an asyncio
+write that fails before the loop has read the line; C{max-connections
+exceeded} in answer to C{auth}.
 """
 
 from __future__ import annotations
@@ -23,9 +28,12 @@ from __future__ import annotations
 import asyncio
 import os
 import socket
+import ssl
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from typing import Any, Callable, NamedTuple, Optional
 from unittest import SkipTest
@@ -33,8 +41,18 @@ from unittest import SkipTest
 from twisted.internet import reactor
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from jesync.cli import EXIT_REFUSED
-from jesync.client import AccessRefused, AsyncClient, AuthFailed, Client, ConnectionLost, ELockClient, TwistedClient
+from jesync.cli import EXIT_REFUSED, EXIT_UNAVAILABLE
+from jesync.client import (
+    AccessRefused,
+    AsyncClient,
+    AuthFailed,
+    Client,
+    ConnectFailed,
+    ConnectionLost,
+    ELockClient,
+    ServerError,
+    TwistedClient,
+)
 from jesync.client.pipeline import discard
 from jesync.client.session import Session
 from jesync.errors import ProtectedMode
@@ -409,3 +427,269 @@ class SessionTests(SynchronousTestCase):
         [error] = outcome
         self.assertIsInstance(error, AuthFailed)
         self.assertIsInstance(error, AccessRefused)
+
+    def test_other_closing_line_answering_auth(self) -> None:
+        """With a token, a closing line that is not the auth refusal is the connection's end, not a refused token."""
+        for confirm in (False, True):
+            session, outcome = self.session()
+            session.handshake(TOKEN, outcome.append, outcome.append, confirm)
+            errors: list[Exception] = []
+            session.status("k", discard, errors.append)
+            session.line_received(MAX_CONNECTIONS_LINE.encode())
+            [error] = outcome
+            self.assertIs(type(error), ConnectionLost, confirm)
+            assert isinstance(error, ConnectionLost)
+            self.assertEqual(error.reason, f"the server closed the connection: {MAX_CONNECTIONS_LINE}")
+            self.assertEqual(errors, [error])
+            self.assertTrue(session.closed)
+
+    def test_server_without_auth(self) -> None:
+        """A server that does not know C{auth} (C{INVALID_COMMAND}) refused the request: a ServerError, never ready."""
+        for confirm in (False, True):
+            session, outcome = self.session()
+            session.handshake(TOKEN, outcome.append, outcome.append, confirm)
+            session.line_received(b"INVALID_COMMAND")
+            [error] = outcome
+            self.assertIs(type(error), ServerError, confirm)
+            self.assertEqual(str(error), "INVALID_COMMAND")
+            self.assertTrue(session.closed)
+
+    def test_older_server_refusing_fencing_then_closing(self) -> None:
+        """C{INVALID_COMMAND} to C{fencing on} (JESync 0.8), then the close: not the server's last words."""
+        session, outcome = self.session()
+        session.handshake(None, outcome.append, outcome.append)
+        errors: list[Exception] = []
+        session.status("k", discard, errors.append)
+        session.line_received(b"INVALID_COMMAND")
+        self.assertFalse(session.closed)
+        session.server_closed("sending failed: Broken pipe")
+        [error] = errors
+        assert isinstance(error, ConnectionLost)
+        self.assertEqual(error.reason, "sending failed: Broken pipe")
+
+    def test_protected_mode_prefix_is_the_servers(self) -> None:
+        """The clients know protected mode by the start of the server's own message."""
+        from jesync.client import elock_wire, session as session_module
+
+        self.assertTrue(PROTECTED_LINE.encode().startswith(session_module.PROTECTED_MODE))
+        self.assertTrue(elock_wire.refuses_connection(elock_wire.parse_reply(b"503 " + ProtectedMode.MESSAGE.encode())))
+        self.assertFalse(elock_wire.refuses_connection(elock_wire.parse_reply(b"503 max-connections exceeded (1)")))
+
+
+# -- orders a real server shows only by chance: a stand-in server on a socket ------------
+
+#: What a server at its connection limit says before it closes (JESync's limit reply).
+MAX_CONNECTIONS_LINE = "INVALID_PARAMETER: max-connections exceeded (1)"
+#: How long a stand-in waits for anything (far more than it needs).
+WITHIN = 10.0
+
+
+class StandIn:
+    """
+    A server on loopback that hands each connection to C{serve} (in its
+    thread, one connection at a time), then closes it; stopped when the test ends.
+    """
+
+    def __init__(self, test: Any, serve: Callable[[socket.socket], None]) -> None:
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self._listener.getsockname()[1]}"
+        self.served = threading.Event()  # set once a connection has been served (and closed)
+        self.failures: list[BaseException] = []
+        self._serve = serve
+        thread = threading.Thread(target=self._accept, daemon=True)
+        thread.start()
+        test.addCleanup(self._stop, thread)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._listener.accept()
+            except OSError:
+                return  # stopped
+            connection.settimeout(WITHIN)
+            try:
+                self._serve(connection)
+            except Exception as error:  # reported by the test (a handshake the client cut short is fine)
+                self.failures.append(error)
+            finally:
+                connection.close()
+                self.served.set()
+
+    def _stop(self, thread: threading.Thread) -> None:
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self._listener.close()
+        thread.join(WITHIN)
+
+
+def reset(connection: socket.socket) -> None:
+    """Close with a reset (SO_LINGER 0), at once."""
+    connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    connection.close()
+
+
+def drain(connection: socket.socket) -> None:
+    """Read until the client closes (or the stand-in's patience ends)."""
+    try:
+        while connection.recv(65536):
+            pass
+    except OSError:
+        pass
+
+
+class TLS12Refusal:
+    """
+    A TLS 1.2 server that writes its last handshake message, C{line} and its
+    close_notify in one write, as soon as the handshake is done: the client
+    reads them in one recv, while it is still in its own handshake.
+    """
+
+    def __init__(self, test: Any, line: str) -> None:
+        self.pki = PKI(temp_dir(test))
+        self._context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._context.load_cert_chain(self.pki.certificate_file, self.pki.key_file)
+        self._context.maximum_version = ssl.TLSVersion.TLSv1_2
+        self._line = line.encode() + b"\n"
+        self.stand_in = StandIn(test, self._serve)
+
+    def _serve(self, connection: socket.socket) -> None:
+        incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        tls = self._context.wrap_bio(incoming, outgoing, server_side=True)
+        while True:
+            try:
+                tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                if outgoing.pending:
+                    connection.sendall(outgoing.read())
+                data = connection.recv(65536)
+                if not data:
+                    return
+                incoming.write(data)
+        tls.write(self._line)
+        try:
+            tls.unwrap()
+        except ssl.SSLWantReadError:
+            pass  # (the client's close_notify is not awaited)
+        connection.sendall(outgoing.read())  # Finished, the line and close_notify in one go
+        drain(connection)
+
+    def client_options(self) -> dict[str, Any]:
+        return {"tls_ca_file": self.pki.ca_file, "tls_server_name": "localhost", "environ": {}, "connect_retries": 0}
+
+
+class TLS12Tests(SynchronousTestCase):
+    """The refusal line behind the end of a TLS 1.2 handshake reaches the blocking and elock clients."""
+
+    def setUp(self) -> None:
+        if skip_without_tls:
+            raise SkipTest(skip_without_tls)
+
+    def test_blocking(self) -> None:
+        server = TLS12Refusal(self, PROTECTED_LINE)
+        client = Client(server.stand_in.address, **server.client_options())
+        self.addCleanup(client.close)
+        with self.assertRaises(AccessRefused) as caught:
+            client.status("refused")
+        self.assertEqual(caught.exception.message, PROTECTED_LINE)
+
+    def test_elock(self) -> None:
+        line = "503 " + ProtectedMode.MESSAGE
+        server = TLS12Refusal(self, line)
+        with self.assertRaises(AccessRefused) as caught:
+            ELockClient(server.stand_in.address, connect_timeout=WITHIN, read_timeout=WITHIN, **server.client_options())
+        self.assertEqual(caught.exception.message, line)
+
+
+class AsyncioWriteFailsFirstTests(SynchronousTestCase):
+    """
+    The asyncio client's write fails (the server has reset the connection)
+    before its loop has read the server's line: the line is still reported.
+    """
+
+    def refused(self, line: str) -> list[BaseException]:
+        """Two requests sent once the server has said C{line} and reset the connection; their errors."""
+        closed = threading.Event()
+
+        def serve(connection: socket.socket) -> None:
+            connection.recv(65536)  # the handshake (fencing on)
+            connection.sendall(line.encode() + b"\n")
+            reset(connection)
+            closed.set()
+
+        server = StandIn(self, serve)
+
+        async def requests() -> list[BaseException]:
+            async with AsyncClient(server.address, environ={}, connect_retries=0) as client:
+                await client._connection(0)  # connected (ready at once without a token)
+                # The loop is busy (blocked here) while the line and the reset arrive.
+                self.assertTrue(closed.wait(WITHIN))
+                return await asyncio.gather(client.status("a"), client.status("b"), return_exceptions=True)
+
+        return asyncio.run(asyncio.wait_for(requests(), WITHIN))
+
+    def test_protected_mode(self) -> None:
+        for error in self.refused(PROTECTED_LINE):
+            self.assertIsInstance(error, AccessRefused)
+            assert isinstance(error, AccessRefused)
+            self.assertEqual(error.message, PROTECTED_LINE)
+
+    def test_closing_line(self) -> None:
+        for error in self.refused(MAX_CONNECTIONS_LINE):
+            self.assertIs(type(error), ConnectionLost)
+            assert isinstance(error, ConnectionLost)
+            self.assertEqual(error.reason, f"the server closed the connection: {MAX_CONNECTIONS_LINE}")
+
+
+class MaxConnectionsWithTokenTests(SynchronousTestCase):
+    """A server at its connection limit answers C{auth} with its limit line: the connection's end, not the token."""
+
+    def setUp(self) -> None:
+        def serve(connection: socket.socket) -> None:
+            connection.sendall(MAX_CONNECTIONS_LINE.encode() + b"\n")
+            drain(connection)
+
+        self.server = StandIn(self, serve)
+        self.token_file = write(temp_dir(self), "token", TOKEN + b"\n")
+
+    def test_blocking(self) -> None:
+        client = Client(self.server.address, environ={}, connect_retries=0, auth_token_file=self.token_file)
+        self.addCleanup(client.close)
+        with self.assertRaises(ConnectFailed) as caught:
+            client.status("k")
+        self.assertNotIsInstance(caught.exception, AccessRefused)
+        self.assertIn(f"the server closed the connection: {MAX_CONNECTIONS_LINE}", str(caught.exception))
+
+    def test_command_line(self) -> None:
+        done = jesync("status", "k", JESYNC_SERVERS=self.server.address, JESYNC_AUTH_TOKEN_FILE=self.token_file)
+        self.assertEqual(done.returncode, EXIT_UNAVAILABLE, done.stderr)
+        self.assertIn(MAX_CONNECTIONS_LINE, done.stderr)
+        self.assertNotIn("auth token", done.stderr)
+
+
+class ELockReadTimeoutTests(SynchronousTestCase):
+    """An elock error reply then silence: the client says no reply came, not that the server closed."""
+
+    def test_error_reply_then_silence(self) -> None:
+        def serve(connection: socket.socket) -> None:
+            connection.recv(65536)  # set_timeout, fencing on, conn_id
+            connection.sendall(b"503 busy\r\n")
+            drain(connection)  # and nothing more
+
+        server = StandIn(self, serve)
+        with self.assertRaises(ConnectFailed) as caught:
+            ELockClient(server.address, environ={}, connect_retries=0, connect_timeout=WITHIN, read_timeout=0.5)
+        self.assertIn("no reply within 0.5 s", caught.exception.reason)
+        self.assertNotIn("closed", caught.exception.reason)
+
+    def test_error_reply_then_close(self) -> None:
+        def serve(connection: socket.socket) -> None:
+            connection.recv(65536)
+            connection.sendall(b"503 max-connections exceeded (1)\r\n")
+
+        server = StandIn(self, serve)
+        with self.assertRaises(ConnectFailed) as caught:
+            ELockClient(server.address, environ={}, connect_retries=0, connect_timeout=WITHIN, read_timeout=WITHIN)
+        self.assertIn("the server closed the connection: 503 max-connections exceeded (1)", caught.exception.reason)

@@ -12,6 +12,7 @@ event loop only.  Nothing here needs the Twisted reactor.
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
 import time
 from typing import Any, Awaitable, Callable, Generator, Iterable, Mapping, Optional
@@ -109,6 +110,8 @@ class _Protocol(asyncio.Protocol):
         self.connection.data_received(data)
 
     def connection_lost(self, exc: Optional[Exception]) -> None:
+        if isinstance(exc, OSError):
+            self.connection.read_what_is_left()
         self.connection.fail(describe(exc) if exc else SERVER_CLOSED, by_server=True)
 
 
@@ -243,6 +246,35 @@ class _Connection:
         self._watch_silence()
         self._watch_deadlines()
         self._tell_lost()
+
+    def read_what_is_left(self) -> None:
+        """
+        The transport failed on an error, and asyncio stops reading at once:
+        a write that failed (EPIPE, ECONNRESET) because the server had closed
+        the connection, before the loop read what it said first (its reason,
+        say C{protected mode: ...}), which the socket still holds.  Read it
+        now, without waiting, through L{data_received}, so that the session
+        sees the server's line before it is told of the close.  Only on plain
+        sockets: over TLS the bytes left are ciphertext that only asyncio's
+        own TLS state could decode, and it keeps that to itself.
+        """
+        transport = self._transport
+        if transport is None or transport.get_extra_info("ssl_object") is not None:
+            return
+        held = transport.get_extra_info("socket")
+        if held is None:
+            return
+        try:
+            # A second descriptor of the same socket (asyncio's own may not be read through it).
+            with socket.socket(held.family, held.type, held.proto, fileno=socket.dup(held.fileno())) as sock:
+                sock.setblocking(False)
+                while not self.closed:
+                    data = sock.recv(65536)
+                    if not data:
+                        return
+                    self.data_received(data)
+        except OSError:  # nothing more to read (EAGAIN), or the reset after what was read
+            return
 
     def _watch_silence(self) -> None:
         """While the server owes a reply, give up on it after read_timeout seconds of silence."""

@@ -70,6 +70,13 @@ class _TLS:
     the socket carries only ciphertext, and the TLS state is used only
     under the connection's mutex, so the reader thread and the threads
     sending never touch it at once (OpenSSL forbids that).
+
+    The server's first records may come in the same segment as the end of
+    its handshake (TLS 1.2: its Finished, a refusal line and its
+    close_notify, in one write before it closes): the handshake decodes
+    them at once, and the first L{received} returns them, so a client calls
+    C{received(b"")} before it first waits on the socket, else it would
+    wait for more data that never comes, and lose the server's line.
     """
 
     def __init__(self, sock: socket.socket, context: ssl.SSLContext, server_name: str) -> None:
@@ -79,6 +86,8 @@ class _TLS:
         self._sock = sock
         #: whether the server has ended TLS (its close_notify was read)
         self.ended = False
+        # The plaintext that came with the end of the handshake, until the first received().
+        self._early = b""
 
     def handshake(self) -> None:
         """Blocking, within the socket's timeout; raise OSError (ssl.SSLError for TLS's failures)."""
@@ -93,6 +102,7 @@ class _TLS:
                 self._incoming.write(data)
             else:
                 self._flush()
+                self._early = self.received(b"")
                 return
 
     def _flush(self) -> None:
@@ -110,11 +120,13 @@ class _TLS:
         The plaintext C{data} (ciphertext from the socket) completes (under
         the connection's mutex), up to the server's end of TLS if it came
         with it (then L{ended} is true: the plaintext before it, such as
-        the server's reason for closing, is still returned); raise
-        ssl.SSLError for a broken stream.
+        the server's reason for closing, is still returned), after what
+        came with the end of the handshake; raise ssl.SSLError for a broken
+        stream.
         """
         self._incoming.write(data)
-        plain = []
+        plain = [self._early]
+        self._early = b""
         while not self.ended:
             try:
                 chunk = self._tls.read(65536)
@@ -365,9 +377,11 @@ class _Connection:
         tick = None if self._read_timeout is None else min(1.0, self._read_timeout / 2)
         splitter = LineSplitter()
         try:
+            # TLS: what came with the end of the handshake first (maybe all the server will say).
+            ended = self._tls is not None and self._lines_received(splitter, b"")
             with selectors.DefaultSelector() as selector:
                 selector.register(self._sock, selectors.EVENT_READ)
-                while not self.closed:
+                while not self.closed and not ended:
                     ready = selector.select(self._wake_in(tick))
                     overdue = self._expire_overdue()
                     if overdue is not None:
@@ -381,17 +395,7 @@ class _Connection:
                     data = self._sock.recv(65536)
                     if not data:
                         break
-                    with self._mutex:
-                        self._quiet_since = time.monotonic()
-                        ended = False
-                        if self._tls is not None:
-                            data = self._tls.received(data)
-                            ended = self._tls.ended
-                        for line in splitter.feed(data):
-                            self.session.line_received(line)
-                    self._tell_lost()
-                    if ended:
-                        break
+                    ended = self._lines_received(splitter, data)
         except UnexpectedReply as error:
             reason, by_server = str(error), False
         except OSError as error:
@@ -403,6 +407,22 @@ class _Connection:
                     self.session.server_closed(self._send_error or reason)
             self.fail(self._send_error or reason)
             self._sock.close()
+
+    def _lines_received(self, splitter: LineSplitter, data: bytes) -> bool:
+        """
+        Hand the session the lines C{data} (from the socket: TLS's
+        ciphertext) completes; whether the server has ended TLS.
+        """
+        with self._mutex:
+            self._quiet_since = time.monotonic()
+            ended = False
+            if self._tls is not None:
+                data = self._tls.received(data)
+                ended = self._tls.ended
+            for line in splitter.feed(data):
+                self.session.line_received(line)
+        self._tell_lost()
+        return ended
 
     def _wake_in(self, tick: Optional[float]) -> Optional[float]:
         """

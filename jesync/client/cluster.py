@@ -22,8 +22,11 @@ is not retrying.
 
 A failure that trying again cannot mend (a certificate that does not check
 out, an unreadable token file: C{ConnectFailed.retryable} false) ends it at
-once, without trying the other members; so does a refused auth token, which
-is not a L{ConnectFailed} at all.
+once, without trying the other members; so does the server refusing the
+client the connection, which is not a L{ConnectFailed} at all but an
+L{jesync.client.errors.AccessRefused}: protected mode (the client is not on
+the server's host), or a refused or missing auth token (L{jesync.client.errors.AuthFailed}, an
+C{AccessRefused}).  Every member would say the same.
 
 No I/O and no clock of its own: the clients say what time it is.
 """

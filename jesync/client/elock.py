@@ -63,10 +63,6 @@ __all__ = ["ELockClient", "ELockHandle"]
 MAX_FAILOVERS_PER_REQUEST = 3
 #: The resume asks C{owned} about this many keys per round trip.
 OWNED_BATCH = 128
-#: The server's answer to a wrong token, or to a request before C{auth} when it wants one.
-AUTH_REFUSED = ELockReply(403, "auth failed")
-#: How a server in protected mode refuses a client not on its host (the start of its only line).
-PROTECTED_MODE = "protected mode:"
 #: The longest pause between heartbeats (a shorter grace period pings more often).
 HEARTBEAT_MAX = 5.0
 
@@ -74,13 +70,21 @@ LostCallback = Callable[[LockLost], object]
 
 
 class _Broken(Exception):
-    """The connection failed (the reason is the message); the session may still be resumed."""
+    """
+    The connection failed (the reason is the message); the session may still
+    be resumed.  C{closed}: the server ended it (an end of file, a reset, a
+    send that failed), rather than the client giving it up (no reply in
+    time, a reply that is not elock).
+    """
+
+    def __init__(self, reason: str, closed: bool = False) -> None:
+        super().__init__(reason)
+        self.closed = closed
 
 
 class _AuthRefused(Exception):
     """
-    The server refused the connection: its token, or for want of one
-    (C{403 auth failed}), or in protected mode (C{503 protected mode: ...});
+    The server refused the connection (L{elock_wire.refuses_connection});
     it closes the connection.  The argument is its reply.
     """
 
@@ -215,6 +219,12 @@ class _Connection:
         self._lines: Deque[bytes] = deque()
         self._selector = selectors.DefaultSelector()
         self._selector.register(self.sock, selectors.EVENT_READ)
+        if self._tls is not None:
+            try:
+                self._decode(b"")  # what came with the end of the TLS handshake (maybe all the server will say)
+            except _Broken as broken:
+                self.close()
+                raise ConnectFailed(str(address), str(broken)) from None
 
     def send(self, data: bytes) -> None:
         try:
@@ -223,7 +233,7 @@ class _Connection:
             else:
                 self.sock.sendall(data)
         except OSError as error:
-            raise _Broken(f"sending failed: {describe(error)}") from None
+            raise _Broken(f"sending failed: {describe(error)}", closed=True) from None
 
     def reply(self, timeout: float) -> ELockReply:
         """The next reply, waiting at most C{timeout} seconds for it; raise L{_Broken}."""
@@ -238,15 +248,17 @@ class _Connection:
             reply = elock_wire.parse_reply(self._lines.popleft())
         except UnexpectedReply as error:
             raise _Broken(str(error)) from None
-        if reply == AUTH_REFUSED or (reply.status == 503 and reply.text.startswith(PROTECTED_MODE)):
+        if elock_wire.refuses_connection(reply):
             raise _AuthRefused(reply)
         return reply
 
     def ask(self, lines: Sequence[bytes], timeout: float) -> list[ELockReply]:
         """
         Send C{lines} together; their replies, each within C{timeout} of the
-        one before.  If the server closes the connection after an error
-        reply, that reply is the reason of the L{_Broken}.
+        one before.  If the server closes the connection (an end of file, a
+        reset, a send that failed) after an error reply, that reply is the
+        reason of the L{_Broken}; any other failure (no reply in time) is
+        its own reason.
         """
         replies: list[ELockReply] = []
         try:
@@ -261,8 +273,8 @@ class _Connection:
             while len(replies) < len(lines):
                 replies.append(self.reply(timeout))
         except _Broken as broken:
-            if replies and replies[-1].status >= 400:
-                raise _Broken(f"the server closed the connection: {replies[-1]}") from broken
+            if broken.closed and replies and replies[-1].status >= 400:
+                raise _Broken(f"the server closed the connection: {replies[-1]}", closed=True) from broken
             raise
         return replies
 
@@ -292,15 +304,22 @@ class _Connection:
     def _receive(self) -> None:
         try:
             data = self.sock.recv(65536)
-            if not data:
-                raise _Broken("the server closed the connection")
+        except OSError as error:
+            raise _Broken(describe(error), closed=True) from None
+        if not data:
+            raise _Broken("the server closed the connection", closed=True)
+        self._decode(data)
+
+    def _decode(self, data: bytes) -> None:
+        """Queue the reply lines C{data} (from the socket: TLS's ciphertext) completes."""
+        try:
             if self._tls is not None:
                 data = self._tls.received(data)  # (after the server's end of TLS, the next recv is the end of file)
             self._lines.extend(self._splitter.feed(data))
         except UnexpectedReply as error:
             raise _Broken(str(error)) from None
-        except OSError as error:
-            raise _Broken(describe(error)) from None
+        except OSError as error:  # ssl.SSLError: a broken TLS stream
+            raise _Broken(describe(error), closed=True) from None
 
     def close(self) -> None:
         self._selector.close()
@@ -704,9 +723,7 @@ class ELockClient:
             replies = connection.ask(opening + lines, self.read_timeout)
         except _AuthRefused as refusal:
             (reply,) = refusal.args
-            if reply != AUTH_REFUSED:
-                raise AccessRefused(str(connection.address), str(reply)) from None
-            raise AuthFailed(str(connection.address), str(reply), bool(opening)) from None
+            raise elock_wire.connection_refused(str(connection.address), reply, bool(opening)) from None
         if opening and replies[0].status != 200:
             raise AuthFailed(str(connection.address), str(replies[0]), True)
         return replies[len(opening) :]

@@ -21,7 +21,7 @@ import re
 from typing import Iterable, NamedTuple, Optional, Sequence, Union
 
 from jesync.client.address import Address, ClusterAddress, Member, TCPAddress, UNIXAddress, parse_address
-from jesync.client.errors import ServerError
+from jesync.client.errors import PROTECTED_MODE, AccessRefused, AuthFailed, ServerError
 from jesync.client.wire import UnexpectedReply, check_key, whole_seconds
 from jesync.errors import LockTimeout
 from jesync.wire import LARGEST_NUMBER, MAX_TOKEN
@@ -158,6 +158,26 @@ def parse_reply(line: bytes) -> ELockReply:
     if len(status) != 3 or not status.isdigit():
         raise UnexpectedReply(f"not an elock reply: {line.decode('utf-8', 'replace')!r}")
     return ELockReply(int(status), text.decode("utf-8", "surrogateescape"))
+
+
+#: The server's answer to a wrong token, or to a request before C{auth} when it wants one.
+AUTH_REFUSED = ELockReply(403, "auth failed")
+
+
+def refuses_connection(reply: ELockReply) -> bool:
+    """
+    Whether C{reply} is the server refusing this client the connection,
+    which it closes next, whatever was asked: a token refused or missing
+    (C{403 auth failed}), or protected mode (C{503 protected mode: ...}).
+    """
+    return reply == AUTH_REFUSED or (reply.status == 503 and reply.text.startswith(PROTECTED_MODE))
+
+
+def connection_refused(address: str, reply: ELockReply, sent_token: bool) -> AccessRefused:
+    """The error for a reply that L{refuses_connection}: L{AuthFailed} for the token, else L{AccessRefused}."""
+    if reply == AUTH_REFUSED:
+        return AuthFailed(address, str(reply), sent_token)
+    return AccessRefused(address, str(reply))
 
 
 def is_unknown_command(reply: ELockReply) -> bool:

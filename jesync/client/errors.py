@@ -11,7 +11,7 @@ from __future__ import annotations
 import socket
 from typing import Optional, Sequence
 
-from jesync.errors import LockTimeout
+from jesync.errors import LockTimeout, ProtectedMode
 
 __all__ = [
     "AccessRefused",
@@ -90,6 +90,13 @@ class AccessRefused(ServerError):
         super().__init__(message)
         self.address = address
         self.args = (f"{address}: {hint} ({message})",)
+
+
+#: How a server in protected mode begins its refusal, after the protocol's
+#: error word (JESync's C{INVALID_PARAMETER: }, elock's C{503 }): the start of
+#: L{jesync.errors.ProtectedMode}'s message, up to its first colon (the rest,
+#: how to let the client in, may change from one server version to the next).
+PROTECTED_MODE = ProtectedMode.MESSAGE[: ProtectedMode.MESSAGE.index(":") + 1]
 
 
 class AuthFailed(AccessRefused):

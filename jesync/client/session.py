@@ -26,12 +26,18 @@ that line, never a bare "closed" or "Broken pipe":
  - C{INVALID_PARAMETER: protected mode: ...}, whenever it arrives (even
    before anything was sent), fails the session with L{AccessRefused}.
  - C{INVALID_PARAMETER: auth failed} in answer to the handshake fails it
-   with L{AuthFailed}.
- - Any other error line that answers no request, or that answered the
-   handshake's C{fencing on} (which an older server without fencing refuses
-   harmlessly) and was the last line before the server closed
-   (L{Session.server_closed}), becomes the reason of the
-   L{ConnectionLost}: C{the server closed the connection: <its line>}.
+   with L{AuthFailed}; nothing else does.
+ - Any other C{INVALID_PARAMETER: ...} line in answer to C{auth} (say
+   C{max-connections exceeded}: a server refusing the connection answers
+   whatever came first) fails the session with a L{ConnectionLost} whose
+   reason is C{the server closed the connection: <its line>}; another error
+   to C{auth} (C{INVALID_COMMAND}: a server without tokens) fails it with
+   that L{ServerError}.
+ - Any other error line that answers no request, or an C{INVALID_PARAMETER:
+   ...} line that answered the handshake's C{fencing on} (which an older
+   server without fencing refuses harmlessly, with C{INVALID_COMMAND}) and
+   was the last line before the server closed (L{Session.server_closed}),
+   becomes the reason of the L{ConnectionLost}, likewise.
 
 No I/O and no threads here: the event-loop clients call it from their loop,
 the blocking client under its connection's mutex.  Lost-lock callbacks are
@@ -45,6 +51,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable, Optional
 
+from jesync.client import errors
 from jesync.client.errors import AccessRefused, AuthFailed, ConnectionLost, KeyBusy, ServerError
 from jesync.client.handle import LockState
 from jesync.client.pipeline import OnError, OnResult, Pipeline, discard
@@ -52,12 +59,17 @@ from jesync.client.wire import ERROR_WORDS, Reply
 from jesync.errors import LockTimeout
 from jesync.wire import ListingOrder
 
+#: How a server begins the line it sends before closing a connection on its
+#: own (a limit's reply: PROTOCOL.md): an error reply that answered a request
+#: is the closing reason only if it starts so.
+CLOSING_REPLY = "INVALID_PARAMETER: "
+
 #: How a server refuses a connection that did not authenticate (JESync's protocol).
-AUTH_REFUSED = "INVALID_PARAMETER: auth failed"
+AUTH_REFUSED = CLOSING_REPLY + "auth failed"
 
 #: How a server in protected mode refuses a client that is not on its host
-#: (the start of its line: L{jesync.errors.ProtectedMode}).
-PROTECTED_MODE = b"INVALID_PARAMETER: protected mode:"
+#: (the start of its line: L{jesync.client.errors.PROTECTED_MODE}).
+PROTECTED_MODE = (CLOSING_REPLY + errors.PROTECTED_MODE).encode()
 
 #: What a connection the server closed failed with, when it said nothing first.
 SERVER_CLOSED = "the server closed the connection"
@@ -89,7 +101,8 @@ class Session:
         self.fencing: Optional[bool] = None
         self._make_lock = make_lock
         self._just_lost: list[LockState] = []
-        # The server's refusal of the handshake's fencing on, while it is the last line read (see server_closed).
+        # The server's refusal (INVALID_PARAMETER: ...) of the handshake's fencing on, while it is the last line
+        # read (see server_closed).
         self._last_words: Optional[str] = None
 
     @property
@@ -110,8 +123,9 @@ class Session:
         request on it) and C{on_error} with L{AuthFailed}; so does a server
         that wants a token when none was sent (it refuses the C{fencing
         on}), and a server in protected mode, with L{AccessRefused}, even
-        if its refusal came before this was called.  Exactly one of the two
-        is called.
+        if its refusal came before this was called; any other refusal of
+        C{auth} fails it as the module's docstring says.  Exactly one of the
+        two is called.
         """
         settled: list[bool] = []
 
@@ -131,8 +145,14 @@ class Session:
         if token is not None:
 
             def refused(error: Exception) -> None:
-                if isinstance(error, ServerError) and not isinstance(error, AccessRefused):
+                if isinstance(error, AccessRefused) or not isinstance(error, ServerError):
+                    pass  # the session failed with the server's refusal, or with the connection
+                elif error.message == AUTH_REFUSED:
                     error = self.fail_with(AuthFailed(self.address, error.message, sent_token=True))
+                elif error.message.startswith(CLOSING_REPLY):
+                    error = self.fail_with(ConnectionLost(self.address, f"{SERVER_CLOSED}: {error.message}"))
+                else:
+                    error = self.fail_with(error)
                 failed(error)
 
             self.pipeline.auth(token, discard if confirm else ready, refused)
@@ -158,13 +178,14 @@ class Session:
             on_result(on)
 
         def refused(error: Exception) -> None:
-            if isinstance(error, AccessRefused):  # the session failed with the server's refusal
+            if isinstance(error, AccessRefused) or self.closed:  # the session failed (the server's refusal, ...)
                 on_error(error)
             elif needs_auth and isinstance(error, ServerError) and error.message == AUTH_REFUSED:
                 on_error(self.fail_with(AuthFailed(self.address, error.message, sent_token=False)))
             elif isinstance(error, ServerError):
-                # A server without fencing; or one refusing the connection, which it closes next.
-                self._last_words = error.message
+                # A server without fencing (INVALID_COMMAND); or one refusing the connection, which it closes next.
+                if error.message.startswith(CLOSING_REPLY):
+                    self._last_words = error.message
                 answered(False)
             else:
                 on_error(error)

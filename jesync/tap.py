@@ -198,7 +198,7 @@ class Options(usage.Options):
         "Run a JESync-compatible lock server.  Clients ask it for named locks "
         "(mutexes and counting semaphores), wait for them in a fair queue, hold "
         "them with a failsafe expiry, and lose them when they disconnect.  "
-        "Limits take 0 to mean no limit."
+        "The --max-* limits take 0 to mean no limit, except --max-listing-memory (a size)."
     )
     examples = (
         "Examples:\n"

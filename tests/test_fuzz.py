@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, assume, example, given, settings
 from hypothesis import strategies as st
 from twisted.internet import reactor
 from twisted.internet.defer import Deferred, DeferredList, inlineCallbacks
@@ -48,6 +48,7 @@ from jesync import ELockFactory, JESyncFactory, LockService
 from jesync.connections.lifecycle import CLOSED, READING
 from jesync.connections.policy import ConnectionPolicy
 from jesync.protocols.elock import quote_word
+from jesync.protocols.jesync import JESyncProtocol
 from jesync.wire import encode_key
 from tests.support import TIMEOUT, ConnectionTracker, LineClient, UnitClient, UnitServer
 
@@ -209,7 +210,7 @@ def request(line: bytes) -> tuple[list[bytes], int]:
 JESYNC_STATUS = re.compile(rb"(GRANTED|TIMEOUT|RELEASED|NOT_RELEASED|STATUS) (\d+) (\d+) (\S+)( \d+)?")
 JESYNC_LINE = re.compile(
     rb"(GRANTED \d+ \d+ \S+ \d+|(TIMEOUT|RELEASED|NOT_RELEASED|STATUS) \d+ \d+ \S+|HOLDER \S+ \S+ \d+ \d+ \d+"
-    rb"|END|OK|INVALID_COMMAND|INVALID_PARAMETER: [ -~]+)\n"
+    rb"|OWNED -?\d+ \S+|NOT_OWNED \S+|END|OK|INVALID_COMMAND|INVALID_PARAMETER: [ -~]+)\n"
 )
 ELOCK_LINE = re.compile(
     rb"(200 Acquired|409 Unavailable|200 Unlocked|403 not_yours|403 not_locked|200 OK|200 conn id set"
@@ -259,9 +260,11 @@ def check_jesync_line(test, line: bytes, replies: list[bytes], service, before) 
     if word == b"auth":
         test.assertEqual(replies, [b"OK\n"])
         return "answered"
-    if word not in {b"lock", b"release", b"status", b"holders", b"quit"} | LISTINGS:
+    if word not in JESyncProtocol.commands:
         test.assertEqual(replies, [b"INVALID_COMMAND\n"])
         return "answered"
+    # Extensions this check does not model (a token on every later grant, several keys at once): not checked here.
+    assume(word not in (b"fencing", b"lock-many"))
     if word == b"lock" and not replies:
         # a wait (or a second lock of a key it waits for): the key is held, and waited for
         test.assertIsNotNone(key, f"{line!r} was not answered")
@@ -283,6 +286,11 @@ def check_jesync_line(test, line: bytes, replies: list[bytes], service, before) 
     (reply,) = replies
     if reply.startswith(b"INVALID_PARAMETER: "):
         test.assertEqual(before, service.status(key) if key is not None else None, f"{line!r} changed its key")
+        return "answered"
+    if word == b"owned":
+        # this connection holds nothing the check knows of unless it locked; either way nothing changes
+        test.assertTrue(reply.endswith(b" " + args[0] + b"\n"), f"{line!r}: {reply!r}")
+        test.assertEqual(before, service.status(key), f"{line!r} changed its key")
         return "answered"
     match = JESYNC_STATUS.fullmatch(reply[:-1])
     test.assertIsNotNone(match, f"{line!r}: {reply!r}")
@@ -592,6 +600,8 @@ class UnitFuzzTests(SynchronousTestCase):
 
     @settings(FUZZ, max_examples=400)
     @given(streams(jesync_commands))
+    @example(b"owned\n")  # (found under PyPy: the check knew nothing of owned)
+    @example(b"lock a\nowned a\nowned b\nowned a b\n")
     def test_jesync_every_line_answered(self, stream: bytes) -> None:
         self.run_lines("jesync", stream)
 

@@ -67,6 +67,8 @@ class ServerSettings:
     # The file the token came from: read again on SIGHUP (None: never).
     auth_token_file: Optional[str] = None
     auth_token_grace: float = 300.0
+    # Serve /metrics without the token even when one is set.
+    metrics_public: bool = False
     protected_mode: bool = True
     auth_timeout: Optional[float] = 10.0
     idle_timeout: Optional[float] = None
@@ -301,7 +303,12 @@ def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[
 
         metrics = LockMetrics(locks, policy.connections, dlock, memcache=memcache, listings=policy.listings)
         locks.observer = metrics
-        site = metrics_site(metrics, serving=lambda: bool(server.running), verbose=verbose)
+        site = metrics_site(
+            metrics,
+            serving=lambda: bool(server.running),
+            verbose=verbose,
+            accepts=None if settings.metrics_public else lambda token: policy.accepts(token, reactor.seconds()),
+        )
         scrapers = Connections(METRICS_CONNECTIONS)
         server.registries.append(scrapers)
         counted = CountedFactory(site, scrapers, protected=policy.protected)
@@ -352,8 +359,25 @@ def build_member(reactor: Any, settings: ServerSettings) -> ClusterMember:
         from jesync.metrics import metrics_site
 
         cluster_metrics.member = member
-        member.on_serving = metrics.follow
-        site = metrics_site(metrics, serving=lambda: member.role == LEADER, verbose=settings.verbose, role=lambda: member.role)
+        # The token the metrics ask for: the term's (rotated on SIGHUP) while
+        # this member leads, the one it started with while it stands by.
+        standby = ConnectionPolicy(auth_token=settings.auth_token)
+        token_policy = [standby]
+
+        def follow(term_server: Any) -> None:
+            metrics.follow(term_server)
+            token_policy[0] = term_server.policy if term_server is not None else standby
+
+        member.on_serving = follow
+        site = metrics_site(
+            metrics,
+            serving=lambda: member.role == LEADER,
+            verbose=settings.verbose,
+            role=lambda: member.role,
+            accepts=(
+                None if settings.metrics_public else lambda token: token_policy[0].accepts(token, reactor.seconds())
+            ),
+        )
         counted = CountedFactory(site, Connections(METRICS_CONNECTIONS), protected=settings.protected)
         for description in settings.metrics_ports:
             member.listen(description, counted)

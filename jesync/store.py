@@ -181,6 +181,7 @@ class ObjectStore:
 
     def _hold_changed(self, name: str, held: bool) -> None:
         """The lock table's key C{name} got its first holder (C{held}) or lost its last one."""
+        key: Optional[bytes]
         try:
             key = name.encode("utf-8")
         except UnicodeEncodeError:

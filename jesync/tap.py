@@ -194,6 +194,12 @@ class Options(usage.Options):
     )
     optFlags = [
         ["verbose", "v", "Log every command and reply (at debug level)."],
+        [
+            "metrics-public",
+            None,
+            "Serve /metrics to anyone even with --auth-token-file (without it, a scrape must send "
+            "'Authorization: Bearer <token>'; /health is always open).",
+        ],
     ]
     optParameters = [
         ["max-connections", None, 10_000, "Most client connections open at once, all protocols together.", limit],
@@ -360,7 +366,7 @@ class Options(usage.Options):
                 "memcache-max-item",
             ),
         ),
-        ("Security", ("auth-token-file", "auth-token-grace", "auth-timeout", "protected-mode")),
+        ("Security", ("auth-token-file", "auth-token-grace", "auth-timeout", "protected-mode", "metrics-public")),
         ("Cluster", ("etcd", "cluster", "lease-ttl")),
         ("Operations", ("state-dir", "keepalive", "shutdown-grace", "verbose", "version", "help")),
     )
@@ -660,6 +666,7 @@ def settings_from(options: Options) -> ServerSettings:
         auth_token=options["auth_token"],
         auth_token_file=options["auth-token-file"],
         auth_token_grace=options["auth-token-grace"],
+        metrics_public=bool(options["metrics-public"]),
         protected_mode=options["protected-mode"],
         auth_timeout=options["auth-timeout"] or None,
         idle_timeout=options["idle-timeout"] or None,

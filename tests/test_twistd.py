@@ -167,7 +167,8 @@ class HelpTests(SynchronousTestCase):
         self.assertIn("max-keys", groups["Limits"])
         self.assertIn("memcache-memory", groups["Limits"])
         self.assertEqual(
-            list(groups["Security"]), ["auth-token-file", "auth-token-grace", "auth-timeout", "protected-mode"]
+            list(groups["Security"]),
+            ["auth-token-file", "auth-token-grace", "auth-timeout", "protected-mode", "metrics-public"],
         )
         self.assertEqual(list(groups["Cluster"]), ["etcd", "cluster", "lease-ttl"])
         self.assertEqual(list(groups["Operations"])[-3:], ["verbose", "version", "help"])

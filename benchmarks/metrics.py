@@ -109,9 +109,9 @@ def scraper(port: int, stop, counts, index: int, timeout: float) -> None:
     connection.close()
 
 
-def lock_client(address: tuple[str, int], seconds: float, pipe) -> None:
+def lock_client(address: tuple[str, int], seconds: float, timeout: float, pipe) -> None:
     """JESync lock/release of one key, one request at a time, for C{seconds}: every round trip."""
-    sock = connect(address, 10)
+    sock = connect(address, timeout)
     times = []
     end = time.monotonic() + seconds
     buffer = b""
@@ -133,11 +133,12 @@ def lock_client(address: tuple[str, int], seconds: float, pipe) -> None:
     pipe.send(times)
 
 
-def latency(address: tuple[str, int], seconds: float) -> list[float]:
+def latency(address: tuple[str, int], seconds: float, timeout: float) -> list[float]:
+    """The lock client's round trips (in its own process), sorted; one may take up to C{timeout}."""
     parent, child = multiprocessing.Pipe()
-    process = multiprocessing.Process(target=lock_client, args=(address, seconds, child))
+    process = multiprocessing.Process(target=lock_client, args=(address, seconds, timeout, child))
     process.start()
-    if not parent.poll(seconds + 30):
+    if not parent.poll(seconds + timeout + 10):
         process.kill()
         raise SystemExit("lock client: no answer")
     times = sorted(parent.recv())
@@ -182,7 +183,7 @@ def measure(name: str, checkout: Path, python: str, args: argparse.Namespace) ->
             f"max {max(times) * 1e3:.2f} ms; server CPU {cpu} per scrape; locked_items {locked.decode()}",
             flush=True,
         )
-        print(f"lock client alone: {describe(latency(server.address, args.seconds))}", flush=True)
+        print(f"lock client alone: {describe(latency(server.address, args.seconds, args.timeout))}", flush=True)
         stop = multiprocessing.Event()
         counts = multiprocessing.Array("l", args.scrapers)
         scrapers = [
@@ -192,7 +193,7 @@ def measure(name: str, checkout: Path, python: str, args: argparse.Namespace) ->
         for process in scrapers:
             process.start()
         try:
-            loaded = latency(server.address, args.seconds)
+            loaded = latency(server.address, args.seconds, args.timeout)
         finally:
             stop.set()
             for process in scrapers:

@@ -256,8 +256,10 @@ class LockService:
         self._spread: dict[Hashable, int] = {}
         self._granted = 0
         self._waiting = 0
-        # Told (key, True) when a key gets its first holder, (key, False) when its last one goes.
-        self._hold_watchers: list[Callable[[str, bool], None]] = []
+        # Told (key, True) when a key gets its first holder, (key, False)
+        # when its last one goes: one callable (the watchers chained), so
+        # the common case, no watcher or one, costs one test or one call.
+        self._hold_watcher: Optional[Callable[[str, bool], None]] = None
         self._expiries: Deadlines[Grant] = Deadlines(clock, self._expire)
         self._wait_timeouts: Deadlines[_Waiter] = Deadlines(clock, self._time_out)
 
@@ -464,7 +466,16 @@ class LockService:
         expired, or its owner gone), from then on; it must not change the
         table.
         """
-        self._hold_watchers.append(watcher)
+        before = self._hold_watcher
+        if before is None:
+            self._hold_watcher = watcher
+            return
+
+        def both(key: str, held: bool) -> None:
+            before(key, held)
+            watcher(key, held)
+
+        self._hold_watcher = both
 
     # -- status ----------------------------------------------------------
 
@@ -538,9 +549,8 @@ class LockService:
             # A list made with its one item is 24 bytes smaller than an
             # empty one grown by append (which allocates room for four).
             lock.holders = [grant]
-            if self._hold_watchers:
-                for watcher in self._hold_watchers:
-                    watcher(key, True)
+            if self._hold_watcher is not None:
+                self._hold_watcher(key, True)
         self._granted += 1
         self.version += 1
         self._owner_entries(owner)[key] = grant
@@ -658,9 +668,8 @@ class LockService:
 
     def _remove_holder(self, lock: _Lock, grant: Grant, expired: bool = False) -> None:
         lock.holders.remove(grant)
-        if not lock.holders and self._hold_watchers:
-            for watcher in self._hold_watchers:
-                watcher(grant.key, False)
+        if not lock.holders and self._hold_watcher is not None:
+            self._hold_watcher(grant.key, False)
         self._granted -= 1
         self.version += 1
         if grant.expires_at is not None:

@@ -180,7 +180,14 @@ class ObjectStore:
         return self.service.status(decode_key(key)).granted > 0
 
     def _hold_changed(self, name: str, held: bool) -> None:
-        """The lock table's key C{name} got its first holder (C{held}) or lost its last one."""
+        """
+        The lock table's key C{name} got its first holder (C{held}) or lost
+        its last one.  On every protocol's lock path: a JESync client's
+        lock of a key no object has costs a dict lookup, and nothing more
+        while the store is empty or nothing in it is locked.
+        """
+        if not (self._items if held else self._locked):
+            return
         key: Optional[bytes]
         try:
             key = name.encode("utf-8")
@@ -190,11 +197,10 @@ class ObjectStore:
             key = encode_key_or_none(name)
             if key is None:
                 return
-        if held:
-            if key in self._items:
-                self._locked.add(key)
-        else:
+        if not held:
             self._locked.discard(key)
+        elif key in self._items:
+            self._locked.add(key)
 
     def locked_against(self, key: bytes, owner: Hashable) -> bool:
         """Whether someone other than C{owner} holds C{key}: C{owner} may not write object C{key}."""

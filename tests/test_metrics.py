@@ -412,6 +412,20 @@ class LockedItemsTests(SynchronousTestCase):
         self.service.release_all("alice")
         self.assertLocked()
 
+    def test_two_stores_on_one_table(self) -> None:
+        """Each store over the same lock table counts its own objects (the table tells every watcher)."""
+        from jesync.store import ObjectStore
+
+        other = ObjectStore(self.service)
+        self.set(b"a")
+        other.store("set", b"b", b"v", 0, 0, "writer")
+        self.successResultOf(self.service.acquire("a", "alice"))
+        self.successResultOf(self.service.acquire("b", "alice"))
+        self.assertLocked(b"a")
+        self.assertEqual(other.locked_items(), 1)
+        self.service.release_all("alice")
+        self.assertEqual((self.store.locked_items(), other.locked_items()), (0, 0))
+
     def test_flush_eviction_and_expiry_keep_the_locked(self) -> None:
         from jesync.store import Outcome
 

@@ -21,11 +21,19 @@ jesync --port tcp:P:interface=127.0.0.1 --memcache-port ... --metrics ...
    a loop (a keep-alive connection each): the client's cycles and its
    round trip's p50, p99 and max, and the scrapes done.
 
+``--lock-path``: instead, what keeping the counts costs the lock path, in
+process (no sockets, so the machine's other load matters less): 64 owners
+each take and release a key of their own, 200 times over, best of 15, on a
+lock table alone and on one with a memcached store (half the keys naming an
+object), for each target in ``--rounds`` interleaved rounds: nanoseconds
+per lock/release cycle.
+
 Only 127.0.0.1; every loop is bounded in count and time; each server is
 stopped before the next starts.
 
     python benchmarks/metrics.py --jesync before=/work/main --jesync after=.
     python benchmarks/metrics.py --objects 100000 --seconds 5
+    python benchmarks/metrics.py --lock-path --jesync before=/tmp/jesync-before --jesync after=.
 """
 
 from __future__ import annotations
@@ -34,8 +42,10 @@ import argparse
 import http.client
 import multiprocessing
 import re
+import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -210,6 +220,43 @@ def measure(name: str, checkout: Path, python: str, args: argparse.Namespace) ->
         server.stop()
 
 
+LOCK_PATH = """
+import sys, timeit
+from twisted.internet.task import Clock
+from jesync.service import LockService
+service = LockService(Clock())
+if sys.argv[1] == "store":
+    from jesync.store import ObjectStore
+    store = ObjectStore(service)
+    for i in range(0, 64, 2):
+        store.store("set", b"k%d" % i, b"v", 0, 0, "writer")
+pairs = [(f"k{i}", object()) for i in range(64)]
+request, release = service.request, service.release
+def cycles():
+    for key, owner in pairs:
+        request(key, owner, 1, -1, 120)
+        release(key, owner)
+print(min(timeit.repeat(cycles, number=200, repeat=15)) / (200 * 64) * 1e9)
+"""
+
+
+def lock_path(targets, rounds: int) -> None:
+    """Nanoseconds per lock/release cycle, in process, per target and table kind: the best round, and every round."""
+    results: dict = {}
+    for _ in range(rounds):
+        for kind in ("plain", "store"):
+            for name, checkout, python in targets:
+                env = dict(os.environ, PYTHONPATH=str(checkout))
+                out = subprocess.run(
+                    [python, "-c", LOCK_PATH, kind], env=env, capture_output=True, text=True, timeout=300, check=True
+                )
+                results.setdefault((kind, name), []).append(float(out.stdout))
+    for (kind, name), values in results.items():
+        table = "lock table alone" if kind == "plain" else "lock table + memcached store"
+        shown = ", ".join(f"{value:,.0f}" for value in values)
+        print(f"{table}, {name}: best {min(values):,.0f} ns/cycle (rounds: {shown})", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--objects", type=int, default=1_000_000, help="objects stored and locked (default 1,000,000)")
@@ -224,8 +271,14 @@ def main() -> None:
         metavar="NAME=CHECKOUT[:PYTHON]",
         help="a server to measure (repeatable; default: this checkout as 'after')",
     )
+    parser.add_argument("--lock-path", action="store_true", help="instead: the lock path's cost, in process")
+    parser.add_argument("--rounds", type=int, default=5, help="with --lock-path: interleaved rounds (default 5)")
     args = parser.parse_args()
-    for name, checkout, python in args.jesync or [("after", REPO, sys.executable)]:
+    targets = args.jesync or [("after", REPO, sys.executable)]
+    if args.lock_path:
+        lock_path(targets, args.rounds)
+        return
+    for name, checkout, python in targets:
         measure(name, checkout, python, args)
 
 

@@ -297,10 +297,16 @@ class _MetricsPage(_Page):
     C{WWW-Authenticate: Bearer} otherwise, as RFC 6750 has it).
     """
 
-    def __init__(self, registry: CollectorRegistry, accepts: TokenCheck | None = None) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        accepts: TokenCheck | None = None,
+        on_authorized: Callable[[Request], None] | None = None,
+    ) -> None:
         super().__init__()
         self.registry = registry
         self.accepts = accepts
+        self.on_authorized = on_authorized
 
     def render_GET(self, request: Request) -> bytes:
         if self.accepts is not None:
@@ -311,6 +317,8 @@ class _MetricsPage(_Page):
                 request.setHeader(b"WWW-Authenticate", challenge)
                 request.setHeader(b"Content-Type", b"text/plain; charset=utf-8")
                 return b"unauthorized: send the server's auth token as 'Authorization: Bearer <token>'\n"
+            if self.on_authorized is not None:
+                self.on_authorized(request)
         request.setHeader(b"Content-Type", CONTENT_TYPE_LATEST.encode("ascii"))
         return generate_latest(self.registry)
 
@@ -397,6 +405,7 @@ def metrics_resource(
     serving: Callable[[], bool] = lambda: True,
     role: Callable[[], str] | None = None,
     accepts: TokenCheck | None = None,
+    on_authorized: Callable[[Request], None] | None = None,
 ) -> Resource:
     """
     The root of a metrics web server: C{/metrics} and C{/health}; any other
@@ -408,9 +417,11 @@ def metrics_resource(
     @param accepts: whether a request's bearer token (None: it sent none)
         may read C{/metrics} (for example the connection policy's token
         check); None: anyone may.  C{/health} is always open.
+    @param on_authorized: called with each request C{accepts} let in (the
+        server stops its connection's authentication deadline).
     """
     root = _Page()
-    root.putChild(b"metrics", _MetricsPage(metrics.registry, accepts))
+    root.putChild(b"metrics", _MetricsPage(metrics.registry, accepts, on_authorized))
     root.putChild(b"health", _HealthPage(serving, role))
     return root
 
@@ -430,9 +441,10 @@ def metrics_site(
     verbose: bool = False,
     role: Callable[[], str] | None = None,
     accepts: TokenCheck | None = None,
+    on_authorized: Callable[[Request], None] | None = None,
 ) -> Site:
     """L{metrics_resource} as a listenable site; C{verbose} logs every request."""
     site_class = Site if verbose else _QuietSite
-    site = site_class(metrics_resource(metrics, serving, role, accepts))
+    site = site_class(metrics_resource(metrics, serving, role, accepts, on_authorized))
     site.noisy = False
     return site

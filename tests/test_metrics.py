@@ -693,6 +693,68 @@ class TwistdMetricsTokenTests(SynchronousTestCase):
         for token in ("first-t0ken-8c1f", "second-t0ken-2b7e"):
             self.assertNotIn(token, self.server.log())
 
+    def test_a_client_without_the_token_is_closed_after_the_auth_timeout(self) -> None:
+        """
+        One that trickles a request (a byte every 0.2 s, never done) holds one
+        of the endpoint's 16 connections for --auth-timeout only; one that
+        scraped with the token keeps its keep-alive connection past it.
+        """
+        import socket
+        import time
+
+        base, _ = self.start("--auth-timeout", "1")
+        self.assertEqual(self.get(base + "/health"), (200, b"OK\n"))  # (the listener is up)
+        port = int(base.rsplit(":", 1)[1])
+        request = b"GET /metrics HTTP/1.1\r\nHost: jesync\r\nAuthorization: Bearer first-t0ken-8c1f\r\n\r\n"
+        with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as scraper, socket.create_connection(
+            ("127.0.0.1", port), timeout=TIMEOUT
+        ) as trickler:
+            scraper.sendall(request)
+            self.assertTrue(self.response(scraper).startswith(b"HTTP/1.1 200 "))
+            opened = time.monotonic()
+            closed_after = None
+            trickle = b"GET /metrics HTTP/1.1\r\nX-Slow: " + b"a" * 100
+            for byte in trickle:
+                try:
+                    trickler.sendall(bytes([byte]))
+                    trickler.settimeout(0.2)
+                    if trickler.recv(100) == b"":
+                        closed_after = time.monotonic() - opened
+                        break
+                except socket.timeout:
+                    continue
+                except OSError:  # (aborted: a reset)
+                    closed_after = time.monotonic() - opened
+                    break
+            self.assertIsNotNone(closed_after, "the trickling client was never closed")
+            assert closed_after is not None
+            self.assertGreaterEqual(closed_after, 0.8)
+            self.assertLess(closed_after, 5)
+            scraper.sendall(request)  # (past the deadline: still open, and answered)
+            received = self.response(scraper)
+            self.assertTrue(received.startswith(b"HTTP/1.1 200 "), received[:100])
+
+    def response(self, sock: object) -> bytes:
+        """One whole HTTP response (headers and its Content-Length of body) read from C{sock}."""
+        import re
+        import socket
+
+        assert isinstance(sock, socket.socket)
+        sock.settimeout(TIMEOUT)
+        received = b""
+        while b"\r\n\r\n" not in received:
+            chunk = sock.recv(4096)
+            self.assertTrue(chunk, "the connection was closed")
+            received += chunk
+        head, _, body = received.partition(b"\r\n\r\n")
+        length = re.search(rb"\r\nContent-Length: (\d+)", head)
+        assert length is not None, head
+        while len(body) < int(length.group(1)):
+            chunk = sock.recv(65536)
+            self.assertTrue(chunk, "the connection was closed")
+            body += chunk
+        return received
+
     def test_metrics_public(self) -> None:
         base, _ = self.start("--metrics-public")
         code, body = self.get(base + "/metrics")

@@ -94,7 +94,8 @@ def fill(address: tuple[str, int], objects: int, timeout: float) -> tuple[float,
     start = time.monotonic()
     deadline = start + timeout
     sock = connect(address, timeout)
-    pipeline(sock, (b"set object-%07d 0 0 1\r\nv\r\n" % n for n in range(objects)), b"STORED\r\n", objects, 2000, deadline)
+    sets = (b"set object-%07d 0 0 1\r\nv\r\n" % n for n in range(objects))
+    pipeline(sock, sets, b"STORED\r\n", objects, 2000, deadline)
     pipeline(sock, (b"lock object-%07d\r\n" % n for n in range(objects)), b"OK\r\n", objects, 2000, deadline)
     return time.monotonic() - start, sock
 
@@ -187,7 +188,9 @@ def measure(name: str, checkout: Path, python: str, args: argparse.Namespace) ->
             found = LOCKED_ITEMS.search(body)
             locked = found.group(1) if found else b"(none)"
         cpu_after = cpu_seconds(server.pid)
-        cpu = "?" if cpu_before is None or cpu_after is None else f"{(cpu_after - cpu_before) / args.scrapes * 1e3:.2f} ms"
+        cpu = "?"
+        if cpu_before is not None and cpu_after is not None:
+            cpu = f"{(cpu_after - cpu_before) / args.scrapes * 1e3:.2f} ms"
         print(
             f"scrape ({args.scrapes}, one at a time): median {statistics.median(times) * 1e3:.2f} ms, "
             f"max {max(times) * 1e3:.2f} ms; server CPU {cpu} per scrape; locked_items {locked.decode()}",

@@ -166,6 +166,13 @@ class ILockService(Interface):
     def owned(owner: Hashable) -> int:
         """How many grants plus waits C{owner} has (0 for an owner it does not know)."""
 
+    def watch_holds(watcher) -> None:
+        """
+        Call C{watcher(key, True)} whenever C{key} gets its first holder, and
+        C{watcher(key, False)} whenever its last holder goes, from then on
+        (for counts kept as the table changes; the watcher must not change it).
+        """
+
     def totals() -> Totals:
         """How many keys are in use, grants held and requests waiting (in O(1))."""
 

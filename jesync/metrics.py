@@ -17,7 +17,20 @@ Two kinds of numbers, gathered two ways:
    unbounded, and a series per key would grow without limit.
  - B{Levels} (open connections, keys in use, grants held, requests waiting)
    are not tracked per event: L{LockMetrics} reads them when Prometheus
-   scrapes, from C{service.totals()} (O(1)) and C{len(connections)}.
+   scrapes, from counts the lock table, the connection registry, the dlock
+   listener and the memcached store keep as they change
+   (C{service.totals()}, C{len(connections)}, the store's C{locked_items()}
+   and the like).  Every level is O(1): a scrape's work does not grow with
+   the keys held or the objects stored, so scrapers in a loop cannot hold up
+   the lock clients (the reactor thread serves both).
+
+With an auth token (C{--auth-token-file}), C{/metrics} answers only a
+request that carries it, C{Authorization: Bearer <token>} (Prometheus's
+scrape configs send one), as every listener answers only a client that
+authenticated: the levels tell who is busy, and a scrape costs the reactor
+time.  C{--metrics-public} serves it to anyone, as before.  C{/health}
+stays open (a load balancer's check carries no token, and it tells only
+whether the server serves).
 
 Each L{LockMetrics} has a C{CollectorRegistry} of its own, never
 C{prometheus_client}'s global one, so several servers (or tests) in one
@@ -30,7 +43,7 @@ belongs to the reactor thread.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sized
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 from twisted.web import http
 from twisted.web.pages import notFound
@@ -54,7 +67,10 @@ except ImportError as error:  # pragma: no cover - exercised by a test that hide
         "jesync.metrics needs prometheus_client: pip install 'jesync[metrics]'"
     ) from error
 
-__all__ = ["WAIT_BUCKETS", "ClusterMetrics", "LockMetrics", "metrics_resource"]
+__all__ = ["WAIT_BUCKETS", "ClusterMetrics", "LockMetrics", "bearer_token", "metrics_resource", "metrics_site"]
+
+#: Whether a bearer token (None: none was sent) lets a request read the metrics.
+TokenCheck = Callable[[Optional[bytes]], bool]
 
 # Upper bounds (seconds) of the wait histogram's buckets: from an immediate
 # grant (0, in the first bucket) to the longest waits worth telling apart.
@@ -259,14 +275,50 @@ class _Page(Resource):
         return notFound()
 
 
-class _MetricsPage(_Page):
-    """GET: every metric of a registry, in Prometheus's text format."""
+def bearer_token(request: Request) -> Optional[bytes]:
+    """
+    The token of a request's C{Authorization: Bearer <token>} header (the
+    scheme's name in any case, as RFC 7235 has it); None if there is none.
+    """
+    header = request.getHeader(b"authorization")
+    if header is None:
+        return None
+    scheme, _, token = header.strip().partition(b" ")
+    token = token.strip()
+    if scheme.lower() != b"bearer" or not token:
+        return None
+    return token
 
-    def __init__(self, registry: CollectorRegistry) -> None:
+
+class _MetricsPage(_Page):
+    """
+    GET: every metric of a registry, in Prometheus's text format; with
+    C{accepts}, only to a request whose bearer token it accepts (401 with
+    C{WWW-Authenticate: Bearer} otherwise, as RFC 6750 has it).
+    """
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        accepts: TokenCheck | None = None,
+        on_authorized: Callable[[Request], None] | None = None,
+    ) -> None:
         super().__init__()
         self.registry = registry
+        self.accepts = accepts
+        self.on_authorized = on_authorized
 
     def render_GET(self, request: Request) -> bytes:
+        if self.accepts is not None:
+            token = bearer_token(request)
+            if not self.accepts(token):
+                request.setResponseCode(401)
+                challenge = b'Bearer realm="jesync"' + (b', error="invalid_token"' if token is not None else b"")
+                request.setHeader(b"WWW-Authenticate", challenge)
+                request.setHeader(b"Content-Type", b"text/plain; charset=utf-8")
+                return b"unauthorized: send the server's auth token as 'Authorization: Bearer <token>'\n"
+            if self.on_authorized is not None:
+                self.on_authorized(request)
         request.setHeader(b"Content-Type", CONTENT_TYPE_LATEST.encode("ascii"))
         return generate_latest(self.registry)
 
@@ -349,7 +401,11 @@ class ClusterMetrics:
 
 
 def metrics_resource(
-    metrics: LockMetrics, serving: Callable[[], bool] = lambda: True, role: Callable[[], str] | None = None
+    metrics: LockMetrics,
+    serving: Callable[[], bool] = lambda: True,
+    role: Callable[[], str] | None = None,
+    accepts: TokenCheck | None = None,
+    on_authorized: Callable[[Request], None] | None = None,
 ) -> Resource:
     """
     The root of a metrics web server: C{/metrics} and C{/health}; any other
@@ -358,9 +414,14 @@ def metrics_resource(
     @param serving: whether the server is serving (for example
         C{lambda: service.running}); C{/health} answers 503 once it is false,
         so a load balancer or orchestrator stops sending clients.
+    @param accepts: whether a request's bearer token (None: it sent none)
+        may read C{/metrics} (for example the connection policy's token
+        check); None: anyone may.  C{/health} is always open.
+    @param on_authorized: called with each request C{accepts} let in (the
+        server stops its connection's authentication deadline).
     """
     root = _Page()
-    root.putChild(b"metrics", _MetricsPage(metrics.registry))
+    root.putChild(b"metrics", _MetricsPage(metrics.registry, accepts, on_authorized))
     root.putChild(b"health", _HealthPage(serving, role))
     return root
 
@@ -379,9 +440,11 @@ def metrics_site(
     serving: Callable[[], bool] = lambda: True,
     verbose: bool = False,
     role: Callable[[], str] | None = None,
+    accepts: TokenCheck | None = None,
+    on_authorized: Callable[[Request], None] | None = None,
 ) -> Site:
     """L{metrics_resource} as a listenable site; C{verbose} logs every request."""
     site_class = Site if verbose else _QuietSite
-    site = site_class(metrics_resource(metrics, serving, role))
+    site = site_class(metrics_resource(metrics, serving, role, accepts, on_authorized))
     site.noisy = False
     return site

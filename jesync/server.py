@@ -16,7 +16,13 @@ from twisted.application.internet import StreamServerEndpointService
 from twisted.internet import endpoints, tcp
 from twisted.internet.defer import CancelledError, Deferred, gatherResults, succeed
 from twisted.internet.error import CannotListenError, ConnectionDone
-from twisted.internet.interfaces import IListeningPort, IProtocolFactory, IReactorTime, IStreamServerEndpoint
+from twisted.internet.interfaces import (
+    IDelayedCall,
+    IListeningPort,
+    IProtocolFactory,
+    IReactorTime,
+    IStreamServerEndpoint,
+)
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.logger import Logger
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
@@ -75,6 +81,8 @@ class ServerSettings:
     # with it, the admin listener takes this token and not auth_token.
     admin_token: Optional[bytes] = None
     admin_token_file: Optional[str] = None
+    # Serve /metrics without the token even when one is set.
+    metrics_public: bool = False
     protected_mode: bool = True
     # What ssl: endpoints accept (--tls-ciphers, --tls-min-version).
     tls: TLSPolicy = field(default_factory=lambda: TLSPolicy())
@@ -336,10 +344,18 @@ def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[
 
         metrics = LockMetrics(locks, policy.connections, dlock, memcache=memcache, listings=policy.listings)
         locks.observer = metrics
-        site = metrics_site(metrics, serving=lambda: bool(server.running), verbose=verbose)
+        site = metrics_site(
+            metrics,
+            serving=lambda: bool(server.running),
+            verbose=verbose,
+            accepts=None if settings.metrics_public else lambda token: policy.accepts(token, reactor.seconds()),
+            on_authorized=scraper_authorized,
+        )
         scrapers = Connections(METRICS_CONNECTIONS)
         server.registries.append(scrapers)
-        counted = CountedFactory(site, scrapers, protected=policy.protected)
+        counted = CountedFactory(
+            site, scrapers, protected=policy.protected, auth_timeout=metrics_auth_timeout(settings), clock=reactor
+        )
         for description in settings.metrics_ports:
             server.listen(description, counted)
     return server
@@ -405,16 +421,66 @@ def build_member(reactor: Any, settings: ServerSettings) -> ClusterMember:
         from jesync.metrics import metrics_site
 
         cluster_metrics.member = member
-        member.on_serving = metrics.follow
-        site = metrics_site(metrics, serving=lambda: member.role == LEADER, verbose=settings.verbose, role=lambda: member.role)
-        counted = CountedFactory(site, Connections(METRICS_CONNECTIONS), protected=settings.protected)
+        # The token the metrics ask for: the term's (rotated on SIGHUP) while
+        # this member leads, the one it started with while it stands by.
+        standby = ConnectionPolicy(auth_token=settings.auth_token)
+        token_policy = [standby]
+
+        def follow(term_server: Any) -> None:
+            metrics.follow(term_server)
+            token_policy[0] = term_server.policy if term_server is not None else standby
+
+        member.on_serving = follow
+        site = metrics_site(
+            metrics,
+            serving=lambda: member.role == LEADER,
+            verbose=settings.verbose,
+            role=lambda: member.role,
+            accepts=(
+                None if settings.metrics_public else lambda token: token_policy[0].accepts(token, reactor.seconds())
+            ),
+            on_authorized=scraper_authorized,
+        )
+        counted = CountedFactory(
+            site,
+            Connections(METRICS_CONNECTIONS),
+            protected=settings.protected,
+            auth_timeout=metrics_auth_timeout(settings),
+            clock=reactor,
+        )
         for description in settings.metrics_ports:
             member.listen(description, counted)
     return member
 
 
+def metrics_auth_timeout(settings: ServerSettings) -> Optional[float]:
+    """
+    How long a metrics connection may take to complete a scrape with the
+    token (None: no limit, as when the metrics need none): as any other
+    listener's connection takes to authenticate, so that a client without
+    the token holds one of the endpoint's 16 connections for
+    C{--auth-timeout} at most, however slowly it sends.
+    """
+    if settings.auth_token is None or settings.metrics_public:
+        return None
+    return settings.auth_timeout
+
+
+def scraper_authorized(request: Any) -> None:
+    """A metrics request carried the token: its connection may stay (see L{metrics_auth_timeout})."""
+    connection = request.channel.transport
+    if isinstance(connection, _CountedConnection):
+        connection.authorized()
+
+
 class _CountedConnection(ProtocolWrapper):
-    """A connection of another kind (the metrics' HTTP), counted in a registry of its own."""
+    """
+    A connection of another kind (the metrics' HTTP), counted in a registry
+    of its own; with the factory's C{auth_timeout}, closed unless it is
+    L{authorized} in time.
+    """
+
+    _deadline: Optional[IDelayedCall] = None
 
     def makeConnection(self, transport: Any) -> None:
         # No protocol of ours to answer in: HTTP's own refusals.
@@ -425,7 +491,20 @@ class _CountedConnection(ProtocolWrapper):
         if not self.factory.connections.admit(self):
             self._refuse(transport, b"503 Service Unavailable", b"")
             return
+        if self.factory.clock is not None and self.factory.auth_timeout is not None:
+            self._deadline = self.factory.clock.callLater(self.factory.auth_timeout, self._not_authorized)
         super().makeConnection(transport)
+
+    def authorized(self) -> None:
+        """It completed a request with the token: no deadline any more."""
+        if self._deadline is not None and self._deadline.active():
+            self._deadline.cancel()
+        self._deadline = None
+
+    def _not_authorized(self) -> None:
+        self._deadline = None
+        transport: Any = self.transport  # (TCP's, UNIX's or TLS's: each can abort)
+        transport.abortConnection()
 
     def _refuse(self, transport: Any, status: bytes, body: bytes) -> None:
         transport.write(
@@ -441,6 +520,7 @@ class _CountedConnection(ProtocolWrapper):
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         if getattr(self, "refused", False):
             return
+        self.authorized()  # (cancels the deadline)
         self.factory.connections.remove(self)
         super().connectionLost(reason)
 
@@ -449,16 +529,29 @@ class CountedFactory(WrappingFactory):
     """
     Counts the connections of C{factory} in C{connections} (its limit, and
     closing them at shutdown); C{protected}: refuses clients that are not
-    local, as every listener does in protected mode.
+    local, as every listener does in protected mode; C{auth_timeout}: aborts
+    a connection not authorized (L{scraper_authorized}) within that many
+    seconds of C{clock}.
     """
 
     protocol = _CountedConnection
     noisy = False
 
-    def __init__(self, factory: IProtocolFactory, connections: Connections, protected: bool = False) -> None:
+    def __init__(
+        self,
+        factory: IProtocolFactory,
+        connections: Connections,
+        protected: bool = False,
+        auth_timeout: Optional[float] = None,
+        clock: Optional[IReactorTime] = None,
+    ) -> None:
         super().__init__(factory)
         self.connections = connections
         self.protected = protected
+        self.auth_timeout = auth_timeout
+        if auth_timeout is not None and clock is None:
+            raise ValueError("an auth_timeout needs a clock")
+        self.clock = clock
 
     def logPrefix(self) -> str:
         return self.wrappedFactory.logPrefix()

@@ -46,12 +46,20 @@ release, a wait starting or ending), so that a listing asked for while the
 table has not changed can be sent from the snapshot an earlier one took
 (L{jesync.connections.listings}).  Renewals, expiry times and owners are
 not in a listing and do not count.
+
+Held keys: a watcher (L{LockService.watch_holds}) is told when a key gets
+its first holder and when its last holder goes, and of nothing else, so that
+a table built on the lock table (the memcached store's count of locked
+objects) is kept as the table changes rather than computed from it: a
+metrics scrape reads such counts in O(1), whatever the table holds.  A
+server without such a table pays one empty-list test per first grant and
+last release.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Hashable, Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Callable, Hashable, Iterable, List, Optional, Sequence, Tuple, Union
 
 from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.interfaces import IReactorTime
@@ -248,6 +256,10 @@ class LockService:
         self._spread: dict[Hashable, int] = {}
         self._granted = 0
         self._waiting = 0
+        # Told (key, True) when a key gets its first holder, (key, False)
+        # when its last one goes: one callable (the watchers chained), so
+        # the common case, no watcher or one, costs one test or one call.
+        self._hold_watcher: Optional[Callable[[str, bool], None]] = None
         self._expiries: Deadlines[Grant] = Deadlines(clock, self._expire)
         self._wait_timeouts: Deadlines[_Waiter] = Deadlines(clock, self._time_out)
 
@@ -447,6 +459,24 @@ class LockService:
         self._renew(grant, expires)
         return grant
 
+    def watch_holds(self, watcher: Callable[[str, bool], None]) -> None:
+        """
+        Call C{watcher(key, True)} whenever C{key} gets its first holder, and
+        C{watcher(key, False)} whenever its last holder goes (released,
+        expired, or its owner gone), from then on; it must not change the
+        table.
+        """
+        before = self._hold_watcher
+        if before is None:
+            self._hold_watcher = watcher
+            return
+
+        def both(key: str, held: bool) -> None:
+            before(key, held)
+            watcher(key, held)
+
+        self._hold_watcher = both
+
     # -- status ----------------------------------------------------------
 
     def status(self, key: str) -> KeyStatus:
@@ -519,6 +549,8 @@ class LockService:
             # A list made with its one item is 24 bytes smaller than an
             # empty one grown by append (which allocates room for four).
             lock.holders = [grant]
+            if self._hold_watcher is not None:
+                self._hold_watcher(key, True)
         self._granted += 1
         self.version += 1
         self._owner_entries(owner)[key] = grant
@@ -636,6 +668,8 @@ class LockService:
 
     def _remove_holder(self, lock: _Lock, grant: Grant, expired: bool = False) -> None:
         lock.holders.remove(grant)
+        if not lock.holders and self._hold_watcher is not None:
+            self._hold_watcher(grant.key, False)
         self._granted -= 1
         self.version += 1
         if grant.expires_at is not None:

@@ -25,7 +25,14 @@ the object does not exist.  While C{K} is held by anyone:
    run out while locked expires once the lock is gone.)
 
 The owner deleting its locked object drops its lock, as the reference server
-(yrmcds) does.  Expiration times follow memcached: 0 never, a negative one
+(yrmcds) does.
+
+The store keeps the set of its locked objects' keys as the two tables change
+(the lock table tells it when a key gets its first holder and loses its last,
+L{jesync.interfaces.ILockService.watch_holds}; a write or removal of an
+object updates it too), so C{locked_items} (C{stats}, metrics) is O(1) and a
+flush, an eviction or an expiry asks the set, not the lock table, whether an
+object is locked.  Expiration times follow memcached: 0 never, a negative one
 at once, up to 30 days relative seconds, beyond that an absolute Unix time
 (the clock is the reactor, whose C{seconds()} is Unix time).
 """
@@ -109,6 +116,18 @@ class Item:
         return f"<Item {len(self.value)} bytes flags={self.flags} cas={self.cas} expires_at={self.expires_at}>"
 
 
+def encode_key_or_none(name: str) -> Optional[bytes]:
+    """
+    The bytes of the lock table's key C{name} that name an object, if any:
+    those that L{decode_key} makes C{name} of (None if none do).
+    """
+    try:
+        key = encode_key(name)
+    except UnicodeEncodeError:
+        return None
+    return key if decode_key(key) == name else None
+
+
 def counted(key: bytes, value: bytes) -> int:
     """What an item counts toward the memory limit."""
     return len(key) + len(value) + ITEM_OVERHEAD
@@ -144,6 +163,10 @@ class ObjectStore:
         # heap, for the sweep (an entry may be stale: the sweep checks).
         self._expiring: Dict[int, Set[bytes]] = {}
         self._seconds: List[int] = []
+        # The keys of the stored objects that are locked (whose key anyone
+        # holds in the lock table): kept as both tables change.
+        self._locked: Set[bytes] = set()
+        service.watch_holds(self._hold_changed)
 
     def __len__(self) -> int:
         return len(self._items)
@@ -152,7 +175,32 @@ class ObjectStore:
 
     def held(self, key: bytes) -> bool:
         """Whether anyone holds C{key} in the lock table (the object is locked)."""
+        if key in self._items:
+            return key in self._locked
         return self.service.status(decode_key(key)).granted > 0
+
+    def _hold_changed(self, name: str, held: bool) -> None:
+        """
+        The lock table's key C{name} got its first holder (C{held}) or lost
+        its last one.  On every protocol's lock path: a JESync client's
+        lock of a key no object has costs a dict lookup, and nothing more
+        while the store is empty or nothing in it is locked.
+        """
+        if not (self._items if held else self._locked):
+            return
+        key: Optional[bytes]
+        try:
+            key = name.encode("utf-8")
+        except UnicodeEncodeError:
+            # Not valid UTF-8: one of the keys the wire's surrogate escapes
+            # make, or one no store key decodes to (an embedder's).
+            key = encode_key_or_none(name)
+            if key is None:
+                return
+        if not held:
+            self._locked.discard(key)
+        elif key in self._items:
+            self._locked.add(key)
 
     def locked_against(self, key: bytes, owner: Hashable) -> bool:
         """Whether someone other than C{owner} holds C{key}: C{owner} may not write object C{key}."""
@@ -233,19 +281,8 @@ class ObjectStore:
         ]
 
     def locked_items(self) -> int:
-        """How many stored objects are locked."""
-        return len(self._locked_keys())
-
-    def _locked_keys(self) -> Set[bytes]:
-        """The keys of the stored objects that are locked (walking the smaller of the two tables)."""
-        items = self._items
-        if self.service.totals().keys < len(items):
-            return {
-                key
-                for key in (encode_key(name) for name, granted, _ in self.service.snapshot() if granted)
-                if key in items
-            }
-        return {key for key in items if self.held(key)}
+        """How many stored objects are locked (O(1): the set is kept as the tables change)."""
+        return len(self._locked)
 
     # -- writes ------------------------------------------------------------------------
 
@@ -362,8 +399,8 @@ class ObjectStore:
         unlocked (it is marked expired, as yrmcds does).
         """
         self.flushes += 1
-        locked = self._locked_keys()
-        kept = [(key, item) for key, item in self._items.items() if key in locked] if locked else []
+        items = self._items
+        kept = [(key, items[key]) for key in items if key in self._locked] if self._locked else []
         # (cleared at once rather than removed one by one: a flush of a
         # million objects is a few C-level clears, not a long loop)
         self._items.clear()
@@ -446,6 +483,7 @@ class ObjectStore:
     def _put(self, key: bytes, value: bytes, flags: int, expires_at: float) -> Item:
         size = counted(key, value)
         current = self._items.get(key)
+        locked = key in self._locked if current is not None else self.service.status(decode_key(key)).granted > 0
         needed = size - (counted(key, current.value) if current is not None else 0)
         if self.bytes + needed > self.memory:
             self._evict(needed, key)
@@ -456,6 +494,8 @@ class ObjectStore:
         self._items[key] = item
         self.bytes += size
         self.total_items += 1
+        if locked:
+            self._locked.add(key)
         if expires_at:
             self._note_expiry(key, item)
         return item
@@ -488,6 +528,7 @@ class ObjectStore:
 
     def _remove(self, key: bytes) -> None:
         item = self._items.pop(key)
+        self._locked.discard(key)
         self.bytes -= counted(key, item.value)
         self._forget_expiry(key, item)
 

@@ -214,6 +214,12 @@ class Options(usage.Options):
     )
     optFlags = [
         ["verbose", "v", "Log every command and reply (at debug level)."],
+        [
+            "metrics-public",
+            None,
+            "Serve /metrics to anyone even with --auth-token-file (without it, a scrape must send "
+            "'Authorization: Bearer <token>'; /health is always open).",
+        ],
     ]
     optParameters = [
         ["max-connections", None, 10_000, "Most client connections open at once, all protocols together.", limit],
@@ -421,6 +427,7 @@ class Options(usage.Options):
                 "protected-mode",
                 "tls-ciphers",
                 "tls-min-version",
+                "metrics-public",
             ),
         ),
         ("Cluster", ("etcd", "cluster", "lease-ttl")),
@@ -765,6 +772,7 @@ def settings_from(options: Options) -> ServerSettings:
         auth_token_grace=options["auth-token-grace"],
         admin_token=options["admin_token"],
         admin_token_file=options["admin-token-file"],
+        metrics_public=bool(options["metrics-public"]),
         protected_mode=options["protected-mode"],
         tls=options["tls"],
         auth_timeout=options["auth-timeout"] or None,

@@ -745,7 +745,10 @@ class ObjectStoreMachine(RuleBasedStateMachine):
                 assert store.locked_against(key, owner) == model.locked_against(key, owner)
                 if owner in model.holders[key]:
                     assert key in store._items, f"{owner!r} locks {key!r}, which is gone"
-        assert store.locked_items() == sum(1 for key in model.items if model.held(key))
+        # The set of locked objects' keys the store keeps as both tables change (locked_items's count).
+        locked = {key for key in model.items if model.held(key)}
+        assert store._locked == locked, f"locked: store {store._locked}, model {locked}"
+        assert store.locked_items() == len(locked)
         # Locked objects never disappear (but for their holder deleting them).
         for key in self.locked_present:
             assert key in store._items or key == self.deleted_by_holder, f"locked {key!r} disappeared"

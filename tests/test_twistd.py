@@ -176,6 +176,7 @@ class HelpTests(SynchronousTestCase):
                 "protected-mode",
                 "tls-ciphers",
                 "tls-min-version",
+                "metrics-public",
             ],
         )
         self.assertEqual(list(groups["Cluster"]), ["etcd", "cluster", "lease-ttl"])

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import List, Optional, Set
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -220,3 +221,62 @@ class TermTests(SynchronousTestCase):
         term.valid_until = 103.0
         self.assertFalse(term.certain())
         self.assertEqual(lapsed, [True])
+
+
+class StandInEtcd:
+    """An etcd that commits every transaction at once."""
+
+    def __init__(self) -> None:
+        self.transactions: List[list] = []
+
+    def txn(self, compare, success, failure=()) -> Deferred:
+        from jesync.cluster.etcd import TxnResult
+
+        self.transactions.append(list(success))
+        return succeed(TxnResult(True, len(self.transactions), []))
+
+
+class TakeoverTokenTests(SynchronousTestCase):
+    """A new leader's first tokens, on a fake clock and a stand-in etcd."""
+
+    def test_restoring_more_grants_than_the_room_above_the_mark_does_not_pass_it(self) -> None:
+        """
+        The predecessor renewed its mark 10 ms before the takeover, and its
+        sessions held 120,000 keys (more than the ROOM a reservation leaves
+        above the last token): restoring them leaves the last token at the
+        old mark, the new term's mark is reserved from it, and the first
+        grant neither passes it nor ends the term.
+        """
+        from jesync.cluster.journal import DurableState, SessionRecord
+        from jesync.cluster.member import ClusterMember, Term, abandon
+        from jesync.fencing import AHEAD, ROOM
+        from jesync.server import ServerSettings, build_lock_server
+
+        clock = Clock()
+        clock.advance(1_700_000_000)
+        now = int(clock.seconds() * 1e6)
+        member = ClusterMember(
+            clock, ServerSettings(ports=[]), StandInEtcd(), "c", 5, build_lock_server, lambda: 0.0, "m"  # type: ignore[arg-type]
+        )
+        term = member.term = Term(lease=1, ttl=5, revision=7, valid_until=100.0, monotonic=lambda: 0.0)
+        listened: List[Term] = []
+        member._listen = listened.append  # type: ignore[method-assign]
+        old_mark = now + AHEAD - 10_000
+        sessions = [
+            SessionRecord(f"s{s}", 60_000, {f"k{s}-{n}": old_mark - 200_000 + s * 8_000 + n for n in range(8_000)})
+            for s in range(15)
+        ]
+        member._start_serving(term, DurableState(mark=old_mark, sessions=sessions))
+        clock.advance(0)  # (the journal commits on the next turn)
+        self.assertEqual(listened, [term])
+        server, journal = term.server, term.journal
+        self.addCleanup(abandon, server)
+        locks = server.locks
+        [session] = [session for session in server.factories["elock"].sessions.sessions() if session.id == "s3"]
+        self.assertEqual(locks.grant_of("k3-5", session).token, old_mark - 200_000 + 24_005)  # each keeps its own
+        self.assertEqual(locks.last_token, old_mark)
+        self.assertEqual(journal.committed_mark, old_mark + ROOM)
+        server.startService()
+        self.addCleanup(server.stopService)
+        self.assertEqual(locks.request("new", "client").token, old_mark + 1)
+        self.assertIsNone(journal.failed)

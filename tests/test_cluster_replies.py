@@ -280,3 +280,60 @@ class TakeoverTokenTests(SynchronousTestCase):
         self.addCleanup(server.stopService)
         self.assertEqual(locks.request("new", "client").token, old_mark + 1)
         self.assertIsNone(journal.failed)
+
+
+class HeldEtcd:
+    """An etcd that never answers: every commit stays in flight."""
+
+    def txn(self, compare, success, failure=()) -> Deferred:
+        return Deferred()
+
+
+class JournalFailureTests(SynchronousTestCase):
+    def test_a_token_past_the_mark_fails_the_waiting_replies_only_after_the_grant(self) -> None:
+        """
+        A multi-key grant whose second token would pass the committed mark
+        ends the term (L{JournalMark.passed}, within the grant); a reply
+        waiting for a commit fails on the next reactor turn, not within the
+        grant (its failure may close a connection, releasing locks), and
+        none is released as durable meanwhile.
+        """
+        from jesync.cluster.journal import Journal, JournalMark, Layout
+        from jesync.fencing import TokenMarkService
+        from jesync.service import LockService
+
+        clock = Clock()
+        clock.advance(1000)
+        locks = LockService(clock)
+        failures: List[str] = []
+        journal = Journal(HeldEtcd(), Layout("c"), 7, locks, clock, on_failure=failures.append)  # type: ignore[arg-type]
+        locks.observer = journal
+        journal.committed_mark = int(clock.seconds() * 1e6) + 10  # (its renewal never commits)
+        keeper = TokenMarkService(JournalMark(journal), locks, clock)
+        keeper.startService()
+        self.addCleanup(keeper.stopService)
+        clock.advance(0)  # (the renewal is in flight)
+        closing = object()
+        locks.request("held", closing)
+        events: List[str] = []
+
+        def closed(reason: Failure) -> None:
+            reason.trap(Deposed)
+            events.append("failed")
+            locks.release_all(closing)  # as a connection closing on it does
+
+        waiting = journal.durable()
+        assert waiting is not None
+        waiting.addCallbacks(lambda _: events.append("sent"), closed)
+        locks.last_token = journal.committed_mark - 1
+        grants = locks.request_many(["a", "b", "c"], "other")
+        self.assertEqual([grant.token for grant in grants], [journal.committed_mark + n for n in range(3)])
+        self.assertEqual(len(failures), 1)
+        self.assertIn("would pass the mark in etcd", failures[0])
+        self.assertEqual(events, [])
+        self.assertEqual(locks.status("held").granted, 1)
+        self.failureResultOf(journal.durable(), Deposed)  # (a reply asking now is refused at once)
+        clock.advance(0)
+        self.assertEqual(events, ["failed"])
+        self.assertEqual(locks.status("held").granted, 0)
+        self.assertEqual([locks.status(key).granted for key in "abc"], [1, 1, 1])

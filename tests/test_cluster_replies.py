@@ -10,7 +10,7 @@ tests/test_cluster_journal.py tests the real one against etcd.
 
 from __future__ import annotations
 
-from typing import List, Optional, Set
+from typing import Any, List, Optional, Set
 
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
@@ -255,9 +255,8 @@ class TakeoverTokenTests(SynchronousTestCase):
         clock = Clock()
         clock.advance(1_700_000_000)
         now = int(clock.seconds() * 1e6)
-        member = ClusterMember(
-            clock, ServerSettings(ports=[]), StandInEtcd(), "c", 5, build_lock_server, lambda: 0.0, "m"  # type: ignore[arg-type]
-        )
+        etcd: Any = StandInEtcd()
+        member = ClusterMember(clock, ServerSettings(ports=[]), etcd, "c", 5, build_lock_server, lambda: 0.0, "m")
         term = member.term = Term(lease=1, ttl=5, revision=7, valid_until=100.0, monotonic=lambda: 0.0)
         listened: List[Term] = []
         member._listen = listened.append  # type: ignore[method-assign]
@@ -306,7 +305,8 @@ class JournalFailureTests(SynchronousTestCase):
         clock.advance(1000)
         locks = LockService(clock)
         failures: List[str] = []
-        journal = Journal(HeldEtcd(), Layout("c"), 7, locks, clock, on_failure=failures.append)  # type: ignore[arg-type]
+        etcd: Any = HeldEtcd()
+        journal = Journal(etcd, Layout("c"), 7, locks, clock, on_failure=failures.append)
         locks.observer = journal
         journal.committed_mark = int(clock.seconds() * 1e6) + 10  # (its renewal never commits)
         keeper = TokenMarkService(JournalMark(journal), locks, clock)

@@ -26,11 +26,18 @@ predecessor's last renewal, which can add up to that much.
 
 If a grant's token would pass the durable mark, the mark is renewed at
 once.  With a state directory that write is synchronous (write, fsync,
-rename, fsync of the directory), so no token ever passes the mark on disk,
-unless the file cannot be written (logged as an error).  In cluster mode the
-write is not durable until etcd commits it: until then, tokens stop
-following the clock (each is the last one plus one, from the room left
-below the mark).  If that room runs out too (the renewal, due with 6-7 s to
+rename, fsync of the directory), so no token ever passes the mark on disk.
+If the file cannot be written (a full disk, say), that is logged once as an
+error and the tokens are no longer checked against the mark: they follow the
+clock, above the mark read at start, as they would without a state
+directory, and no grant writes the file; the periodic check alone tries
+again (once a second), and once a write succeeds (logged) the mark is above
+every token given and checked again.  Not stopping grants for a full disk
+is the choice here: the mark only guards against a clock set back.
+
+In cluster mode the write is not durable until etcd commits it: until then,
+tokens stop following the clock (each is the last one plus one, from the
+room left below the mark).  If that room runs out too (the renewal, due with 6-7 s to
 spare, has still not committed, and the tokens used up what was left under
 the mark), the leader steps down instead of giving the next token (its
 reply is never sent), and its successor starts above every token it gave.
@@ -49,7 +56,7 @@ from twisted.logger import Logger
 from zope.interface import Attribute, Interface, implementer
 
 from jesync.interfaces import ITokenMark
-from jesync.service import LockService
+from jesync.service import NO_TOKEN_CHECK, LockService
 
 #: The file in the state directory.
 MARK_FILE = "fencing-token-mark"
@@ -155,7 +162,9 @@ class TokenMarkService(service.Service):
         self.requested = 0
         #: How many tokens were given above the durable mark.
         self.passed = 0
-        self._failing = False
+        #: Whether the last write failed (OSError): the lock service's
+        #: tokens are then not checked against the mark.
+        self.failing = False
 
     def _now(self) -> int:
         return int(self.clock.seconds() * 1e6)
@@ -169,11 +178,22 @@ class TokenMarkService(service.Service):
         try:
             written = self.mark.write(mark)
         except OSError as error:
-            if not self._failing:
-                self._failing = True
-                self.log.error("cannot write {path}: {error}", path=self.mark.path, error=error)
+            if not self.failing:
+                self.failing = True
+                self.log.error(
+                    "cannot write {path} ({error}): fencing tokens follow the clock, unchecked against the mark,"
+                    " until it can be written again (tried every {every} s)",
+                    path=self.mark.path,
+                    error=error,
+                    every=self.every,
+                )
+            # No grant tries again (a write on the reactor thread each): the
+            # periodic check does.
+            self.locks.token_check = NO_TOKEN_CHECK
             return
-        self._failing = False
+        if self.failing:
+            self.failing = False
+            self.log.info("wrote {path} again: fencing tokens are checked against it again", path=self.mark.path)
         self.requested = max(self.requested, mark)
         if written is None:
             self._durable(mark)
@@ -188,7 +208,8 @@ class TokenMarkService(service.Service):
 
     def _arm(self) -> None:
         """Have the lock service call L{reached} for a token past the durable mark, or near the reserved one."""
-        self.locks.token_check = min(self.durable, self.requested - ROOM // 2)
+        if not self.failing:
+            self.locks.token_check = min(self.durable, self.requested - ROOM // 2)
 
     def reached(self, token: int) -> int:
         """
@@ -196,11 +217,15 @@ class TokenMarkService(service.Service):
         the token to give instead (never above the durable mark while there
         is room below it), after renewing the mark if it is due.
         """
-        last = self.locks.last_token
-        if token > self.durable:
-            # Tokens stop following the clock past the durable mark.
-            token = last + 1
         self._renew(token)
+        if self.failing:
+            # The mark cannot be written: tokens follow the clock (logged).
+            return token
+        last = self.locks.last_token
+        if token > self.durable and last + 1 <= self.durable:
+            # Tokens stop following the clock past the durable mark, while
+            # there is room below it (the renewal is not durable yet).
+            token = last + 1
         if token > self.durable:
             if not self.passed:
                 self.log.error(

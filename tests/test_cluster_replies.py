@@ -10,9 +10,10 @@ tests/test_cluster_journal.py tests the real one against etcd.
 
 from __future__ import annotations
 
-from typing import List, Optional, Set
+from typing import Any, List, Optional, Set
 
-from twisted.internet.defer import Deferred
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -220,3 +221,119 @@ class TermTests(SynchronousTestCase):
         term.valid_until = 103.0
         self.assertFalse(term.certain())
         self.assertEqual(lapsed, [True])
+
+
+class StandInEtcd:
+    """An etcd that commits every transaction at once."""
+
+    def __init__(self) -> None:
+        self.transactions: List[list] = []
+
+    def txn(self, compare, success, failure=()) -> Deferred:
+        from jesync.cluster.etcd import TxnResult
+
+        self.transactions.append(list(success))
+        return succeed(TxnResult(True, len(self.transactions), []))
+
+
+class TakeoverTokenTests(SynchronousTestCase):
+    """A new leader's first tokens, on a fake clock and a stand-in etcd."""
+
+    def test_restoring_more_grants_than_the_room_above_the_mark_does_not_pass_it(self) -> None:
+        """
+        The predecessor renewed its mark 10 ms before the takeover, and its
+        sessions held 120,000 keys (more than the ROOM a reservation leaves
+        above the last token): restoring them leaves the last token at the
+        old mark, the new term's mark is reserved from it, and the first
+        grant neither passes it nor ends the term.
+        """
+        from jesync.cluster.journal import DurableState, SessionRecord
+        from jesync.cluster.member import ClusterMember, Term, abandon
+        from jesync.fencing import AHEAD, ROOM
+        from jesync.server import ServerSettings, build_lock_server
+
+        clock = Clock()
+        clock.advance(1_700_000_000)
+        now = int(clock.seconds() * 1e6)
+        etcd: Any = StandInEtcd()
+        member = ClusterMember(clock, ServerSettings(ports=[]), etcd, "c", 5, build_lock_server, lambda: 0.0, "m")
+        term = member.term = Term(lease=1, ttl=5, revision=7, valid_until=100.0, monotonic=lambda: 0.0)
+        listened: List[Term] = []
+        member._listen = listened.append  # type: ignore[method-assign]
+        old_mark = now + AHEAD - 10_000
+        sessions = [
+            SessionRecord(f"s{s}", 60_000, {f"k{s}-{n}": old_mark - 200_000 + s * 8_000 + n for n in range(8_000)})
+            for s in range(15)
+        ]
+        member._start_serving(term, DurableState(mark=old_mark, sessions=sessions))
+        clock.advance(0)  # (the journal commits on the next turn)
+        self.assertEqual(listened, [term])
+        server, journal = term.server, term.journal
+        self.addCleanup(abandon, server)
+        locks = server.locks
+        [session] = [session for session in server.factories["elock"].sessions.sessions() if session.id == "s3"]
+        self.assertEqual(locks.grant_of("k3-5", session).token, old_mark - 200_000 + 24_005)  # each keeps its own
+        self.assertEqual(locks.last_token, old_mark)
+        self.assertEqual(journal.committed_mark, old_mark + ROOM)
+        server.startService()
+        self.addCleanup(server.stopService)
+        self.assertEqual(locks.request("new", "client").token, old_mark + 1)
+        self.assertIsNone(journal.failed)
+
+
+class HeldEtcd:
+    """An etcd that never answers: every commit stays in flight."""
+
+    def txn(self, compare, success, failure=()) -> Deferred:
+        return Deferred()
+
+
+class JournalFailureTests(SynchronousTestCase):
+    def test_a_token_past_the_mark_fails_the_waiting_replies_only_after_the_grant(self) -> None:
+        """
+        A multi-key grant whose second token would pass the committed mark
+        ends the term (L{JournalMark.passed}, within the grant); a reply
+        waiting for a commit fails on the next reactor turn, not within the
+        grant (its failure may close a connection, releasing locks), and
+        none is released as durable meanwhile.
+        """
+        from jesync.cluster.journal import Journal, JournalMark, Layout
+        from jesync.fencing import TokenMarkService
+        from jesync.service import LockService
+
+        clock = Clock()
+        clock.advance(1000)
+        locks = LockService(clock)
+        failures: List[str] = []
+        etcd: Any = HeldEtcd()
+        journal = Journal(etcd, Layout("c"), 7, locks, clock, on_failure=failures.append)
+        locks.observer = journal
+        journal.committed_mark = int(clock.seconds() * 1e6) + 10  # (its renewal never commits)
+        keeper = TokenMarkService(JournalMark(journal), locks, clock)
+        keeper.startService()
+        self.addCleanup(keeper.stopService)
+        clock.advance(0)  # (the renewal is in flight)
+        closing = object()
+        locks.request("held", closing)
+        events: List[str] = []
+
+        def closed(reason: Failure) -> None:
+            reason.trap(Deposed)
+            events.append("failed")
+            locks.release_all(closing)  # as a connection closing on it does
+
+        waiting = journal.durable()
+        assert waiting is not None
+        waiting.addCallbacks(lambda _: events.append("sent"), closed)
+        locks.last_token = journal.committed_mark - 1
+        grants = locks.request_many(["a", "b", "c"], "other")
+        self.assertEqual([grant.token for grant in grants], [journal.committed_mark + n for n in range(3)])
+        self.assertEqual(len(failures), 1)
+        self.assertIn("would pass the mark in etcd", failures[0])
+        self.assertEqual(events, [])
+        self.assertEqual(locks.status("held").granted, 1)
+        self.failureResultOf(journal.durable(), Deposed)  # (a reply asking now is refused at once)
+        clock.advance(0)
+        self.assertEqual(events, ["failed"])
+        self.assertEqual(locks.status("held").granted, 0)
+        self.assertEqual([locks.status(key).granted for key in "abc"], [1, 1, 1])

@@ -6,11 +6,13 @@ L{Clock} and through real C{twistd jesync} processes restarted.
 
 from __future__ import annotations
 
+import errno
 import os
 import time
 
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.internet.task import Clock
+from twisted.logger import Logger, LogLevel, formatEvent
 from twisted.python import usage
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -204,6 +206,75 @@ class TokenMarkTests(SynchronousTestCase):
         self.assertEqual(keeper.passed, 1)
         keeper.stopService()
 
+    def test_a_mark_that_cannot_be_written_leaves_tokens_following_the_clock_and_grants_writing_nothing(self) -> None:
+        """
+        A full disk: logged once; no grant tries the write again (only the
+        periodic check does, once per check), and tokens follow the clock
+        (above the mark read at start); once a write succeeds the mark is
+        above every token given and checked again.
+        """
+        clock = Clock()
+        clock.advance(1000)
+        self.mark.write(1000 * 10**6 + 5 * 10**6)
+        mark = FailingMark(self.directory)
+        service = LockService(clock, first_token=mark.read())
+        keeper = TokenMarkService(mark, service, clock)
+        logged: list = []
+        keeper.log = Logger(observer=logged.append)  # type: ignore[misc]
+        keeper.startService()
+        self.addCleanup(keeper.stopService)
+        self.assertEqual(mark.attempts, 1)
+        self.assertTrue(keeper.failing)
+        tokens = []
+        for second in range(1, 31):
+            clock.advance(1)
+            now = int(clock.seconds() * 1e6)
+            for number in range(3):
+                tokens.append(service.request(f"k{second}-{number}", "a").token)
+            if now > 1005 * 10**6:
+                # past the mark on disk, the clock's, one more each within a microsecond
+                self.assertEqual(tokens[-3:], [now, now + 1, now + 2])
+        # (above the mark read at start, one more each, until the clock passes it)
+        self.assertEqual(tokens[:3], [1005 * 10**6 + 1, 1005 * 10**6 + 2, 1005 * 10**6 + 3])
+        self.assertEqual(tokens, sorted(set(tokens)))
+        self.assertEqual(mark.attempts, 1 + 30)  # the start, then one per check
+        self.assertEqual(keeper.passed, 0)
+        self.assertEqual(mark.read(), 1005 * 10**6)
+        errors = [event for event in logged if event["log_level"] == LogLevel.error]
+        self.assertEqual(len(errors), 1)
+        self.assertIn("No space left on device", formatEvent(errors[0]))
+        self.assertIn("follow the clock", formatEvent(errors[0]))
+        # The disk has room again: the next check writes the mark, above every token given.
+        mark.broken = False
+        clock.advance(EVERY)
+        self.assertFalse(keeper.failing)
+        self.assertEqual(mark.read(), int(clock.seconds() * 1e6) + AHEAD)
+        self.assertGreater(mark.read(), max(tokens))
+        self.assertEqual(service.token_check, mark.read() - ROOM // 2)
+        self.assertEqual(service.request("again", "a").token, int(clock.seconds() * 1e6))
+        self.assertEqual(mark.attempts, 1 + 30 + 1)
+        self.assertIn("wrote", formatEvent(logged[-1]))
+
+    def test_a_mark_that_fails_on_a_grant_is_tried_again_only_by_the_check(self) -> None:
+        """The write a grant needs fails: that grant's token follows the clock, and the next grants write nothing."""
+        clock = Clock()
+        clock.advance(1000)
+        mark = FailingMark(self.directory)
+        mark.broken = False
+        service = LockService(clock, first_token=mark.read())
+        keeper = TokenMarkService(mark, service, clock)
+        keeper.log = Logger(observer=lambda event: None)  # type: ignore[misc]
+        keeper.startService()
+        self.addCleanup(keeper.stopService)
+        self.assertEqual(mark.attempts, 1)
+        mark.broken = True
+        # The clock steps past the mark: the grant's renewal fails.
+        clock.rightNow += 3600
+        now = int(clock.seconds() * 1e6)
+        self.assertEqual([service.request(f"k{n}", "a").token for n in range(100)], [now + n for n in range(100)])
+        self.assertEqual(mark.attempts, 2)
+        self.assertEqual(keeper.passed, 0)
+
     def test_build_server_starts_above_the_mark(self) -> None:
         self.mark.write(4 * 10**18)
         clock = Clock()
@@ -219,6 +290,21 @@ class TokenMarkTests(SynchronousTestCase):
         server.locks.last_token = 4 * 10**18 + ROOM - 1
         self.assertEqual(server.locks.request("j", "a").token, 4 * 10**18 + ROOM)
         self.assertGreater(self.mark.read(), 4 * 10**18 + ROOM)
+
+
+class FailingMark(TokenMark):
+    """A mark file whose write fails as on a full disk, while C{broken}; counts the attempts."""
+
+    def __init__(self, directory: str) -> None:
+        super().__init__(directory)
+        self.broken = True
+        self.attempts = 0
+
+    def write(self, mark: int) -> None:
+        self.attempts += 1
+        if self.broken:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        super().write(mark)
 
 
 @implementer(IDurableMark)

@@ -241,6 +241,8 @@ class Journal:
         #: The largest fencing-token mark committed in this term (0: none yet).
         self.committed_mark = 0
         self._flush_call: Optional[IDelayedCall] = None
+        # The waiting replies failing, once this journal failed (L{fail}).
+        self._end_call: Optional[IDelayedCall] = None
         # Batches are numbered: cut (sent) and committed so far.
         self._cut = 0
         self._in_flight = False
@@ -472,17 +474,27 @@ class Journal:
         """Write nothing more (the term is over): replies still waiting are never sent."""
         if self.failed is None:
             self.failed = "the term is over"
-            self._end()
+        self._end()
 
     def fail(self, why: str) -> None:
-        """A write failed: write nothing more, tell C{on_failure} (which ends the term), then the waiting replies."""
+        """
+        A write failed: write nothing more and release no reply from now on,
+        tell C{on_failure} (which ends the term), and fail the waiting
+        replies on the next reactor turn, before the term ends.  Not at
+        once: this may be called from within a grant (L{JournalMark.passed}),
+        and a failed reply may close its connection, which releases its
+        locks: the grant must finish first.
+        """
         if self.failed is None:
             self.failed = why
+            self._end_call = self.clock.callLater(0, self._end)
             self.on_failure(why)
-            self._end()
 
     def _end(self) -> None:
         """Every reply waiting for durability fails with L{Deposed}."""
+        if self._end_call is not None and self._end_call.active():
+            self._end_call.cancel()
+        self._end_call = None
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush_call = None

@@ -478,8 +478,9 @@ class ClusterMember(Listeners):
         for raw in state.unreadable:
             self.log.warn("cluster {cluster}: ignored an unreadable record {key!r}", cluster=self.cluster, key=raw)
         # Every token from now on is above every token given before, and at
-        # most this mark: the term's TokenMarkService starts from it.
-        journal.mark_reached(reservation(int(now * 1e6), first_token))
+        # most this mark: the term's TokenMarkService starts from it.  (Read
+        # after the restore, which leaves the last token at least first_token.)
+        journal.mark_reached(reservation(int(now * 1e6), server.locks.last_token))
         written = journal.durable() or succeed(None)
         return written.addCallback(lambda _: self._listen(term))
 
@@ -621,8 +622,17 @@ def restore(server: Any, state: DurableState, now: float, journal: Journal) -> t
     timed grant until its release time; every grant keeps its token.  A
     record that cannot be restored (a timed grant past its time) is
     deleted.  Returns (sessions, their keys, timed grants) restored.
+
+    The lock table's last token is left as it was before (the term's first
+    token) or, if a restored token is larger, that one: a restored grant is
+    given the next token and then keeps its own, so without this the last
+    token would be one higher per grant restored, and a term restoring more
+    grants than the room reserved above it (L{jesync.fencing.ROOM}) would
+    pass its mark on its first grant; and tokens would run further ahead
+    of the clock with every takeover.
     """
     locks = server.locks
+    last_token = locks.last_token
     sessions = server.factories["elock"].sessions
     keys = 0
     for record in state.sessions:
@@ -630,6 +640,7 @@ def restore(server: Any, state: DurableState, now: float, journal: Journal) -> t
         for key, token in record.keys.items():
             if _restore_grant(locks, key, session, 0, token):
                 keys += 1
+                last_token = max(last_token, token)
         journal.session_changed(session)
     timed = 0
     for timed_record in state.timed:
@@ -638,7 +649,9 @@ def restore(server: Any, state: DurableState, now: float, journal: Journal) -> t
         owner = TimedGrants("restored")
         if left > 0 and _restore_grant(locks, timed_record.key, owner, left, timed_record.token):
             timed += 1
+            last_token = max(last_token, timed_record.token)
         journal.timed_changed(timed_record.key)
+    locks.last_token = last_token
     return len(state.sessions), keys, timed
 
 

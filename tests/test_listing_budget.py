@@ -449,6 +449,34 @@ class ListingBudgetTCPTests(ServerTestCase):
         yield wait_until(lambda: budget.held == 0)
 
 
+    @inlineCallbacks
+    def test_listed_again_at_once(self):
+        """
+        One client, no other: a table whose snapshot is larger than the
+        budget is listed again and again, each listing asked for as soon as
+        the last has gone out (pipelined: read by the server the turn the
+        last one is done, while its snapshot is still being freed).  Every
+        one is served in full.
+        """
+        keys_count = 3 * FREE_ROWS
+        server = yield Server.start(self, "--max-held", "0", "--max-listing-memory", "1m", elock=False)
+        budget = server.policy.listings
+        holder, reader = yield server.connect_many(2)
+        keys = [b"key-%06d" % n for n in range(keys_count)]
+        yield hold_keys(holder, keys, 5000)
+        self.assertGreater(keys_count * ROW_BYTES, budget.limit)
+        listing = [b"STATUS 1 0 %s\n" % key for key in keys] + [b"END\n"]
+        freeing_seen = []
+        real_free = budget._free
+        self.patch(budget, "_free", lambda rows, charge: freeing_seen.append(budget.freeing) or real_free(rows, charge))
+        reader.send(b"status-by-key\n" * 4)
+        for _ in range(4):
+            self.assertEqual((yield reader.read_lines(len(listing), timeout=30)), listing)
+        self.assertEqual(budget.refused, 0)
+        self.assertGreater(max(freeing_seen), 0)
+        yield wait_until(lambda: budget.held == 0)
+
+
 class KeysTests(SynchronousTestCase):
     """memcached's C{keys} (yrmcds's), text and binary: charged until sent, refused past the budget."""
 

@@ -120,5 +120,12 @@ class AdminTests(SynchronousTestCase):
             self.server.connect_elock().ask(b"conn_id s%d\r\n" % n)
         self.server.policy.listings = budget = ListingBudget(limit=10)
         stalled = self.admin()
-        budget.charge(1)  # something else is held: a listing past the limit is refused
+        budget.charge(1)  # something else is held
+        # Less than a piece: written at once, charged nothing.
+        self.assertRegex(stalled.ask(b"sessions\n"), rb"^SESSION s0 .*\nSESSION s1 .*\nSESSION s2 .*\nEND\n$")
+        # More: streamed, charged; past the limit, refused.
+        for n in range(80):
+            elock = self.server.connect_elock()
+            self.assertEqual(elock.ask(b"conn_id %s%02d\r\n" % (b"x" * 250, n)), b"200 conn id set\r\n")
         self.assertEqual(stalled.ask(b"sessions\n"), b"INVALID_PARAMETER: max-listing-memory exceeded (10)\n")
+        self.assertEqual((budget.held, budget.refused), (1, 1))

@@ -17,6 +17,7 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
+from jesync.connections import listings
 from jesync.connections.listings import FREE_ROWS, LINE_OVERHEAD, REFERENCE_BYTES, ROW_BYTES, ListingBudget
 from jesync.errors import LimitReached
 from tests.support import UnitServer
@@ -144,6 +145,57 @@ class BudgetTests(SynchronousTestCase):
         self.assertEqual(held, [(n * ROW_BYTES) for n in left])
 
 
+    def test_what_is_being_freed_does_not_count_against_a_new_listing(self) -> None:
+        """
+        A snapshot whose last reader is done is freed a piece per turn; until
+        it is gone it is held (and counted as freeing), but a new listing is
+        admitted as if it were gone: one at a time, whatever its size.
+        """
+        clock = Clock()
+        budget = ListingBudget(1000, clock)
+        count = 3 * FREE_ROWS
+        rows = [("k", 1, 0)] * count
+        first = budget.share("status", 1, 5000, lambda: list(rows))
+        first.release()
+        left = 5000 - 5000 * FREE_ROWS // count
+        self.assertEqual((budget.held, budget.freeing), (left, left))
+        # Nothing is read nor held for streaming: admitted, past the budget.
+        second = budget.share("status", 2, 5000, lambda: list(rows))
+        self.assertEqual((budget.held - budget.freeing, budget.refused), (5000, 0))
+        # Not a second one while that one is read, freeing or not.
+        self.assertRaises(LimitReached, budget.share, "status", 3, 5000, list)
+        self.assertRaises(LimitReached, budget.charge, 1)
+        self.assertEqual(budget.refused, 2)
+        drain(clock)
+        self.assertEqual((budget.held, budget.freeing), (5000, 0))
+        second.release()
+        drain(clock)
+        self.assertEqual((budget.held, budget.freeing), (0, 0))
+
+    def test_freeing_is_not_counted_within_the_budget_either(self) -> None:
+        """With something read already, a listing that fits beside it is admitted, whatever is being freed."""
+        clock = Clock()
+        budget = ListingBudget(1000, clock)
+        budget.share("status", 1, 900, lambda: [("k", 1, 0)] * (2 * FREE_ROWS)).release()
+        self.assertGreater(budget.freeing, 0)
+        small = budget.charge(100)
+        other = budget.charge(900)
+        self.assertRaises(LimitReached, budget.charge, 1)
+        small.release()
+        other.release()
+        drain(clock)
+        self.assertEqual((budget.held, budget.freeing), (0, 0))
+
+    def test_nothing_is_never_refused(self) -> None:
+        budget = ListingBudget(100)
+        big = budget.charge(5000)
+        nothing = budget.charge(0)
+        self.assertEqual((budget.held, budget.refused), (5000, 0))
+        nothing.release()
+        big.release()
+        self.assertEqual(budget.held, 0)
+
+
 class ListingUnitTests(SynchronousTestCase):
     """Listings served by the JESync grammar, on a L{Clock}: clients that do not read are paused by hand."""
 
@@ -242,14 +294,54 @@ class ListingUnitTests(SynchronousTestCase):
         drain(self.clock)
         self.assertEqual(self.budget.held, 0)
 
-    def test_holders_charged_until_sent(self) -> None:
-        """C{holders}' lines are charged until they have gone out, and refused when the budget is spent."""
-        for _ in range(3):
-            self.server.connect().ask(b"lock shared 5 -1 0\n")
+    def test_listed_again_at_once(self) -> None:
+        """
+        A client that reads its listing and asks again at once is admitted,
+        though its last snapshot is still being freed, whatever the budget.
+        """
+        self.patch(listings, "FREE_ROWS", self.KEYS // 4)
+        self.server.policy.listings = budget = ListingBudget(1, self.clock)
+        reader = self.server.connect()
+        for attempt in range(4):
+            self.holder.ask(b"lock again-%d 1 -1 0\n" % attempt)  # (a new snapshot each time)
+            # (the last one is still being freed, and more than the budget)
+            self.assertEqual(budget.freeing > 1, attempt > 0)
+            reader.send(b"status-by-key\n")
+            got = reader.take()
+            self.assertTrue(got.startswith(b"STATUS 1 0 again-0\n"))
+            # Turn by turn, until the last of the listing has gone out (not until its snapshot is freed).
+            while not got.endswith(b"END\n"):
+                self.clock.advance(0)
+                got += reader.take()
+            self.assertEqual(got.count(b"\n"), self.KEYS + attempt + 2)
+            self.assertEqual((budget.held - budget.freeing, budget.refused), (0, 0))
+            self.assertGreater(budget.freeing, 0)
+        drain(self.clock)
+        self.assertEqual((budget.held, budget.freeing), (0, 0))
+
+    def test_small_replies_are_not_held(self) -> None:
+        """
+        While a client that does not read holds the whole budget, C{holders}
+        of a key nobody or few hold is answered at once, charged nothing.
+        """
+        self.server.policy.listings = budget = ListingBudget(1, self.clock)
+        slow = self.not_reading()
+        slow.send(b"status-by-key\n")
+        self.assertEqual(budget.held, self.snapshot_bytes)
+        client = self.server.connect()
+        self.assertEqual(client.ask(b"holders nobody-holds-this\n"), b"END\n")
+        self.assertRegex(client.ask(b"holders key-0001\n"), rb"^HOLDER key-0001 127\.0\.0\.1:\d+ 0 0 2\nEND\n$")
+        self.assertEqual((budget.held, budget.refused), (self.snapshot_bytes, 0))
+
+    def test_large_holders_charged_until_sent(self) -> None:
+        """C{holders}' lines past a piece are charged until they have gone out, and refused when the budget is spent."""
+        key = b"h" * 1000
+        for _ in range(20):
+            self.server.connect().ask(b"lock %s 20 -1 0\n" % key)
         slow = self.not_reading(high_water=0)
-        slow.send(b"holders shared\n")
+        slow.send(b"holders %s\n" % key)
         line_bytes = self.budget.held
-        self.assertGreater(line_bytes, 3 * LINE_OVERHEAD)
+        self.assertGreater(line_bytes, 20 * (1000 + LINE_OVERHEAD))
         other = self.not_reading()
         other.send(b"status-by-key\n")
         snapshot_bytes = (self.KEYS + 1) * ROW_BYTES
@@ -259,9 +351,16 @@ class ListingUnitTests(SynchronousTestCase):
         self.assertEqual(
             reader.ask(b"status-by-key\n"), b"INVALID_PARAMETER: max-listing-memory exceeded (%d)\n" % self.budget.limit
         )
+        rest = self.budget.charge(self.budget.limit - self.budget.held)  # (the budget spent)
+        self.assertEqual(
+            reader.ask(b"holders %s\n" % key),
+            b"INVALID_PARAMETER: max-listing-memory exceeded (%d)\n" % self.budget.limit,
+        )
+        rest.release()
+        slow.transport.high_water = 10**9
         slow.protocol.resumeProducing()
         drain(self.clock)
-        self.assertEqual(slow.take().count(b"HOLDER shared "), 3)
+        self.assertEqual(slow.take().count(b"HOLDER %s " % key), 20)
         self.assertEqual(self.budget.held, snapshot_bytes)
         other.lose()
         drain(self.clock)
@@ -277,6 +376,26 @@ class ListingUnitTests(SynchronousTestCase):
         self.not_reading().send(b"status-by-key\n")
         self.assertEqual(self.budget.shared(("status", "key")).readers, 2)
         self.assertEqual(self.budget.held, self.snapshot_bytes)
+
+
+    def test_small_table_and_sessions_are_not_held(self) -> None:
+        """
+        With the budget spent, the listing of a table too small to fill a
+        piece, and the admin listener's C{sessions}, are answered at once,
+        charged nothing.
+        """
+        from jesync.protocols.admin import AdminFactory
+
+        server = UnitServer()
+        budget = server.policy.listings = ListingBudget(1, server.clock)
+        spent = budget.charge(10**6)  # (as a client that does not read its listing would)
+        client = server.connect()
+        client.ask(b"lock a 1 -1 0\nlock b 1 -1 0\n")
+        self.assertEqual(client.ask(b"status-by-key\n"), b"STATUS 1 0 a\nSTATUS 1 0 b\nEND\n")
+        admin = server._connect(AdminFactory(server.service, policy=server.policy), None, None)
+        self.assertTrue(admin.ask(b"sessions\n").endswith(b"END\n"))
+        self.assertEqual((budget.held, budget.refused), (10**6, 0))
+        spent.release()
 
 
 class ListingBudgetTCPTests(ServerTestCase):
@@ -327,6 +446,34 @@ class ListingBudgetTCPTests(ServerTestCase):
         reader.send(b"status-by-key\n")
         replies = yield reader.read_lines(len(listing) + 1, timeout=20)
         self.assertEqual(replies[-2:], [b"STATUS 1 0 one-more\n", b"END\n"])
+        yield wait_until(lambda: budget.held == 0)
+
+
+    @inlineCallbacks
+    def test_listed_again_at_once(self):
+        """
+        One client, no other: a table whose snapshot is larger than the
+        budget is listed again and again, each listing asked for as soon as
+        the last has gone out (pipelined: read by the server the turn the
+        last one is done, while its snapshot is still being freed).  Every
+        one is served in full.
+        """
+        keys_count = 3 * FREE_ROWS
+        server = yield Server.start(self, "--max-held", "0", "--max-listing-memory", "1m", elock=False)
+        budget = server.policy.listings
+        holder, reader = yield server.connect_many(2)
+        keys = [b"key-%06d" % n for n in range(keys_count)]
+        yield hold_keys(holder, keys, 5000)
+        self.assertGreater(keys_count * ROW_BYTES, budget.limit)
+        listing = [b"STATUS 1 0 %s\n" % key for key in keys] + [b"END\n"]
+        freeing_seen = []
+        real_free = budget._free
+        self.patch(budget, "_free", lambda rows, charge: freeing_seen.append(budget.freeing) or real_free(rows, charge))
+        reader.send(b"status-by-key\n" * 4)
+        for _ in range(4):
+            self.assertEqual((yield reader.read_lines(len(listing), timeout=30)), listing)
+        self.assertEqual(budget.refused, 0)
+        self.assertGreater(max(freeing_seen), 0)
         yield wait_until(lambda: budget.held == 0)
 
 
@@ -385,6 +532,60 @@ class KeysTests(SynchronousTestCase):
         drain(self.unit.clock)
         self.assertEqual(len(responses(slow.take())), self.KEYS + 1)
         self.assertEqual(self.budget.held, 0)
+
+
+    def test_refused_before_the_store_is_walked(self) -> None:
+        """The budget is checked by the most a C{keys} could list (every object), before the store is walked."""
+        from tests.test_memcache_protocol import binary, responses
+
+        slow = self.not_reading()
+        slow.send(b"keys\r\n")
+        walked: list[bytes] = []
+        real_keys = self.unit.store.keys
+        self.patch(self.unit.store, "keys", lambda prefix=b"": walked.append(prefix) or real_keys(prefix))
+        other = self.unit.connect()
+        refusal = b"max-listing-memory exceeded (%d)" % self.budget.limit
+        self.assertEqual(other.ask(b"keys key.\r\n"), b"SERVER_ERROR " + refusal + b"\r\n")
+        self.assertEqual(responses(other.ask(binary(0x50, b"key.", opaque=3))), [(0x50, 0x86, 3, b"", b"", refusal)])
+        self.assertEqual((walked, self.budget.refused, self.budget.held), ([], 2, self.KEYS * REFERENCE_BYTES))
+        slow.lose()
+        self.assertEqual(self.budget.held, 0)
+
+    def test_charged_what_it_lists(self) -> None:
+        """
+        Once walked, a C{keys} is charged what it lists, not the most it
+        could have; one that lists less than a piece is written at once,
+        charged nothing.
+        """
+        slow = self.not_reading()
+        self.assertTrue(slow.ask(b"keys key.001\r\n").startswith(b"VALUE key.001"))
+        self.assertEqual(self.budget.held, 1000 * REFERENCE_BYTES)
+        other = self.unit.connect()
+        hundred = b"".join(b"VALUE key.%06d\r\n" % n for n in range(100)) + b"END\r\n"
+        self.assertEqual(other.ask(b"keys key.0000\r\n"), hundred)
+        self.assertEqual(other.ask(b"keys nothing\r\n"), b"END\r\n")
+        self.assertEqual((self.budget.held, self.budget.refused), (1000 * REFERENCE_BYTES, 0))
+        slow.lose()
+        self.assertEqual(self.budget.held, 0)
+
+    def test_small_store_answered_with_the_budget_spent(self) -> None:
+        """A store too small to fill a piece is walked first: what lists little is answered, charged nothing."""
+        from tests.test_memcache_protocol import binary, responses
+
+        self.unit.store.flush()
+        for key in self.keys[:100]:
+            self.unit.store.store("set", key, b"v", 0, 0, None)
+        spent = self.budget.charge(10**9)  # (as a client that does not read its listing would)
+        other = self.unit.connect()
+        ten = b"".join(b"VALUE key.%06d\r\n" % n for n in range(10)) + b"END\r\n"
+        self.assertEqual(other.ask(b"keys key.00000\r\n"), ten)
+        got = responses(other.ask(binary(0x50, b"key.00009", opaque=4)))
+        self.assertEqual(
+            [(opcode, status, opaque, key) for opcode, status, opaque, _, key, _ in got],
+            [(0x50, 0, 4, b"key.%06d" % n) for n in range(90, 100)] + [(0x50, 0, 4, b"")],
+        )
+        self.assertEqual((self.budget.held, self.budget.refused), (10**9, 0))
+        spent.release()
 
 
 class MetricsTests(SynchronousTestCase):

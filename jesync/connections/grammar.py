@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Iterable, Iterator, 
 from twisted.logger import Logger
 
 from jesync.connections.framing import Framing, LineFraming
-from jesync.connections.listings import Held
+from jesync.connections.listings import Held, lines_bytes
 from jesync.errors import LimitReached
 from jesync.wire import MAX_LINE, BadRequest, check_key_field, decode_key, only_argument, split_fields
 
@@ -29,8 +29,33 @@ if TYPE_CHECKING:
     from jesync.connections.connection import LockConnection
 
 # The size of one piece of a streamed reply (lines are joined until a piece
-# passes it).
+# passes it).  A reply smaller than one piece is not worth streaming: it is
+# written at once, and holds nothing of the listing budget.
 PIECE = 16384
+
+
+def in_pieces(chunks: Iterable[bytes], terminator: bytes = b"") -> Iterator[bytes]:
+    """
+    A streamed reply's chunks (lines, packets), each followed by
+    C{terminator}, joined into pieces of about L{PIECE} bytes, made only as
+    they are sent.
+    """
+    extra = len(terminator)
+    piece: List[bytes] = []
+    size = 0
+    for chunk in chunks:
+        piece.append(chunk)
+        size += len(chunk) + extra
+        if size >= PIECE:
+            if extra:
+                piece.append(b"")
+            yield terminator.join(piece)
+            piece = []
+            size = 0
+    if piece:
+        if extra:
+            piece.append(b"")
+        yield terminator.join(piece)
 
 
 class Grammar:
@@ -174,26 +199,30 @@ class CommandGrammar(Grammar):
         C{held} (what the lines are made from: a snapshot, bytes charged to
         the server's listing budget) is released once they have gone out.
         """
-        self.connection.write_stream(self._pieces(iter(lines)), held)
+        if self.connection.verbose:
+            lines = self._logged(lines)
+        self.connection.write_stream(in_pieces(lines, self.terminator), held)
 
-    def _pieces(self, lines: Iterator[bytes]) -> Iterator[bytes]:
-        terminator = self.terminator
-        extra = len(terminator)
+    def reply_listing(self, lines: List[bytes]) -> None:
+        """
+        Send lines made already (C{holders}, C{sessions}): at once if they
+        are less than a piece (L{PIECE}), charged nothing; otherwise
+        streamed, charged to the server's listing budget until they have
+        gone out (L{jesync.connections.listings}).
+
+        @raise LimitReached: a stream past C{--max-listing-memory}.
+        """
+        extra = len(self.terminator)
+        if sum(len(line) + extra for line in lines) < PIECE:
+            self.reply_lines(lines)
+        else:
+            self.reply_stream(lines, self.connection.policy.listings.charge(lines_bytes(lines)))
+
+    def _logged(self, lines: Iterable[bytes]) -> Iterator[bytes]:
         connection = self.connection
-        while True:
-            piece = []
-            size = 0
-            for line in lines:
-                if connection.verbose:
-                    self.log.debug("{peer} answered {line!r}", peer=connection.peer, line=line)
-                piece.append(line)
-                size += len(line) + extra
-                if size >= PIECE:
-                    break
-            if not piece:
-                return
-            piece.append(b"")
-            yield terminator.join(piece)
+        for line in lines:
+            self.log.debug("{peer} answered {line!r}", peer=connection.peer, line=line)
+            yield line
 
     # -- the protocol's words ------------------------------------------------
 

@@ -21,13 +21,27 @@ thousand snapshots (a 300,000-key listing is about 21 MB).  So:
    reader has sent its last byte or its connection has gone.  A listing that
    would take a new snapshot past the budget is refused with the protocol's
    limit reply (C{max-listing-memory exceeded}); reading a shared one is
-   never refused, since it costs nothing more.  While nothing at all is held,
-   one listing is admitted whatever its size, so that a table larger than
-   the budget can still be listed, one listing at a time: what listings hold
-   together is at most the larger of the budget and one snapshot.
+   never refused, since it costs nothing more, and neither is a charge of
+   nothing.  What is being freed (below) is not counted against a new
+   listing: it is going, and a client that reads its listing and asks
+   again at once must not find its own last one in the way.  While no
+   snapshot is being read and no reply is held for streaming, one listing
+   is admitted whatever its size, so that a table larger than the budget
+   can still be listed, one listing at a time.
+ - B{Small replies are not held.}  A reply smaller than one piece of a
+   stream (L{jesync.connections.grammar.PIECE}) is written at once, as any
+   other reply, and charged nothing (C{holders} of a key few hold, C{keys}
+   that match little): a client that holds the budget delays no one's.
  - B{Freed a piece per turn.}  Freeing a million rows at once stalls the
    server for 0.1-0.3 s, so a snapshot whose last reader is done is freed
-   L{FREE_ROWS} rows per reactor turn, and its charge goes down as it goes.
+   L{FREE_ROWS} rows per reactor turn, and its charge goes down as it goes
+   (L{ListingBudget.freeing}).  That is faster than any client can read
+   one: a connection sends at most 64 KiB a turn, and a row's line is 13
+   bytes at least, so about 5,000 rows.
+
+So what pending listings hold together is what is being read (at most the
+budget, or one snapshot larger than it) and what is being freed: at most the
+budget, plus one snapshot, plus what is being freed.
 
 A snapshot cannot be freed row by row as it is sent (as one read by a single
 client could be), since other readers may be behind, or may still join: it
@@ -172,6 +186,9 @@ class ListingBudget:
         at once).
     @ivar held: bytes charged now (snapshots being sent or freed, other
         replies held for streaming).
+    @ivar freeing: of those, the bytes of snapshots whose last reader is
+        done, being freed a piece per turn (not counted against a new
+        listing).
     @ivar refused: listings refused since the server started.
     """
 
@@ -179,6 +196,7 @@ class ListingBudget:
         self.limit = limit
         self.clock = clock
         self.held = 0
+        self.freeing = 0
         self.refused = 0
         # The snapshot being sent of each kind of listing, while it has readers.
         self._shared: Dict[Hashable, Snapshot] = {}
@@ -191,9 +209,11 @@ class ListingBudget:
         Charge C{size} bytes, to be released with the L{Charge}.
 
         @raise LimitReached: (C{max-listing-memory}) if that would take what
-            is held past the limit, unless nothing is held at all.
+            is held, less what is being freed, past the limit; never for
+            nothing, nor while nothing is held but what is being freed.
         """
-        if self.held and self.held + size > self.limit:
+        live = self.held - self.freeing
+        if size and live and live + size > self.limit:
             self.refused += 1
             raise LimitReached("max-listing-memory", self.limit)
         self.held += size
@@ -233,16 +253,19 @@ class ListingBudget:
         if self._shared.get(snapshot.what) is snapshot:
             del self._shared[snapshot.what]
         rows, snapshot.rows = snapshot.rows, []
+        self.freeing += snapshot.charge.size
         self._free(rows, snapshot.charge)
 
     def _free(self, rows: List, charge: Charge) -> None:
         left = len(rows)
         if self.clock is None or left <= FREE_ROWS:
             del rows[:]
+            self.freeing -= charge.size
             charge.release()
             return
         # The bytes of FREE_ROWS rows (what is left of the charge goes with the last).
         part = charge.size * FREE_ROWS // left
         del rows[left - FREE_ROWS :]
+        self.freeing -= part
         charge.release_part(part)
         self.clock.callLater(0, self._free, rows, charge)

@@ -19,8 +19,8 @@ only the operator can open).
    the server gave), as they were sent: C{end-session} takes them back
    exactly, whatever bytes they are (elock's ids are any bytes but
    whitespace).  A session's id is what takes it over (C{conn_id <id>}), so
-   only this listener shows it.  Streamed and charged to the server's
-   C{--max-listing-memory} like any listing
+   only this listener shows it.  Past one piece of a stream, streamed and
+   charged to the server's C{--max-listing-memory} like any listing
    (L{jesync.connections.listings}); there are at most C{--max-sessions}
    detached sessions and one attached per connection.
 
@@ -33,10 +33,9 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from jesync.connections.listings import lines_bytes
 from jesync.connections.policy import ConnectionPolicy
 from jesync.interfaces import ILockService
-from jesync.protocols.jesync import JESyncFactory, JESyncProtocol, ended_listing, name_field
+from jesync.protocols.jesync import JESyncFactory, JESyncProtocol, name_field
 from jesync.sessions import Session, SessionTable
 from jesync.wire import BadRequest, decode_key, encode_key, no_arguments, only_argument
 
@@ -73,8 +72,8 @@ class AdminProtocol(JESyncProtocol):
         no_arguments(args)
         sessions = self._sessions()
         lines = [] if sessions is None else [self._session_line(session) for session in sessions.sessions()]
-        held = self.connection.policy.listings.charge(lines_bytes(lines))
-        self.reply_stream(ended_listing(lines), held)
+        lines.append(b"END")
+        self.reply_listing(lines)
 
     def _session_line(self, session: Session) -> bytes:
         seconds_left = session.seconds_left()

@@ -17,8 +17,8 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
 
 from jesync.connections.connection import LockServerFactory
-from jesync.connections.grammar import CommandGrammar
-from jesync.connections.listings import ROW_BYTES, lines_bytes
+from jesync.connections.grammar import PIECE, CommandGrammar
+from jesync.connections.listings import ROW_BYTES
 from jesync.errors import AlreadyWaiting, LockTimeout
 from jesync.interfaces import IGrant
 from jesync.wire import (
@@ -197,8 +197,8 @@ class JESyncProtocol(CommandGrammar):
             )
             for grant in grants
         ]
-        held = self.connection.policy.listings.charge(lines_bytes(lines))
-        self.reply_stream(ended_listing(lines), held)
+        lines.append(b"END")
+        self.reply_listing(lines)
 
     def _listing(self, order: ListingOrder, args: List[bytes]) -> None:
         """
@@ -206,11 +206,20 @@ class JESyncProtocol(CommandGrammar):
         another listing is sending, if the table has not changed since it
         was taken; otherwise from a new one (sorted once), within the
         server's C{--max-listing-memory} (L{jesync.connections.listings}).
+        A table too small to fill a piece of a stream is listed at once,
+        shared and charged nothing.
         """
         no_arguments(args)
         service = self.service
+        size = service.totals().keys * ROW_BYTES
+        if size < PIECE:
+            # (a small table: its listing is most likely less than a piece, written at once)
+            lines = list(_status_lines(service.snapshot(order)))
+            lines.append(b"END")
+            self.reply_listing(lines)
+            return
         snapshot = self.connection.policy.listings.share(
-            ("status", order), service.version, service.totals().keys * ROW_BYTES, lambda: service.snapshot(order)
+            ("status", order), service.version, size, lambda: service.snapshot(order)
         )
         self.reply_stream(ended_listing(_status_lines(snapshot.rows)), snapshot)
 

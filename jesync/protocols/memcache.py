@@ -25,12 +25,12 @@ import os
 import struct
 from collections import Counter
 from functools import partial
-from typing import Callable, ClassVar, Dict, Iterable, Iterator, List, NamedTuple, Optional, Tuple
+from typing import Callable, ClassVar, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 from jesync.connections.connection import LockConnection, LockServerFactory
 from jesync.connections.framing import MemcachedFraming
-from jesync.connections.grammar import PIECE, Grammar
-from jesync.connections.listings import REFERENCE_BYTES, Charge
+from jesync.connections.grammar import PIECE, Grammar, in_pieces
+from jesync.connections.listings import REFERENCE_BYTES
 from jesync.connections.policy import ConnectionPolicy
 from jesync.errors import LimitReached
 from jesync.store import (
@@ -482,10 +482,7 @@ class MemcacheProtocol(Grammar):
 
     def do_keys(self, args: List[bytes]) -> None:
         # keys [prefix]: what follows the prefix is ignored, as yrmcds does.
-        keys = self.store.keys(args[0] if args else b"")
-        held = self._charge_listing(keys)
-        self._log_listing(len(keys))
-        self.connection.write_stream(_in_pieces(_text_keys(keys)), held)
+        self._keys(args[0] if args else b"", _text_keys, len(b"VALUE \r\n"))
 
     # == binary ==================================================================
 
@@ -738,12 +735,9 @@ class MemcacheProtocol(Grammar):
     # -- yrmcds's listing -------------------------------------------------------------------
 
     def _bin_keys(self, request: BinaryRequest, quiet: bool) -> None:
-        keys = self.store.keys(request.key)
-        held = self._charge_listing(keys)
-        self._log_listing(len(keys))
-        self.connection.write_stream(_in_pieces(self._binary_keys(request, keys)), held)
+        self._keys(request.key, partial(self._binary_keys, request), HEADER.size)
 
-    def _binary_keys(self, request: BinaryRequest, keys: List[bytes]) -> Iterator[bytes]:
+    def _binary_keys(self, request: BinaryRequest, keys: Sequence[bytes]) -> Iterator[bytes]:
         """A binary Keys reply: one response per key (the key only), then one with neither key nor value."""
         for key in keys:
             yield self._packet(request, key=key, value=b"")
@@ -751,15 +745,36 @@ class MemcacheProtocol(Grammar):
 
     # == shared ==================================================================
 
-    def _charge_listing(self, keys: List[bytes]) -> Charge:
+    def _keys(self, prefix: bytes, reply: Callable[[Sequence[bytes]], Iterator[bytes]], per_key: int) -> None:
         """
-        A C{Keys} snapshot held until it has gone out, charged to the
-        server's listing budget (L{jesync.connections.listings}): a
-        reference per key (the keys are the store's own).
+        A C{Keys} reply: the store's keys that start with C{prefix}, sent as
+        C{reply} words them (C{per_key} bytes a key besides the key, and as
+        many for its end).  What the snapshot holds (a reference per key:
+        the keys are the store's own) is charged to the server's listing
+        budget (L{jesync.connections.listings}) until it has gone out,
+        checked before the store is walked, by the most it could list: every
+        object.  A store too small for that to fill a piece of a stream is
+        walked first; a reply smaller than a piece is written at once,
+        charged nothing.
 
         @raise LimitReached: past C{--max-listing-memory}.
         """
-        return self.connection.policy.listings.charge(len(keys) * REFERENCE_BYTES)
+        listings = self.connection.policy.listings
+        most = len(self.store) * REFERENCE_BYTES
+        held = listings.charge(most) if most >= PIECE else None
+        keys = self.store.keys(prefix)
+        self._log_listing(len(keys))
+        count = len(keys)
+        if (count + 1) * per_key < PIECE and sum(map(len, keys)) + (count + 1) * per_key < PIECE:
+            if held is not None:
+                held.release()
+            self.connection.write(b"".join(reply(keys)))
+            return
+        if held is None:
+            held = listings.charge(count * REFERENCE_BYTES)
+        else:
+            held.release_part(held.size - count * REFERENCE_BYTES)
+        self.connection.write_stream(in_pieces(reply(keys)), held)
 
     def _log_listing(self, count: int) -> None:
         if self.connection.verbose:
@@ -799,26 +814,11 @@ def _values(found: List[Tuple[bytes, int, bytes, int]], with_cas: bool) -> Itera
     yield b"END\r\n"
 
 
-def _text_keys(keys: List[bytes]) -> Iterator[bytes]:
+def _text_keys(keys: Sequence[bytes]) -> Iterator[bytes]:
     """A text C{keys} reply: C{VALUE <key>} per key, then C{END}."""
     for key in keys:
         yield b"VALUE %s\r\n" % key
     yield b"END\r\n"
-
-
-def _in_pieces(chunks: Iterator[bytes]) -> Iterator[bytes]:
-    """Small chunks of a streamed reply joined into pieces of about L{PIECE} bytes, made only as they are sent."""
-    piece: List[bytes] = []
-    size = 0
-    for chunk in chunks:
-        piece.append(chunk)
-        size += len(chunk)
-        if size >= PIECE:
-            yield b"".join(piece)
-            piece = []
-            size = 0
-    if piece:
-        yield b"".join(piece)
 
 
 def _signed_int(value: int) -> int:

@@ -257,7 +257,7 @@ class Options(usage.Options):
             None,
             64 * 1024**2,
             "Most memory the snapshots of listings being sent hold together, in bytes or with a unit (64m, 1g); "
-            "past it, a listing that needs a new snapshot is refused (one is always admitted when none is held).",
+            "past it, a listing that needs a new snapshot is refused (one is always admitted when no other is being sent).",
             size,
         ],
         [

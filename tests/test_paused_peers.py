@@ -153,11 +153,13 @@ class TLSNotReadingTests(JESyncNotReadingTests):
 
     @inlineCallbacks
     def test_fin_ends_the_wait(self):
+        """TLS cannot half-close: a FIN closes the connection (as when the server reads it), its wait with it."""
         server = yield self.start()
         holder = yield self.connect(server)
         holder, client = yield self.paused_waiter(server, holder, (yield self.connect(server)))
         half_close(client)
-        yield wait_until(lambda: server.locks.status("held") == KeyStatus("held", 1, 0), timeout=NOTICED)
+        yield server.trackers["jesync"].wait_lost([client.served], timeout=NOTICED)
+        self.assertEqual(server.locks.status("held"), KeyStatus("held", 1, 0))
         self.assertEqual((yield holder.ask(b"release held\nstatus held\n", 2)), b"RELEASED 0 0 held\nSTATUS 0 0 held\n")
 
     @inlineCallbacks

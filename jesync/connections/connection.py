@@ -46,7 +46,8 @@ decided here, once:
    above), the reactor does not watch the socket for input, which is how
    it learns of a FIN, an RST or a failed keepalive; so the connection asks
    the socket itself every C{PEER_CHECK} second (L{jesync.connections.hangup}):
-   a peer gone is dropped, a FIN is a FIN (its waits end, not granted).
+   a peer gone is dropped, a FIN is a FIN (its waits end, not granted;
+   under TLS, it closes the connection).
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ from typing import TYPE_CHECKING, Callable, Deque, Dict, Iterator, Optional, Uni
 
 from twisted.internet import tcp
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol, IPushProducer
+from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol, IPushProducer, ISSLTransport
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
@@ -422,13 +423,15 @@ class LockConnection(Protocol):
         Reading is paused, so the reactor no longer reports a FIN, an RST or
         a failed keepalive: ask the socket (L{jesync.connections.hangup}).
         Gone: dropped, as if the reactor had seen it.  FIN: what
-        L{readConnectionLost} does (its waits end, not granted).
+        L{readConnectionLost} does (its waits end, not granted); under TLS,
+        which cannot half-close, what a FIN does there: the connection is
+        dropped.
         """
         self._peer_call = None
         if self.state not in READING or not self._reading_paused:
             return
         found = hangup.peer_state(socket_of(self.transport))
-        if found == hangup.GONE:
+        if found == hangup.GONE or (found == hangup.INPUT_ENDED and ISSLTransport.providedBy(self.transport)):
             self.drop("its peer is gone")
             return
         if found == hangup.INPUT_ENDED:

@@ -31,7 +31,7 @@ from jesync.connections.connection import HOLD_BUFFER
 from jesync.connections.hangup import GONE, INPUT_ENDED, PEER_CHECK, peer_state
 from jesync.connections.policy import socket_of
 from jesync.interfaces import KeyStatus
-from tests.support import TIMEOUT, UnitServer
+from tests.support import TIMEOUT, UnitServer, dlock_frame
 from tests.test_connection_rules import wait_until
 from tests.test_operations import Server, ServerTestCase
 from tests import test_tls
@@ -104,6 +104,26 @@ class ElockHeldBehindAWaitTests(ServerTestCase):
         yield server.wait_lost(client)
         self.assertEqual((yield holder.ask(b"release held\nstatus held\n", 2)), b"RELEASED 0 0 held\nSTATUS 0 0 held\n")
         server.factories["elock"].sessions.end_detached()
+
+
+class DlockHeldBehindAWaitTests(ServerTestCase):
+    """dlock: a waiting Lock and over 64 KiB of Pings behind it."""
+
+    @inlineCallbacks
+    def test_reset_is_noticed(self):
+        from tests.test_dlock import lock, ping
+
+        server = yield Server.start(self, elock=False, dlock=True)
+        holder = yield server.jesync()
+        self.assertEqual((yield holder.ask(b"lock held\n")), b"GRANTED 1 0 held 120\n")
+        client = yield server.dlock()
+        pings = b"".join(dlock_frame(ping(id=n)) for n in range(2, 2 + HOLD_BUFFER // 8 + 1000))
+        client.send(dlock_frame(lock(["held"], id=1)) + pings)
+        yield wait_until(lambda: client.served.reading_paused)
+        self.assertEqual(server.locks.status("held"), KeyStatus("held", 1, 1))
+        reset(client)
+        yield server.trackers["dlock"].wait_lost([client.served], timeout=NOTICED)
+        self.assertEqual((yield holder.ask(b"release held\nstatus held\n", 2)), b"RELEASED 0 0 held\nSTATUS 0 0 held\n")
 
 
 class JESyncNotReadingTests(ServerTestCase):

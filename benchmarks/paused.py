@@ -75,12 +75,18 @@ def wait_for(predicate, limit: float, start: float) -> float | None:
         time.sleep(0.01)
 
 
+def fmt_seconds(value: float | None, limit: float) -> str:
+    return f"> {limit} s" if value is None else f"{value:.3f} s"
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkout", type=Path, default=REPO, help="the jesync checkout to run (default: this one)")
     parser.add_argument("--python", default=sys.executable, help="the Python whose twistd runs it (default: this one)")
     parser.add_argument("--connections", type=int, default=20, help="elock clients (default 20)")
-    parser.add_argument("--behind", type=int, default=420_000, help="bytes pipelined behind each wait (default 420,000)")
+    parser.add_argument(
+        "--behind", type=int, default=420_000, help="bytes pipelined behind each wait (default 420,000)"
+    )
     parser.add_argument("--close", choices=["rst", "fin"], default="rst", help="how the clients go (default rst)")
     parser.add_argument("--limit", type=float, default=30.0, help="seconds to wait for the server (default 30)")
     args = parser.parse_args(argv)
@@ -100,7 +106,8 @@ def main(argv: list[str] | None = None) -> None:
             pid = server.pid
             assert pid is not None
             holder = socket.create_connection(server.address)
-            print(ask(holder, b"lock K\n").decode().strip())
+            # (never expiring: a wait can only end by its own timeout or its connection going)
+            print(ask(holder, b"lock K 1 -1 0\n").decode().strip())
             files_before = open_files(pid)
             behind = b"stats\r\n" * (args.behind // len(b"stats\r\n"))
             clients = []
@@ -125,8 +132,8 @@ def main(argv: list[str] | None = None) -> None:
             no_waiter = wait_for(lambda: ask(holder, b"status K\n") == b"STATUS 1 0 K\n", args.limit, start)
             files_back = wait_for(lambda: open_files(pid) <= files_before, args.limit, start)
             print(f"closed with {args.close.upper()} from {args.checkout}:")
-            print(f"  no waiter on K after: {'%.3f s' % no_waiter if no_waiter is not None else f'> {args.limit} s'}")
-            print(f"  descriptors closed after: {'%.3f s' % files_back if files_back is not None else f'> {args.limit} s'}")
+            print(f"  no waiter on K after: {fmt_seconds(no_waiter, args.limit)}")
+            print(f"  descriptors closed after: {fmt_seconds(files_back, args.limit)}")
             status = ask(holder, b"status K\n").decode().strip()
             release = ask(holder, b"release K\n").decode().strip()
             print(f"  then: status K -> {status}; release K -> {release}; {open_files(pid)} files open")

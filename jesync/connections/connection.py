@@ -45,7 +45,7 @@ decided here, once:
  - B{A paused connection's peer.}  While reading is paused (either way
    above), the reactor does not watch the socket for input, which is how
    it learns of a FIN, an RST or a failed keepalive; so the connection asks
-   the socket itself every C{PEER_CHECK} second (L{jesync.connections.hangup}):
+   the socket itself every second (L{jesync.connections.hangup}):
    a peer gone is dropped, a FIN is a FIN (its waits end, not granted;
    under TLS, it closes the connection).
 """

@@ -42,6 +42,12 @@ decided here, once:
    C{max_unsent}; past it, the client is disconnected.  What one reactor
    turn writes is never counted, however much it is: a client that reads as
    fast as it can is never cut off.
+ - B{A paused connection's peer.}  While reading is paused (either way
+   above), the reactor does not watch the socket for input, which is how
+   it learns of a FIN, an RST or a failed keepalive; so the connection asks
+   the socket itself every second (L{jesync.connections.hangup}):
+   a peer gone is dropped, a FIN is a FIN (its waits end, not granted;
+   under TLS, it closes the connection).
 """
 
 from __future__ import annotations
@@ -51,16 +57,16 @@ from typing import TYPE_CHECKING, Callable, Deque, Dict, Iterator, Optional, Uni
 
 from twisted.internet import tcp
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol, IPushProducer
+from twisted.internet.interfaces import IDelayedCall, IHalfCloseableProtocol, IPushProducer, ISSLTransport
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from jesync.connections import lifecycle
+from jesync.connections import hangup, lifecycle
 from jesync.connections.lifecycle import ANSWERING, AUTHENTICATING, CLOSED, CLOSING, HALF_CLOSED, READING, READY
 from jesync.connections.listings import Held
-from jesync.connections.policy import ConnectionPolicy, describe_peer, tune_tcp, is_local
+from jesync.connections.policy import ConnectionPolicy, describe_peer, is_local, socket_of, tune_tcp
 from jesync.errors import LimitReached, ProtectedMode
 from jesync.interfaces import ILockService
 
@@ -131,6 +137,8 @@ class LockConnection(Protocol):
         self._pump_call: Optional[IDelayedCall] = None
         self._read_call: Optional[IDelayedCall] = None
         self._timer: Optional[IDelayedCall] = None
+        # While reading is paused: the next look at whether the peer is gone.
+        self._peer_call: Optional[IDelayedCall] = None
         self._last_heard = 0.0
         # The transport asked us to stop producing (its buffer is full) ...
         self._paused = False
@@ -152,6 +160,11 @@ class LockConnection(Protocol):
     def paused(self) -> bool:
         """Whether the transport has asked for no more replies for now (its buffer is full)."""
         return self._paused
+
+    @property
+    def reading_paused(self) -> bool:
+        """Whether reading from the socket has stopped (the client does not take its replies, or too much is held)."""
+        return self._reading_paused
 
     def __repr__(self) -> str:
         return f"<{type(self.grammar).__name__} connection from {self.peer}>"
@@ -349,10 +362,10 @@ class LockConnection(Protocol):
 
     def _cancel_calls(self) -> None:
         self._cancel_timer()
-        for call in (self._pump_call, self._read_call):
+        for call in (self._pump_call, self._read_call, self._peer_call):
             if call is not None and call.active():
                 call.cancel()
-        self._pump_call = self._read_call = None
+        self._pump_call = self._read_call = self._peer_call = None
 
     # -- input -------------------------------------------------------------
 
@@ -407,8 +420,35 @@ class LockConnection(Protocol):
             self._reading_paused = stop
             if stop:
                 self.transport.pauseProducing()
+                if self._peer_call is None:
+                    self._peer_call = self.clock.callLater(hangup.PEER_CHECK, self._check_peer)
             else:
                 self.transport.resumeProducing()
+                if self._peer_call is not None:
+                    if self._peer_call.active():
+                        self._peer_call.cancel()
+                    self._peer_call = None
+
+    def _check_peer(self) -> None:
+        """
+        Reading is paused, so the reactor no longer reports a FIN, an RST or
+        a failed keepalive: ask the socket (L{jesync.connections.hangup}).
+        Gone: dropped, as if the reactor had seen it.  FIN: what
+        L{readConnectionLost} does (its waits end, not granted); under TLS,
+        which cannot half-close, what a FIN does there: the connection is
+        dropped.
+        """
+        self._peer_call = None
+        if self.state not in READING or not self._reading_paused:
+            return
+        found = hangup.peer_state(socket_of(self.transport))
+        if found == hangup.GONE or (found == hangup.INPUT_ENDED and ISSLTransport.providedBy(self.transport)):
+            self.drop("its peer is gone")
+            return
+        if found == hangup.INPUT_ENDED:
+            self.readConnectionLost()
+        if self.state in READING and self._reading_paused and self._peer_call is None:
+            self._peer_call = self.clock.callLater(hangup.PEER_CHECK, self._check_peer)
 
     # -- replies that come later ------------------------------------------------
 

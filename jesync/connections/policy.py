@@ -275,22 +275,28 @@ def tune_tcp(transport: object, idle: Optional[float]) -> bool:
     keepalive probing after C{idle} seconds of silence.  Returns False for a
     transport that is not TCP (a UNIX socket).
     """
+    handle = socket_of(transport)
+    if handle is None or handle.family not in (socket.AF_INET, socket.AF_INET6):
+        return False
+    handle.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    handle.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    if idle is not None and hasattr(socket, "TCP_KEEPIDLE"):
+        seconds = max(1, int(idle))
+        handle.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, seconds)
+        handle.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, seconds)
+        handle.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
+    return True
+
+
+def socket_of(transport: object) -> Optional[socket.socket]:
+    """The socket under C{transport} (found through a TLS layer too), or None (not a socket transport)."""
     while transport is not None:
         get_handle = getattr(transport, "getHandle", None)
         handle = get_handle() if get_handle is not None else None
         if isinstance(handle, socket.socket):
-            if handle.family not in (socket.AF_INET, socket.AF_INET6):
-                return False
-            handle.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            handle.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-            if idle is not None and hasattr(socket, "TCP_KEEPIDLE"):
-                seconds = max(1, int(idle))
-                handle.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, seconds)
-                handle.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, seconds)
-                handle.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, KEEPALIVE_PROBES)
-            return True
+            return handle
         transport = getattr(transport, "transport", None)
-    return False
+    return None
 
 
 def is_local(address: object) -> bool:

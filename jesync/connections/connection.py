@@ -497,11 +497,11 @@ class LockConnection(Protocol):
         must outlive this server is durable (cluster mode: in etcd), as an
         owed reply; at once in single-process mode.
         """
-        journal = self.policy.journal
-        if journal is None or self.state not in ANSWERING:
+        durability = self.policy.durability
+        if durability is None or self.state not in ANSWERING:
             self.write(data)
             return
-        waiting = journal.durable()
+        waiting = durability.durable()
         if waiting is None:
             self.write(data)
             return

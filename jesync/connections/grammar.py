@@ -23,6 +23,7 @@ from twisted.logger import Logger
 from jesync.connections.framing import Framing, LineFraming
 from jesync.connections.listings import Held, lines_bytes
 from jesync.errors import LimitReached
+from jesync.interfaces import IOwnerChanges
 from jesync.wire import MAX_LINE, BadRequest, check_key_field, decode_key, only_argument, split_fields
 
 if TYPE_CHECKING:
@@ -115,6 +116,17 @@ class Grammar:
         back what it holds.
         """
         self.service.release_all(self.connection)
+
+    # -- owners that outlive the connection ----------------------------------
+
+    def owner_changes(self) -> Optional[IOwnerChanges]:
+        """
+        Who is told of changes to the owners that outlive a connection
+        (a session's grace period, a timed grant): the lock service's
+        observer, if it records them (cluster mode: the journal); None
+        otherwise.
+        """
+        return IOwnerChanges(self.service.observer, None)
 
 
 class CommandGrammar(Grammar):

@@ -233,7 +233,7 @@ class IOwnerChanges(Interface):
     these changes; the grammars know it only as the service's observer.
     """
 
-    def session_changed(session: object) -> None:
+    def session_changed(session) -> None:  # (untyped: jesync.sessions imports this module)
         """C{session}'s (a L{jesync.sessions.Session}) grace period changed."""
 
     def timed_changed(key: str) -> None:

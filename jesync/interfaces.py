@@ -237,7 +237,7 @@ class IOwnerChanges(Interface):
         """C{session}'s (a L{jesync.sessions.Session}) grace period changed."""
 
     def timed_changed(key: str) -> None:
-        """C{key}'s timed grant (a L{jesync.sessions.TimedGrants}') may have begun, been renewed or ended."""
+        """C{key}'s timed grant (a L{jesync.sessions.TimedGrants}) may have begun, been renewed or ended."""
 
 
 __all__ = [

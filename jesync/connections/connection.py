@@ -54,8 +54,8 @@ decided here, once:
 
 from __future__ import annotations
 
-from collections import deque
 import typing
+from collections import deque
 from typing import TYPE_CHECKING, Callable, ClassVar, Deque, Dict, Iterator, Optional, Union
 
 from twisted.internet import tcp

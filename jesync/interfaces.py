@@ -54,6 +54,7 @@ class ILockService(Interface):
     """
 
     clock = Attribute("The IReactorTime that wait timeouts and expiries run on.")
+    observer = Attribute("The ILockObserver told of every grant, timeout, release and expiry, or None.")
     last_token = Attribute("The largest fencing token given so far.")
     version = Attribute(
         "A number that changes whenever something a listing shows changes (a grant, a release, a wait"
@@ -222,4 +223,30 @@ class ILockObserver(Interface):
         """A grant's failsafe expiry released it."""
 
 
-__all__ = ["IGrant", "ILockObserver", "ILockService", "ITokenMark", "KeyStatus", "ListingOrder", "Totals"]
+class IOwnerChanges(Interface):
+    """
+    Told when an owner whose grants outlive its connection changes in a way
+    that is no grant event: a session's grace period, a timed grant begun,
+    renewed or switched to or from a time (L{jesync.sessions}).  A lock
+    service's observer that provides it (cluster mode: the journal, which
+    writes such owners to etcd) hears of them from the grammars that make
+    these changes; the grammars know it only as the service's observer.
+    """
+
+    def session_changed(session) -> None:  # (untyped: jesync.sessions imports this module)
+        """C{session}'s (a L{jesync.sessions.Session}) grace period changed."""
+
+    def timed_changed(key: str) -> None:
+        """C{key}'s timed grant (a L{jesync.sessions.TimedGrants}) may have begun, been renewed or ended."""
+
+
+__all__ = [
+    "IGrant",
+    "ILockObserver",
+    "ILockService",
+    "IOwnerChanges",
+    "ITokenMark",
+    "KeyStatus",
+    "ListingOrder",
+    "Totals",
+]

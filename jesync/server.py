@@ -275,7 +275,7 @@ def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[
         journal = cluster.journal_for(locks)
         locks.observer = journal
         policy.serving = cluster.serving
-        policy.journal = journal
+        policy.durability = journal
         mark, mark_every = JournalMark(journal), 1.0
     server = LockServer(locks, policy, reactor, settings.shutdown_grace)
     server.tls = settings.tls
@@ -289,8 +289,8 @@ def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[
         max_sessions=settings.max_sessions,
         max_grace_ms=None if settings.max_session_grace is None else round(settings.max_session_grace * 1000),
     )
-    if policy.journal is not None:
-        elock.sessions.on_end = policy.journal.session_ended
+    if cluster is not None:
+        elock.sessions.on_end = journal.session_ended
     for description in settings.ports:
         server.listen(description, jesync)
     for description in settings.elock_ports:

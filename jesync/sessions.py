@@ -26,6 +26,11 @@ refuses every new client:
    gets a new session under the same id, as it would from elock, whose
    sessions hold nothing but their locks and their C{set_timeout} (which a
    client sends again on a new connection).
+
+The other owner whose grants outlive its connection is L{TimedGrants}: a
+connection's grants that end at a time (dlock's C{release_micro}), not when
+the connection goes.  Both are the lock service's vocabulary, not one
+grammar's: the cluster's journal records them, and restores them.
 """
 
 from __future__ import annotations
@@ -195,6 +200,19 @@ class Session:
 def _peer_of(connection: object) -> str:
     """A connection's address, as listings show it ("unknown": an embedder's connection without one)."""
     return getattr(connection, "peer", None) or "unknown"
+
+
+class TimedGrants:
+    """
+    The owner of a connection's grants that outlive it and end when their
+    time runs out (dlock's C{release_micro}).
+    """
+
+    def __init__(self, peer: str) -> None:
+        self.peer = f"{peer}(timed)"
+
+    def __repr__(self) -> str:
+        return f"<timed dlock grants of {self.peer}>"
 
 
 class SessionTable:

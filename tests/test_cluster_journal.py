@@ -15,9 +15,8 @@ from twisted.trial.unittest import TestCase
 
 from jesync.cluster.etcd import Delete, EtcdClient, Put
 from jesync.cluster.journal import MAX_OPS, Deposed, Journal, JournalMark, Layout
-from jesync.protocols.dlock import TimedGrants
 from jesync.service import LockService
-from jesync.sessions import SessionTable
+from jesync.sessions import SessionTable, TimedGrants
 from tests.etcd import shared_etcd
 
 

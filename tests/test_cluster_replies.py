@@ -16,14 +16,19 @@ from twisted.internet.defer import Deferred, succeed
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import implementer
 
 from jesync.cluster.journal import Deposed
-from jesync.protocols.dlock import DlockFactory, TimedGrants
+from jesync.connections.policy import IDurability
+from jesync.interfaces import ILockObserver, IOwnerChanges
+from jesync.protocols.dlock import DlockFactory
+from jesync.sessions import TimedGrants
 from tests.support import UnitServer
 from tests.test_dlock import lock as dlock_lock
 from tests.test_dlock import parse_responses, status_name
 
 
+@implementer(ILockObserver, IOwnerChanges, IDurability)
 class StandInJournal:
     """Holds every reply while C{holding}; records what it was told changed."""
 
@@ -57,12 +62,27 @@ class StandInJournal:
     def session_changed(self, session: object) -> None:
         pass
 
+    # (the lock service's observer, as the journal is: grant events are not recorded here)
+    def granted(self, grant: object, waited: float) -> None:
+        pass
+
+    def timed_out(self, key: str) -> None:
+        pass
+
+    def released(self, grant: object) -> None:
+        pass
+
+    def expired(self, grant: object) -> None:
+        pass
+
 
 class DurableReplyTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.server = UnitServer()
         self.journal = StandInJournal()
-        self.server.policy.journal = self.journal  # type: ignore[assignment]
+        # (wired as build_lock_server wires a term's journal)
+        self.server.policy.durability = self.journal
+        self.server.service.observer = self.journal
 
     def test_an_elock_reply_waits_for_its_commit_and_later_requests_wait_behind_it(self) -> None:
         client = self.server.connect_elock()
@@ -141,7 +161,8 @@ class CertaintyTests(SynchronousTestCase):
 
     def test_an_elock_reply_waiting_for_its_commit_is_not_sent_if_certainty_ends_meanwhile(self) -> None:
         journal = StandInJournal()
-        self.server.policy.journal = journal  # type: ignore[assignment]
+        self.server.policy.durability = journal
+        self.server.service.observer = journal
         client = self.server.connect_elock()
         journal.holding = True
         client.send(b"lock a\r\n")

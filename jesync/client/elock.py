@@ -37,7 +37,7 @@ from collections import deque
 from concurrent.futures import Future
 from typing import Any, Callable, Deque, Mapping, Optional, Sequence, Union
 
-from jesync.client import elock_wire
+import jesync.client.elock_wire as elock_wire
 from jesync.client.address import Address, Member
 from jesync.client.blocking import open_connection, start_background
 from jesync.client.config import CONNECT_RETRIES, RETRY_BACKOFF, RETRY_BACKOFF_MAX, Backoff, ConnectOptions

@@ -51,7 +51,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable, Optional
 
-from jesync.client import errors
+import jesync.client.errors as errors
 from jesync.client.errors import AccessRefused, AuthFailed, ConnectionLost, KeyBusy, ServerError
 from jesync.client.handle import LockState
 from jesync.client.pipeline import OnError, OnResult, Pipeline, discard

@@ -51,10 +51,10 @@ from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from jesync.cluster.etcd import Compare, Delete, EtcdClient, Get, KeyValue, Put, TxnResult
+from jesync.connections.policy import IDurability
 from jesync.fencing import IDurableMark
-from jesync.interfaces import IGrant, ILockObserver, ILockService
-from jesync.protocols.dlock import TimedGrants
-from jesync.sessions import DEFAULT_GRACE_MS, Session
+from jesync.interfaces import IGrant, ILockObserver, ILockService, IOwnerChanges
+from jesync.sessions import DEFAULT_GRACE_MS, Session, TimedGrants
 
 #: etcd's default --max-txn-ops, less the write of C{commit} every transaction carries.
 MAX_OPS = 127
@@ -188,7 +188,7 @@ class Layout:
         return state
 
 
-@implementer(ILockObserver)
+@implementer(ILockObserver, IOwnerChanges, IDurability)
 class Journal:
     """
     The durable state of one leadership term, written to etcd in group commits.

@@ -55,8 +55,8 @@ from jesync.cluster.etcd import Compare, EtcdClient, Get, Put
 from jesync.cluster.journal import DurableState, Journal, Layout
 from jesync.fencing import reservation
 from jesync.interfaces import ILockObserver
-from jesync.protocols.dlock import TimedGrants
 from jesync.server import Listeners
+from jesync.sessions import TimedGrants
 
 #: Roles, as /health and the metrics report them.
 LEADER = "leader"

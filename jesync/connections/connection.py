@@ -4,7 +4,9 @@ the middle, output out, and the rules every protocol shares.
 
 A L{LockConnection} is the Twisted protocol of every listener.  Its factory
 names a grammar (a L{jesync.connections.grammar.Grammar}: one module of
-L{jesync.protocols}), which names its framing.  Bytes read go to the
+L{jesync.protocols}), which names its framing.  What the connection needs of
+a grammar is declared here (L{ConnectionGrammar}); the grammars know the
+connection, this module does not know them.  Bytes read go to the
 framing; each frame goes to the grammar, which parses it, calls the lock
 service and writes its reply through the connection.  Everything else is
 decided here, once:
@@ -52,8 +54,9 @@ decided here, once:
 
 from __future__ import annotations
 
+import typing
 from collections import deque
-from typing import TYPE_CHECKING, Callable, Deque, Dict, Iterator, Optional, Union
+from typing import TYPE_CHECKING, Callable, ClassVar, Deque, Dict, Iterator, Optional, Union
 
 from twisted.internet import tcp
 from twisted.internet.defer import Deferred
@@ -71,7 +74,7 @@ from jesync.errors import LimitReached, ProtectedMode
 from jesync.interfaces import ILockService
 
 if TYPE_CHECKING:
-    from jesync.connections.grammar import Grammar
+    from jesync.connections.framing import Framing
     from jesync.connections.policy import IStreamTransport
 
 # Bytes buffered behind held requests before reading from the socket pauses.
@@ -102,6 +105,42 @@ class _Stream:
 _Output = Union[bytes, _Stream]
 
 
+class ConnectionGrammar(typing.Protocol):
+    """
+    What a connection needs of its grammar (L{jesync.connections.grammar.Grammar}
+    is the base of those that provide it): its framing, its timing, and the
+    replies the connection sends on its behalf.
+    """
+
+    ordered: ClassVar[bool]
+    idle_while_busy: ClassVar[bool]
+    max_frame: int
+    idle_timeout: Optional[float]
+    log: Logger
+
+    @property
+    def framing(self) -> type[Framing]:
+        """How frames are cut: a class taking (deliver, too_long, max_frame)."""
+
+    def frame_received(self, frame: bytes) -> None:
+        """One request: parse it, carry it out, reply."""
+
+    def refusal(self, error: LimitReached) -> bytes:
+        """The reply to a request (or a connection) over a limit, terminated."""
+
+    def auth_refused(self) -> bytes:
+        """The last reply to a connection that did not authenticate."""
+
+    def frame_too_long(self) -> bytes:
+        """The last reply to a connection that sent a frame over C{max_frame}."""
+
+    def holds_nothing(self) -> bool:
+        """Whether the connection holds no lock (for the idle timeout)."""
+
+    def closing(self) -> None:
+        """The connection is closing (its waits are already cancelled): give back what it holds."""
+
+
 @implementer(IHalfCloseableProtocol, IPushProducer)
 class LockConnection(Protocol):
     """
@@ -125,7 +164,7 @@ class LockConnection(Protocol):
         self.policy: ConnectionPolicy = factory.policy
         self.clock = factory.service.clock
         self.verbose: bool = factory.verbose
-        self.grammar: Grammar = factory.grammar(self)
+        self.grammar: ConnectionGrammar = factory.grammar(self)
         self._watch_idle = self.grammar.idle_timeout is not None
         self.framing = self.grammar.framing(self.grammar.frame_received, self._frame_too_long, self.grammar.max_frame)
         # Replies owed (waits, in the order they were asked for): whether
@@ -497,11 +536,11 @@ class LockConnection(Protocol):
         must outlive this server is durable (cluster mode: in etcd), as an
         owed reply; at once in single-process mode.
         """
-        journal = self.policy.journal
-        if journal is None or self.state not in ANSWERING:
+        durability = self.policy.durability
+        if durability is None or self.state not in ANSWERING:
             self.write(data)
             return
-        waiting = journal.durable()
+        waiting = durability.durable()
         if waiting is None:
             self.write(data)
             return
@@ -654,7 +693,7 @@ class LockServerFactory(Factory):
 
     noisy = False
     protocol = LockConnection
-    grammar: Callable[[LockConnection], Grammar]
+    grammar: Callable[[LockConnection], ConnectionGrammar]
 
     def __init__(
         self, service: ILockService, verbose: bool = False, policy: Optional[ConnectionPolicy] = None

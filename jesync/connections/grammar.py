@@ -3,7 +3,8 @@ What a wire protocol writes to be served: a grammar.
 
 A grammar (one per connection) parses each frame its framing cuts, calls the
 lock service, and formats the reply, which it hands to its connection
-(L{jesync.connections.connection.LockConnection}).  It says how its protocol
+(L{jesync.connections.connection.LockConnection}, which knows a grammar only
+as the L{jesync.connections.connection.ConnectionGrammar} it declares).  It says how its protocol
 words the replies the connection layer sends on its behalf (a limit, a bad
 token, an over-long frame), and what giving back the connection's locks
 means for it.  It never touches the transport, and decides nothing about
@@ -16,17 +17,16 @@ command table of small handlers, as in C{twisted.protocols.memcache}.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Callable, ClassVar, Dict, Iterable, Iterator, List, Optional
+from typing import Callable, ClassVar, Dict, Iterable, Iterator, List, Optional
 
 from twisted.logger import Logger
 
+from jesync.connections.connection import LockConnection
 from jesync.connections.framing import Framing, LineFraming
 from jesync.connections.listings import Held, lines_bytes
 from jesync.errors import LimitReached
+from jesync.interfaces import IOwnerChanges
 from jesync.wire import MAX_LINE, BadRequest, check_key_field, decode_key, only_argument, split_fields
-
-if TYPE_CHECKING:
-    from jesync.connections.connection import LockConnection
 
 # The size of one piece of a streamed reply (lines are joined until a piece
 # passes it).  A reply smaller than one piece is not worth streaming: it is
@@ -115,6 +115,17 @@ class Grammar:
         back what it holds.
         """
         self.service.release_all(self.connection)
+
+    # -- owners that outlive the connection ----------------------------------
+
+    def owner_changes(self) -> Optional[IOwnerChanges]:
+        """
+        Who is told of changes to the owners that outlive a connection
+        (a session's grace period, a timed grant): the lock service's
+        observer, if it records them (cluster mode: the journal); None
+        otherwise.
+        """
+        return IOwnerChanges(self.service.observer, None)
 
 
 class CommandGrammar(Grammar):

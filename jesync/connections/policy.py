@@ -23,13 +23,13 @@ from typing import TYPE_CHECKING, Callable, Iterator, Optional, Protocol, cast
 from twisted.internet.address import IPv4Address, IPv6Address, UNIXAddress
 from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IReactorTime
+from zope.interface import Interface
 
 from jesync.connections.listings import ListingBudget
 
 if TYPE_CHECKING:
     from twisted.internet.interfaces import IConsumer, IPushProducer, ITCPTransport
 
-    from jesync.cluster.journal import Journal
     from zope.interface import Attribute
 
     class IStreamTransport(ITCPTransport, IConsumer, IPushProducer):
@@ -42,6 +42,22 @@ if TYPE_CHECKING:
         """
 
         disconnecting = Attribute("Whether the transport is closing.")
+
+
+class IDurability(Interface):
+    """
+    What the connection layer needs of the state that must outlive the
+    server (cluster mode: the journal, L{jesync.cluster.journal}): when
+    everything changed so far is durable.  Declared here, so that this
+    layer names no cluster module.
+    """
+
+    def durable() -> Optional[Deferred[None]]:
+        """
+        None if everything changed so far is durable; otherwise a Deferred
+        that fires once it is, or fails if it never will be.  Each caller
+        gets a Deferred of its own, which it may cancel.
+        """
 
 
 class Connection(Protocol):
@@ -161,8 +177,8 @@ class ConnectionPolicy:
     @ivar serving: cluster mode: whether this member may still answer (its
         leadership is certain); once false, nothing more is sent on any
         connection (see L{jesync.cluster.member}).  None: always.
-    @ivar journal: cluster mode: the durable state's journal, which replies
-        that depend on durable state wait for
+    @ivar durability: cluster mode: the durable state (an L{IDurability}:
+        the cluster's journal), which replies that depend on it wait for
         (L{jesync.connections.connection.LockConnection.write_durable}).
     @ivar listings: what the large replies being sent hold, server-wide, and
         the snapshots they share (C{--max-listing-memory};
@@ -182,7 +198,7 @@ class ConnectionPolicy:
     protected: bool = False
     connections: Connections = field(default_factory=Connections)
     serving: Optional[Callable[[], bool]] = None
-    journal: Optional[Journal] = None
+    durability: Optional[IDurability] = None
     listings: ListingBudget = field(default_factory=ListingBudget)
 
     def accepts(self, token: Optional[bytes], now: float) -> bool:

@@ -57,6 +57,7 @@ from jesync.protocols.dlock_pb2 import (
     Unlock,
     Version,
 )
+from jesync.sessions import TimedGrants
 from jesync.wire import WAIT_FOREVER, key_problem
 
 #: The protocol version served (and the only one accepted besides 0, unset).
@@ -70,19 +71,6 @@ DEFAULT_MAX_KEYS = 1000
 #: "malformed": not a Request at all).
 TYPE_NAMES = {Ping: "ping", Lock: "lock", Unlock: "unlock"}
 COUNTED = (*TYPE_NAMES.values(), "invalid", "malformed")
-
-
-class TimedGrants:
-    """
-    The owner of a dlock connection's grants with C{release_micro}: they
-    outlive the connection and end when their time runs out.
-    """
-
-    def __init__(self, peer: str) -> None:
-        self.peer = f"{peer}(timed)"
-
-    def __repr__(self) -> str:
-        return f"<timed dlock grants of {self.peer}>"
 
 
 class _Way(NamedTuple):
@@ -237,11 +225,13 @@ class DlockProtocol(Grammar):
                     self.service.release(key, way.owner)
             self._acquire_timeout(request_id, lost)
             return
-        journal = self.connection.policy.journal
-        timed = journal is not None and (bool(switching) or isinstance(way.owner, TimedGrants))
-        if timed:
+        timed = self.connection.policy.durability is not None and (
+            bool(switching) or isinstance(way.owner, TimedGrants)
+        )
+        changes = self.owner_changes() if timed else None
+        if changes is not None:
             for key in keys:  # (begun, renewed, or switched to or from a time)
-                journal.timed_changed(key)  # type: ignore[union-attr]
+                changes.timed_changed(key)
         response = self._response(request_id, Ok)
         if with_tokens:
             response.fencing_tokens.extend(grants[key].token for key in keys)

@@ -202,9 +202,9 @@ class ELockProtocol(CommandGrammar):
             raise BadRequest("timeout must not be negative")
         session = self._session()
         in_force = session.set_grace(milliseconds)
-        journal = self.connection.policy.journal
-        if journal is not None and self.service.owned(session):
-            journal.session_changed(session)
+        changes = self.owner_changes()
+        if changes is not None and self.service.owned(session):
+            changes.session_changed(session)
         self.reply(b"200 timeout set" if in_force == milliseconds else b"200 timeout set to %d" % in_force)
 
     def do_stats(self, args: List[bytes]) -> None:

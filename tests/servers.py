@@ -6,6 +6,7 @@ subprocesses on a real port, and in-process Twisted listeners.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -51,9 +52,39 @@ def twistd_command() -> list[str]:
     return [str(twistd)]
 
 
+def _ports_below_the_ephemeral_range() -> range:
+    """
+    Ports no outgoing connection takes as its own: below the system's
+    ephemeral range (Linux's C{ip_local_port_range}; elsewhere IANA's, 49152
+    up).  A port picked by binding to port 0 comes from that range, so a
+    client connection (of this test run, or of a tool such as memccapable)
+    may take it between the pick and the server's listen.
+    """
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as file:
+            low = int(file.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 49152
+    return range(max(1024, low - 12000), low)
+
+
+_picker = random.Random()
+
+
 def free_port(ipv6: bool = False) -> int:
-    with socket.socket(socket.AF_INET6 if ipv6 else socket.AF_INET) as probe:
-        probe.bind(("::1" if ipv6 else "127.0.0.1", 0))
+    """A port on loopback nothing listens on now, and no outgoing connection will take meanwhile."""
+    family, host = (socket.AF_INET6, "::1") if ipv6 else (socket.AF_INET, "127.0.0.1")
+    ports = _ports_below_the_ephemeral_range()
+    for _ in range(100):
+        port = _picker.choice(ports)
+        with socket.socket(family) as probe:
+            try:
+                probe.bind((host, port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(family) as probe:  # (a crowded range: any port the system gives)
+        probe.bind((host, 0))
         return probe.getsockname()[1]
 
 

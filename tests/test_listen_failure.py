@@ -38,6 +38,7 @@ from jesync.server import (
     public_endpoint,
 )
 from tests import test_twistd
+from tests.servers import free_port
 from tests.support import TIMEOUT, LineClient
 from tests.test_operations import capture_log
 
@@ -55,10 +56,6 @@ def taken_port(test) -> int:
     return holder.getsockname()[1]
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def accepts(port: int) -> bool:

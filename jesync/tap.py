@@ -10,7 +10,6 @@ as it can be typed back (C{64m}, not C{67108864}).
 
 from __future__ import annotations
 
-import atexit
 import difflib
 import functools
 import hmac
@@ -24,23 +23,15 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 import twisted
 from twisted.application import service
+from twisted.application.app import ServerOptions
 from twisted.internet import endpoints
-from twisted.internet.error import ReactorNotRunning
 from twisted.python import usage
-from twisted.python.failure import Failure
 
 from jesync import __version__
 from jesync.connections.policy import read_token_file
-from jesync.server import (
-    DEFAULT_PORT,
-    DEFAULT_TLS_CIPHERS,
-    TLS_VERSIONS,
-    ListenFailed,
-    ServerSettings,
-    TLSPolicy,
-    build_server,
-    public_endpoint,
-)
+from jesync.listening import DEFAULT_TLS_CIPHERS, TLS_VERSIONS, TLSPolicy, public_endpoint
+from jesync.process import exit_if_not_listening
+from jesync.server import DEFAULT_PORT, ServerSettings, build_server
 
 # elock's own default, 11400, is JESync's: elock listeners are off unless asked for.
 SUGGESTED_ELOCK_PORT = 11401
@@ -156,8 +147,6 @@ def endpoint_type(description: str) -> str:
 
 def under_twistd(options: usage.Options) -> bool:
     """Whether C{options} are twistd's subcommand's (rather than parsed by other code, such as tests)."""
-    from twisted.application.app import ServerOptions
-
     return isinstance(options.parent, ServerOptions)
 
 
@@ -800,76 +789,5 @@ def makeService(options: Options) -> service.Service:
 
     server = build_server(reactor, settings_from(options))
     if under_twistd(options):
-        atexit.register(_exit_status)
-        server.when_listening().addErrback(_not_listening, reactor)
+        exit_if_not_listening(server, reactor)
     return server
-
-
-# Why twistd's process is to end with status 1 (not 0) once it has run, if it is.
-_failed: Optional[ListenFailed] = None
-
-
-def _not_listening(reason: Failure, reactor: Any) -> None:
-    """
-    Under twistd: the server could not listen, and said why in the log.
-    Usually it knows that at once, before the reactor runs, and raises
-    L{ListenFailed} to twistd, which then exits with status 1 (and, when it
-    has daemonized, tells the process that started it): show it on stderr as
-    one line rather than a traceback.  If it is known only once the reactor
-    runs (an endpoint type that listens in its own time), stop the reactor
-    and exit with status 1.
-    """
-    global _failed
-    reason.trap(ListenFailed)
-    if not reactor.running:
-        _show_listen_failed_briefly()
-        return
-    _failed = cast(ListenFailed, reason.value)
-    try:
-        reactor.stop()
-    except ReactorNotRunning:
-        pass  # stopping already
-
-
-def _show_listen_failed_briefly() -> None:
-    previous = sys.excepthook
-    if getattr(previous, "jesync", False):
-        return
-
-    def show(kind: Any, value: BaseException, traceback: Any) -> None:
-        if isinstance(value, ListenFailed):
-            _tell(value)
-        else:
-            previous(kind, value, traceback)
-
-    setattr(show, "jesync", True)
-    sys.excepthook = show
-
-
-def _tell(error: ListenFailed) -> None:
-    """Say why the server did not start on twistd's own stderr (twistd has redirected C{sys.stderr} to its log)."""
-    if sys.__stderr__ is not None:
-        try:
-            sys.__stderr__.write(f"twistd jesync: not started: {error}\n")
-            sys.__stderr__.flush()
-        except (OSError, ValueError):
-            pass
-
-
-def _exit_status() -> None:
-    """
-    At exit, after twistd has stopped the reactor and removed its pid file:
-    status 1 if the server could not listen.  (twistd has no exit status of
-    its own to set: its process ends with 0 unless an exception or a signal
-    ends it.)
-    """
-    if _failed is None:
-        return
-    _tell(_failed)
-    for stream in (sys.stdout, sys.stderr, sys.__stdout__):
-        try:
-            if stream is not None:
-                stream.flush()
-        except Exception:
-            pass
-    os._exit(1)

@@ -1,7 +1,7 @@
 """
 The composition root: a whole lock server from its settings.
 L{ServerSettings} is everything C{twistd jesync} can be told (one field per
-option of L{jesync.options}' table, which C{twistd jesync} fills);
+option of L{jesync.options.OPTIONS}, which C{twistd jesync} fills);
 L{build_server} turns settings into a running-ready Twisted service, for
 C{twistd jesync}, a C{.tac} file, or an application embedding it: a
 L{LockServer} (L{build_lock_server}) or, with etcd, a cluster member
@@ -19,20 +19,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, List, Optional, Union
 
-from jesync.connections.listings import DEFAULT_LIMIT as DEFAULT_LISTING_LIMIT, ListingBudget
+from jesync.connections.listings import ListingBudget
 from jesync.connections.policy import ConnectionPolicy, Connections
 from jesync.errors import show_number
 from jesync.fencing import TokenMark, TokenMarkService
 from jesync.listening import DEFAULT_TLS_CIPHERS, ListenFailed, TLSPolicy, public_endpoint
 from jesync.lock_server import LockServer, TokenFile
 from jesync.metrics_connections import CountedFactory, scraper_authorized
+from jesync.options import DEFAULT_PORT, setting_default
 from jesync.protocols.admin import AdminFactory
 from jesync.protocols.dlock import DlockFactory
 from jesync.protocols.elock import ELockFactory
 from jesync.protocols.jesync import JESyncFactory
 from jesync.protocols.memcache import MemcacheFactory
 from jesync.service import LockService
-from jesync.sessions import DEFAULT_MAX_SESSIONS
 from jesync.store import ObjectStore, SweepService
 
 if TYPE_CHECKING:
@@ -42,7 +42,6 @@ if TYPE_CHECKING:
 # the builder, and what starting the built server may raise.
 __all__ = ["DEFAULT_PORT", "ListenFailed", "LockServer", "ServerSettings", "build_lock_server", "build_member", "build_server"]
 
-DEFAULT_PORT = "tcp:11400"
 # The metrics endpoint's own cap on connections (scrapers and health checks).
 METRICS_CONNECTIONS = 16
 
@@ -51,55 +50,58 @@ METRICS_CONNECTIONS = 16
 class ServerSettings:
     """
     Everything C{twistd jesync} can be told.  Limits are None for "no
-    limit"; endpoints are Twisted endpoint descriptions.
+    limit"; endpoints are Twisted endpoint descriptions.  Each field set by
+    an option has that option's default (L{jesync.options.OPTIONS}, where
+    every option is declared); the tokens and the TLS policy are read from
+    options (their files, C{--tls-ciphers} and C{--tls-min-version}).
     """
 
-    ports: List[str] = field(default_factory=lambda: [DEFAULT_PORT])
-    elock_ports: List[str] = field(default_factory=list)
-    dlock_ports: List[str] = field(default_factory=list)
-    memcache_ports: List[str] = field(default_factory=list)
-    metrics_ports: List[str] = field(default_factory=list)
-    admin_ports: List[str] = field(default_factory=list)
-    max_connections: Optional[int] = 10_000
-    max_keys: Optional[int] = 1_000_000
-    max_waiters: Optional[int] = 10_000
-    max_total_waits: Optional[int] = 100_000
-    max_held: Optional[int] = 10_000
-    max_sessions: Optional[int] = DEFAULT_MAX_SESSIONS
+    ports: List[str] = setting_default("port")
+    elock_ports: List[str] = setting_default("elock-port")
+    dlock_ports: List[str] = setting_default("dlock-port")
+    memcache_ports: List[str] = setting_default("memcache-port")
+    metrics_ports: List[str] = setting_default("metrics")
+    admin_ports: List[str] = setting_default("admin-port")
+    max_connections: Optional[int] = setting_default("max-connections")
+    max_keys: Optional[int] = setting_default("max-keys")
+    max_waiters: Optional[int] = setting_default("max-waiters")
+    max_total_waits: Optional[int] = setting_default("max-total-waits")
+    max_held: Optional[int] = setting_default("max-held")
+    max_sessions: Optional[int] = setting_default("max-sessions")
     # Seconds: the longest grace period an elock session may ask for (None: no bound).
-    max_session_grace: Optional[float] = 300.0
-    max_key_length: Optional[int] = 1024
-    max_unsent: Optional[int] = 4 * 1024 * 1024
+    max_session_grace: Optional[float] = setting_default("max-session-grace")
+    max_key_length: Optional[int] = setting_default("max-key-length")
+    max_unsent: Optional[int] = setting_default("max-unsent")
     # Bytes all pending listings' snapshots may hold together (jesync.connections.listings).
-    max_listing_memory: int = DEFAULT_LISTING_LIMIT
-    keepalive: Optional[float] = 60.0
+    max_listing_memory: int = setting_default("max-listing-memory")
+    keepalive: Optional[float] = setting_default("keepalive")
     auth_token: Optional[bytes] = None
     # The file the token came from: read again on SIGHUP (None: never).
-    auth_token_file: Optional[str] = None
-    auth_token_grace: float = 300.0
+    auth_token_file: Optional[str] = setting_default("auth-token-file")
+    auth_token_grace: float = setting_default("auth-token-grace")
     # The admin listener's own token, and its file (read again on SIGHUP):
     # with it, the admin listener takes this token and not auth_token.
     admin_token: Optional[bytes] = None
-    admin_token_file: Optional[str] = None
+    admin_token_file: Optional[str] = setting_default("admin-token-file")
     # Serve /metrics without the token even when one is set.
-    metrics_public: bool = False
-    protected_mode: bool = True
+    metrics_public: bool = setting_default("metrics-public")
+    protected_mode: bool = setting_default("protected-mode")
     # What ssl: endpoints accept (--tls-ciphers, --tls-min-version).
     tls: TLSPolicy = field(default_factory=lambda: TLSPolicy())
-    auth_timeout: Optional[float] = 10.0
-    idle_timeout: Optional[float] = None
-    shutdown_grace: float = 5.0
-    dlock_max_message: int = 16384
-    dlock_max_keys: int = 1000
-    dlock_idle_timeout: Optional[float] = 60.0
-    memcache_memory: int = 64 * 1024 * 1024
-    memcache_max_item: int = 1024 * 1024
-    state_dir: Optional[str] = None
+    auth_timeout: Optional[float] = setting_default("auth-timeout")
+    idle_timeout: Optional[float] = setting_default("idle-timeout")
+    shutdown_grace: float = setting_default("shutdown-grace")
+    dlock_max_message: int = setting_default("dlock-max-message")
+    dlock_max_keys: int = setting_default("dlock-max-keys")
+    dlock_idle_timeout: Optional[float] = setting_default("dlock-idle-timeout")
+    memcache_memory: int = setting_default("memcache-memory")
+    memcache_max_item: int = setting_default("memcache-max-item")
+    state_dir: Optional[str] = setting_default("state-dir")
     # Cluster mode (jesync.cluster): etcd's client URLs (none: a single process).
-    etcd: List[str] = field(default_factory=list)
-    cluster: str = "jesync"
-    lease_ttl: int = 5
-    verbose: bool = False
+    etcd: List[str] = setting_default("etcd")
+    cluster: str = setting_default("cluster")
+    lease_ttl: int = setting_default("lease-ttl")
+    verbose: bool = setting_default("verbose")
 
     def summary(self) -> str:
         """

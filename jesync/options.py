@@ -289,7 +289,14 @@ OPTIONS: Sequence[Option] = (
         default=1_000_000,
         field="max_keys",
     ),
-    Option("max-waiters", "Limits", "Most requests waiting for one key.", parser=limit, default=10_000, field="max_waiters"),
+    Option(
+        "max-waiters",
+        "Limits",
+        "Most requests waiting for one key.",
+        parser=limit,
+        default=10_000,
+        field="max_waiters",
+    ),
     Option(
         "max-total-waits",
         "Limits",
@@ -326,7 +333,14 @@ OPTIONS: Sequence[Option] = (
         field="max_session_grace",
         setting=none_if_zero,
     ),
-    Option("max-key-length", "Limits", "Longest key accepted, in bytes.", parser=limit, default=1024, field="max_key_length"),
+    Option(
+        "max-key-length",
+        "Limits",
+        "Longest key accepted, in bytes.",
+        parser=limit,
+        default=1024,
+        field="max_key_length",
+    ),
     Option(
         "max-unsent",
         "Limits",
@@ -546,7 +560,7 @@ OPTIONS: Sequence[Option] = (
 BY_NAME: Dict[str, Option] = {option.name: option for option in OPTIONS}
 
 
-def groups() -> List[Tuple[str, List[str]]]:
+def help_groups() -> List[Tuple[str, List[str]]]:
     """The C{--help} groups, each with its options' names, in the table's order."""
     grouped: Dict[str, List[str]] = {}
     for option in OPTIONS:

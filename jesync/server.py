@@ -40,7 +40,15 @@ if TYPE_CHECKING:
 
 # What embedders import from here (README, "Embedding it"): the settings,
 # the builder, and what starting the built server may raise.
-__all__ = ["DEFAULT_PORT", "ListenFailed", "LockServer", "ServerSettings", "build_lock_server", "build_member", "build_server"]
+__all__ = [
+    "DEFAULT_PORT",
+    "ListenFailed",
+    "LockServer",
+    "ServerSettings",
+    "build_lock_server",
+    "build_member",
+    "build_server",
+]
 
 # The metrics endpoint's own cap on connections (scrapers and health checks).
 METRICS_CONNECTIONS = 16

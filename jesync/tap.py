@@ -6,6 +6,12 @@ C{--port}, and read a mistyped C{--prot 7777} as C{--protected-mode}); a
 refusal names the options that were probably meant.  C{--help} shows the
 options in the groups the README uses, listeners first, each default written
 as it can be typed back (C{64m}, not C{67108864}).
+
+Every option is declared once, in L{jesync.options.OPTIONS}: L{Options}
+and L{settings_from} are read from that table, and hold only what concerns
+options together (the checks across options in C{postOptions}, the token
+files, the TLS policy).  Then L{makeService} builds the server the settings
+describe (L{jesync.server.build_server}).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ from jesync.options import (
     Option,
     _ParseOnly,
     endpoint_type,
-    groups,
+    help_groups,
     listen_endpoint,
 )
 from jesync.options import limit, seconds, seconds_text, size, size_text  # noqa: F401 (tap.size etc., as before)
@@ -127,12 +133,12 @@ class Options(usage.Options):
     # type enforcement failed").
     optFlags = [[option.name, option.short, option.help] for option in OPTIONS if option.kind == FLAG]
     optParameters = [
-        [option.name, option.short, option.default, option.help, named(option.name, option.parser) if option.parser else None]
+        [option.name, option.short, option.default, option.help, option.parser and named(option.name, option.parser)]
         for option in OPTIONS
         if option.kind == VALUE
     ]
     # --help shows the options in these groups, in this order (README's).
-    groups: Sequence[Tuple[str, Sequence[str]]] = groups()
+    groups: Sequence[Tuple[str, Sequence[str]]] = help_groups()
 
     def __init__(self) -> None:
         super().__init__()

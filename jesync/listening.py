@@ -156,7 +156,7 @@ class TLSPolicy:
 
     def options(self, **credentials: Any) -> Any:
         """A L{CertificateOptions} of this policy, for the C{credentials} (its certificate, key, chain, DH)."""
-        from twisted.internet.ssl import AcceptableCiphers, CertificateOptions, TLSVersion
+        from twisted.internet.ssl import AcceptableCiphers, CertificateOptions, TLSVersion  # (the tls extra: pyOpenSSL)
 
         acceptable = AcceptableCiphers.fromOpenSSLCipherString(self.ciphers)
         minimum = TLSVersion.TLSv1_3 if self.min_version == "1.3" else TLSVersion.TLSv1_2

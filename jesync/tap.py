@@ -34,6 +34,7 @@ from twisted.python import usage
 
 from jesync import __version__
 from jesync.connections.policy import read_token_file
+from jesync.fencing import TokenMark
 from jesync.listening import TLSPolicy, public_endpoint
 from jesync.options import (
     BY_NAME,
@@ -361,8 +362,6 @@ def read_token(path: str, option: str = "auth-token-file") -> bytes:
 
 def check_state_dir(path: str) -> str:
     """C{path}, if it is a directory the server can write its fencing mark to, and the mark in it is readable."""
-    from jesync.fencing import TokenMark
-
     if not os.path.isdir(path) or not os.access(path, os.W_OK | os.X_OK):
         raise usage.UsageError(f"--state-dir: {path} is not a directory the server can write to")
     try:
@@ -388,7 +387,7 @@ def makeService(options: Options) -> service.Service:
     One lock service, served over every protocol at every endpoint given.
     Under twistd, one that cannot listen ends the process with status 1.
     """
-    from twisted.internet import reactor
+    from twisted.internet import reactor  # (twistd's, installed by now: importing it earlier would install the default)
 
     server = build_server(reactor, settings_from(options))
     if under_twistd(options):

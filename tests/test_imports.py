@@ -27,6 +27,12 @@ SERVER_MODULES = (
     "jesync.service",
     "jesync.connections",
     "jesync.server",
+    # (what jesync.server held before it was split)
+    "jesync.listening",
+    "jesync.lock_server",
+    "jesync.metrics_connections",
+    "jesync.process",
+    "jesync.options",
     "twisted.internet.reactor",
 )
 

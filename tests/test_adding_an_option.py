@@ -3,7 +3,8 @@ README's "Adding an option" works as written: its three code blocks (the
 table entry, the settings field, the code that uses it), put where the
 README says into a copy of jesync, make an option that C{twistd jesync
 --help} lists in its group, that the whole-name check knows, and that
-C{settings_from} turns into the settings field, with nothing else edited.
+C{settings_from} turns into the settings field, with nothing else edited;
+and the table and C{ServerSettings} agree field for field.
 """
 
 from __future__ import annotations
@@ -119,3 +120,28 @@ class AddingAnOptionTests(SynchronousTestCase):
 
         self.assertNotIn("server-name", tap.Options().whole_names())
         self.assertNotIn("server_name", ServerSettings.__dataclass_fields__)
+
+
+class TableTests(SynchronousTestCase):
+    def test_settings_fields_are_the_tables(self) -> None:
+        """
+        Every ServerSettings field is set by one option of the table, but
+        those read from other options (the tokens from their files, the TLS
+        policy from two options); every option's field is a ServerSettings
+        field, whose default is the option's.
+        """
+        import dataclasses
+
+        from jesync.options import OPTIONS, setting_default
+        from jesync.server import ServerSettings
+
+        fields = {field.name: field for field in dataclasses.fields(ServerSettings)}
+        by_field = {option.field: option for option in OPTIONS if option.field is not None}
+        self.assertEqual(len(by_field), len([option for option in OPTIONS if option.field is not None]))
+        self.assertEqual(sorted(set(fields) - set(by_field)), ["admin_token", "auth_token", "tls"])
+        self.assertEqual(sorted(set(by_field) - set(fields)), [])
+        defaults = ServerSettings()
+        for name, option in by_field.items():
+            declared = setting_default(option.name)
+            expected = declared.default_factory() if isinstance(declared, dataclasses.Field) else declared
+            self.assertEqual(getattr(defaults, name), expected, name)

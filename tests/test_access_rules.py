@@ -162,7 +162,7 @@ class RotatedOutTests(SynchronousTestCase):
         import os
         import tempfile
 
-        from jesync.server import TokenFile
+        from jesync.lock_server import TokenFile
 
         self.clock = Clock()
         self.service = LockService(self.clock)
@@ -328,7 +328,7 @@ class OptionsTests(SynchronousTestCase):
     def test_token_file_read_again(self) -> None:
         import os
 
-        from jesync.server import TokenFile
+        from jesync.lock_server import TokenFile
 
         path = self.token_file(b"old")
         server = self.server("--auth-token-file", path, "--auth-token-grace", "60")
@@ -353,7 +353,7 @@ class OptionsTests(SynchronousTestCase):
 
 class ProtectedMetricsTests(SynchronousTestCase):
     def test_metrics_refuse_remote_scrapers_in_protected_mode(self) -> None:
-        from jesync.server import CountedFactory
+        from jesync.metrics_connections import CountedFactory
 
         class Site:
             def buildProtocol(self, addr):

@@ -71,8 +71,8 @@ if sys.platform == "linux":
     import ctypes
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)
 import jesync.connections.connection as connection
-import jesync.server as server
-connection.is_local = server.is_local = lambda address: False
+import jesync.metrics_connections as metrics_connections
+connection.is_local = metrics_connections.is_local = lambda address: False
 from twisted.scripts.twistd import run
 sys.argv = ["twistd", *sys.argv[1:]]
 run()

@@ -391,7 +391,7 @@ class MetricsConnectionCapTests(SynchronousTestCase):
         from twisted.internet.protocol import Factory, Protocol
 
         from jesync.connections.policy import Connections
-        from jesync.server import CountedFactory
+        from jesync.metrics_connections import CountedFactory
 
         registry = Connections(2)
         counted = CountedFactory(Factory.forProtocol(Protocol), registry)

@@ -40,7 +40,7 @@ from jesync import tap
 from jesync.connections.policy import ConnectionPolicy
 from jesync.protocols import dlock_pb2
 from jesync.protocols.dlock import DlockFactory
-from jesync.server import CountedFactory
+from jesync.metrics_connections import CountedFactory
 from jesync.service import LockService
 from tests import test_twistd
 from tests.servers import free_port, start_server

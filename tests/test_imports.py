@@ -18,16 +18,15 @@ changed, one without the other).
 from __future__ import annotations
 
 import ast
-import functools
 import json
 import os
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Set, TypeVar
+from typing import Any, Dict, Iterator, List, Mapping, Set
 
-from twisted.trial.unittest import FailTest, SkipTest, SynchronousTestCase
+from twisted.trial.unittest import SynchronousTestCase
 
 import jesync
 
@@ -39,6 +38,12 @@ SERVER_MODULES = (
     "jesync.service",
     "jesync.connections",
     "jesync.server",
+    # (what jesync.server held before it was split)
+    "jesync.listening",
+    "jesync.lock_server",
+    "jesync.metrics_connections",
+    "jesync.process",
+    "jesync.options",
     "twisted.internet.reactor",
 )
 
@@ -177,10 +182,6 @@ UPPER_LAYERS = ("jesync.protocols", "jesync.cluster", "jesync.server", "jesync.t
 #: The lowest serving layers.
 LOWER_LAYERS = ("jesync.connections", "jesync.service", "jesync.sessions")
 
-#: The one cycle still known (issue 22): jesync.server builds the cluster
-#: member, which subclasses jesync.server's Listeners.  The server's split
-#: removes it; then its expected failure below fails, and both go.
-KNOWN_CYCLE = frozenset({"jesync.server", "jesync.cluster.member"})
 
 
 def modules_of(package: Path) -> Dict[str, Path]:
@@ -312,44 +313,14 @@ def within(module: str, prefixes: tuple[str, ...]) -> bool:
     return any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes)
 
 
-Test = TypeVar("Test", bound=Callable[..., None])
-
-
-def expected_failure(reason: str) -> Callable[[Test], Test]:
-    """
-    Mark a test that fails for a known C{reason}, under pytest and trial
-    alike (each has its own marker, which the other does not read): while
-    it fails it is skipped, saying so; once it passes, it fails, so that
-    the marker goes with the reason.
-    """
-
-    def mark(test: Test) -> Test:
-        @functools.wraps(test)
-        def run(self: SynchronousTestCase) -> None:
-            try:
-                test(self)
-            except FailTest as failure:
-                raise SkipTest(f"expected failure ({reason}): {failure}")
-            self.fail(f"unexpected success: {reason} no longer holds, drop the expected_failure marker")
-
-        return run  # type: ignore[return-value]
-
-    return mark
-
-
 class ImportGraphTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.graph = import_graph(ROOT / "jesync")
 
     def test_no_import_cycle(self) -> None:
-        """No module of jesync imports itself back, through any chain of imports (but the one known cycle)."""
-        cycles = [cycle for cycle in cycles_of(self.graph) if set(cycle) != KNOWN_CYCLE]
+        """No module of jesync imports itself back, through any chain of imports."""
+        cycles = list(cycles_of(self.graph))
         self.assertEqual(cycles, [], "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in cycles))
-
-    @expected_failure("jesync.server and jesync.cluster.member import each other until the server is split")
-    def test_the_server_and_the_cluster_member_do_not_import_each_other(self) -> None:
-        cycles = [cycle for cycle in cycles_of(self.graph) if set(cycle) == KNOWN_CYCLE]
-        self.assertEqual(cycles, [], "import cycle: " + " -> ".join(cycles[0]) if cycles else "")
 
     def test_the_lower_layers_import_nothing_above_them(self) -> None:
         """

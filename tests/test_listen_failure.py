@@ -29,14 +29,8 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 from zope.interface import implementer
 
-from jesync.server import (
-    ListenFailed,
-    Listener,
-    ServerSettings,
-    build_server,
-    listen_error,
-    public_endpoint,
-)
+from jesync.listening import ListenFailed, Listener, listen_error, public_endpoint
+from jesync.server import ServerSettings, build_server
 from tests import test_twistd
 from tests.servers import free_port
 from tests.support import TIMEOUT, LineClient

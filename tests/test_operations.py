@@ -41,7 +41,7 @@ from jesync.interfaces import Totals
 from jesync.connections.policy import KEEPALIVE_PROBES, Connections, tune_tcp
 from jesync.protocols.elock import ELockFactory
 from jesync.protocols.jesync import JESyncFactory
-from jesync.server import LockServer
+from jesync.lock_server import LockServer
 from tests.support import TIMEOUT, ConnectionTracker, DlockClient, Flood, LineClient, UnitServer, without_tokens
 from tests.test_twistd import parse, short_temp_dir
 

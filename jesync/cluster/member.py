@@ -55,7 +55,8 @@ from jesync.cluster.etcd import Compare, EtcdClient, Get, Put
 from jesync.cluster.journal import DurableState, Journal, Layout
 from jesync.fencing import reservation
 from jesync.interfaces import ILockObserver
-from jesync.server import Listeners
+from jesync.listening import Listeners, public_endpoint
+from jesync.process import exit_cleanly, ignore_further_stop_signals
 from jesync.sessions import TimedGrants
 
 #: Roles, as /health and the metrics report them.
@@ -327,8 +328,6 @@ class ClusterMember(Listeners):
 
     def stopService(self) -> Deferred[None]:
         """Resign (if leading), then stop the metrics listeners; a completed stop exits with status 0."""
-        from jesync.server import exit_cleanly, ignore_further_stop_signals
-
         ignore_further_stop_signals(self.clock, self.log)
         stopped: Deferred[None] = self.stop()
         stopped.addBoth(lambda _: self.stop_listening())
@@ -396,8 +395,7 @@ class ClusterMember(Listeners):
 
     def _claim(self, lease: Any, sent: float) -> Deferred[None]:
         lease_id, ttl = lease
-        from jesync.server import public_endpoint  # (never a TLS key's path)
-
+        # (as public_endpoint shows them: never a TLS key's path)
         endpoints = [public_endpoint(description) for description in self.settings.ports]
         entry = json.dumps({"member": self.name, "endpoints": endpoints}).encode("utf-8")
         claim = self.etcd.txn(

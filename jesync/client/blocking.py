@@ -17,17 +17,11 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
 from jesync.client.address import Address, Member, TCPAddress, UNIXAddress
 from jesync.client.cluster import Members
-from jesync.client.config import (
-    CONNECT_RETRIES,
-    RETRY_BACKOFF,
-    RETRY_BACKOFF_MAX,
-    ConnectOptions,
-    Servers,
-)
+from jesync.client.config import ConnectKeywords, ConnectOptions, Servers, client_options
 from jesync.client.errors import ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
@@ -43,6 +37,9 @@ from jesync.client.wire import (
 )
 from jesync.listing import sort_listing
 from jesync.wire import KeyStatus, ListingOrder
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 def open_socket(address: Member, timeout: Optional[float]) -> socket.socket:
@@ -524,6 +521,10 @@ class Client:
     @param placement: how a key picks its server when there are several:
         C{"consistent"} (consistent hashing) or C{"php"} (as the JESync PHP
         driver does); see L{jesync.client.placement}.
+    @param options: the connection settings as one value, a
+        L{ConnectOptions} (L{jesync.client.config}): its fields are the
+        keywords below, which may be given instead (not both) and are read
+        from the environment when not given; an C{options} is used as it is.
     @param connect_timeout: seconds to wait for a connection (None: the OS's).
     @param read_timeout: seconds the server may stay silent while it owes a
         reply (to any request: release, renew, status, ...) before the
@@ -574,33 +575,16 @@ class Client:
         servers: Optional[Servers] = None,
         *,
         placement: str = "consistent",
-        connect_timeout: Optional[float] = 5.0,
-        read_timeout: Optional[float] = 10.0,
-        auth_token_file: Optional[str] = None,
-        tls: Optional[bool] = None,
-        tls_ca_file: Optional[str] = None,
-        tls_server_name: Optional[str] = None,
-        connect_retries: int = CONNECT_RETRIES,
-        retry_backoff: float = RETRY_BACKOFF,
-        retry_backoff_max: float = RETRY_BACKOFF_MAX,
+        options: Optional[ConnectOptions] = None,
         environ: Optional[Mapping[str, str]] = None,
+        **keywords: Unpack[ConnectKeywords],
     ) -> None:
-        servers, self.options = ConnectOptions.resolve(
-            servers,
-            auth_token_file=auth_token_file,
-            tls=tls,
-            tls_ca_file=tls_ca_file,
-            tls_server_name=tls_server_name,
-            connect_retries=connect_retries,
-            retry_backoff=retry_backoff,
-            retry_backoff_max=retry_backoff_max,
-            environ=environ,
-        )
+        servers, self.options = client_options(servers, options, environ, keywords)
         self._fleet = Fleet(servers, placement)
         self.servers = self._fleet.servers
         self._servers = [_Server(address, self.options) for address in self.servers]
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
+        self.connect_timeout = self.options.connect_timeout
+        self.read_timeout = self.options.read_timeout
 
     def server_for(self, key: str) -> Address:
         """The server C{key} lives on."""

@@ -35,12 +35,12 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from typing import Any, Callable, Deque, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Deque, Mapping, Optional, Sequence, Union
 
 from jesync.client import elock_wire
 from jesync.client.address import Address, Member
 from jesync.client.blocking import open_connection, start_background
-from jesync.client.config import CONNECT_RETRIES, RETRY_BACKOFF, RETRY_BACKOFF_MAX, Backoff, ConnectOptions
+from jesync.client.config import Backoff, ConnectKeywords, ConnectOptions, client_options
 from jesync.client.elock_wire import AGAIN, ELockReply, Owned, Request
 from jesync.client.errors import (
     AccessRefused,
@@ -54,6 +54,9 @@ from jesync.client.errors import (
     describe,
 )
 from jesync.client.wire import LineSplitter, UnexpectedReply
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 log = logging.getLogger("jesync.client.elock")
 
@@ -330,6 +333,13 @@ class _Connection:
         self.sock.close()
 
 
+def _seconds(name: str, value: Optional[float]) -> float:
+    """An elock timeout: a number of seconds, more than 0 (never None: a session's failover needs a bound)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number of seconds, more than 0, not {value!r}")
+    return float(value)
+
+
 class ELockClient:
     """
     A client of one elock server or of one jesync cluster's members, holding
@@ -348,8 +358,12 @@ class ELockClient:
         client fails over.
     @param heartbeat: seconds between heartbeats while idle (None: a third of
         C{grace}, at most 5).
-    @param auth_token_file, tls, tls_ca_file, tls_server_name, environ: as for
-        L{jesync.client.Client} (read from C{$JESYNC_...} when not given).
+    @param options: the connection settings, one L{ConnectOptions} (its
+        timeouts must be numbers, more than 0); or, instead, the keywords
+        below and C{auth_token_file}, C{tls}, C{tls_ca_file},
+        C{tls_server_name} as for L{jesync.client.Client} (read from
+        C{$JESYNC_...} when not given).
+    @param environ: as for L{jesync.client.Client}.
     @param connect_retries, retry_backoff, retry_backoff_max: how starting a
         new session retries (L{jesync.client.config.Backoff}); a resume
         retries with the same backoff for the grace period instead.
@@ -368,37 +382,17 @@ class ELockClient:
         servers: Union[str, Address, Sequence[Union[str, Member]]],
         *,
         grace: float = 30.0,
-        connect_timeout: float = 5.0,
-        read_timeout: float = 10.0,
         heartbeat: Optional[float] = None,
-        auth_token_file: Optional[str] = None,
-        tls: Optional[bool] = None,
-        tls_ca_file: Optional[str] = None,
-        tls_server_name: Optional[str] = None,
-        connect_retries: int = CONNECT_RETRIES,
-        retry_backoff: float = RETRY_BACKOFF,
-        retry_backoff_max: float = RETRY_BACKOFF_MAX,
+        options: Optional[ConnectOptions] = None,
         environ: Optional[Mapping[str, str]] = None,
+        **keywords: Unpack[ConnectKeywords],
     ) -> None:
         self.members = elock_wire.parse_members(servers)
-        _, self.options = ConnectOptions.resolve(
-            self.members[0],
-            auth_token_file=auth_token_file,
-            tls=tls,
-            tls_ca_file=tls_ca_file,
-            tls_server_name=tls_server_name,
-            connect_retries=connect_retries,
-            retry_backoff=retry_backoff,
-            retry_backoff_max=retry_backoff_max,
-            environ=environ,
-        )
+        _, self.options = client_options(self.members[0], options, environ, keywords)
         self._grace_ms = elock_wire.grace_milliseconds(grace)
         self.grace = self._grace_ms / 1000
-        for name, value in (("connect_timeout", connect_timeout), ("read_timeout", read_timeout)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name} must be a number of seconds, more than 0, not {value!r}")
-        self.connect_timeout = float(connect_timeout)
-        self.read_timeout = float(read_timeout)
+        self.connect_timeout = _seconds("connect_timeout", self.options.connect_timeout)
+        self.read_timeout = _seconds("read_timeout", self.options.read_timeout)
         if heartbeat is None:
             heartbeat = min(HEARTBEAT_MAX, max(self.grace / 3, 0.05))
         elif isinstance(heartbeat, bool) or not isinstance(heartbeat, (int, float)) or not heartbeat > 0:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
 from twisted.internet import defer, endpoints, task
 from twisted.internet.error import ConnectionDone
@@ -36,13 +36,7 @@ from zope.interface import implementer
 
 from jesync.client.address import Address, Member, TCPAddress, UNIXAddress
 from jesync.client.cluster import Members
-from jesync.client.config import (
-    CONNECT_RETRIES,
-    RETRY_BACKOFF,
-    RETRY_BACKOFF_MAX,
-    ConnectOptions,
-    Servers,
-)
+from jesync.client.config import ConnectKeywords, ConnectOptions, Servers, client_options
 from jesync.client.errors import ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
@@ -58,6 +52,9 @@ from jesync.client.wire import (
 )
 from jesync.listing import sort_listing
 from jesync.wire import KeyStatus, ListingOrder
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class TwistedLock(LockState):
@@ -430,33 +427,16 @@ class TwistedClient:
         servers: Optional[Servers] = None,
         *,
         placement: str = "consistent",
-        connect_timeout: Optional[float] = 5.0,
-        read_timeout: Optional[float] = 10.0,
-        auth_token_file: Optional[str] = None,
-        tls: Optional[bool] = None,
-        tls_ca_file: Optional[str] = None,
-        tls_server_name: Optional[str] = None,
-        connect_retries: int = CONNECT_RETRIES,
-        retry_backoff: float = RETRY_BACKOFF,
-        retry_backoff_max: float = RETRY_BACKOFF_MAX,
+        options: Optional[ConnectOptions] = None,
         environ: Optional[Mapping[str, str]] = None,
+        **keywords: Unpack[ConnectKeywords],
     ) -> None:
         self.reactor = reactor
-        servers, self.options = ConnectOptions.resolve(
-            servers,
-            auth_token_file=auth_token_file,
-            tls=tls,
-            tls_ca_file=tls_ca_file,
-            tls_server_name=tls_server_name,
-            connect_retries=connect_retries,
-            retry_backoff=retry_backoff,
-            retry_backoff_max=retry_backoff_max,
-            environ=environ,
-        )
+        servers, self.options = client_options(servers, options, environ, keywords)
         self._fleet = Fleet(servers, placement)
         self.servers = self._fleet.servers
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
+        self.connect_timeout = self.options.connect_timeout
+        self.read_timeout = self.options.read_timeout
         self._members = [Members(address) for address in self.servers]
         self._connections: list[Optional[_Connection]] = [None] * len(self.servers)
         # index -> (the connection attempt, the requests waiting for it)

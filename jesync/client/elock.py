@@ -22,6 +22,9 @@ no longer holds are reported lost: their handle's C{lost} becomes true and
 its C{on_lost} callbacks are called once, from a thread of their own (never
 under the client's lock, never blocking its I/O).  A request interrupted by
 the failover is settled by L{jesync.client.elock_wire.after_resume}.
+The session's id, connection and member change only along its declared
+failover machine (L{jesync.client.elock_session}: unattached, attached,
+resuming, ended).
 
 Nothing here needs the Twisted reactor.
 """
@@ -41,6 +44,7 @@ from jesync.client import elock_wire
 from jesync.client.address import Address, Member
 from jesync.client.blocking import open_connection, start_background
 from jesync.client.config import Backoff, ConnectKeywords, ConnectOptions, client_options
+from jesync.client.elock_session import ELockSession
 from jesync.client.elock_wire import AGAIN, ELockReply, Owned, Request
 from jesync.client.errors import (
     AccessRefused,
@@ -405,11 +409,9 @@ class ELockClient:
         self._asking: set[str] = set()
         self._closing = False
         self._stopped = threading.Event()
-        self._session_id: Optional[str] = None
-        self._member_index = 0
+        # the session's id, connection and member, changed only along its failover machine
+        self._session = ELockSession()
         self._fencing = True
-        self._connection: Optional[_Connection] = None
-        self._heard_at = time.monotonic()
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_reader.setblocking(False)
         try:
@@ -422,19 +424,19 @@ class ELockClient:
         start_background(self._run, "jesync elock client")
 
     def __repr__(self) -> str:
-        return f"<ELockClient session {self._session_id} via {self.address}>"
+        return f"<ELockClient session {self._session.id} via {self.address}>"
 
     # -- the public operations ----------------------------------------------
 
     @property
     def session_id(self) -> Optional[str]:
         """The session's id (None while it has none: after one was given up, until the next request)."""
-        return self._session_id
+        return self._session.id
 
     @property
     def address(self) -> Member:
         """The member the client talks to (or last talked to)."""
-        return self.members[self._member_index]
+        return self.members[self._session.member_index]
 
     def lock(self, key: str, wait: float = 0) -> ELockHandle:
         """
@@ -519,7 +521,7 @@ class ELockClient:
         try:
             quitting.future.result()
         except ClientError as error:
-            log.info("could not end the elock session %s: %s", self._session_id, error)
+            log.info("could not end the elock session %s: %s", self._session.id, error)
         self._thread_done.wait()
         self._wake_reader.close()
         self._wake_writer.close()
@@ -590,7 +592,7 @@ class ELockClient:
                     selector.register(self._wake_reader, selectors.EVENT_READ)
                     selector.select()
                 continue
-            quiet = time.monotonic() - self._heard_at
+            quiet = time.monotonic() - self._session.heard_at
             if quiet >= self.heartbeat:
                 return _Pending(Request("ping"))
             try:
@@ -616,7 +618,7 @@ class ELockClient:
                 try:
                     connection.send(request.line(pending.wait_left()))
                     reply = connection.reply(pending.wait_left() + self.read_timeout)
-                    self._heard_at = time.monotonic()
+                    self._session.heard()
                     result = self._answered(request, reply, pending.wait)
                 except _Broken as broken:
                     if failovers == MAX_FAILOVERS_PER_REQUEST:
@@ -646,7 +648,7 @@ class ELockClient:
                 answered = elock_wire.session_id(reply)
             except UnexpectedReply as error:
                 raise _Broken(str(error)) from None
-            if answered != self._session_id:
+            if answered != self._session.id:
                 raise _Broken(f"the heartbeat's conn_id answered another session: {reply}")
             return None
         if request.kind == "unlock_all":
@@ -683,7 +685,7 @@ class ELockClient:
                     handle._set_released()
                 self._handles.clear()
                 if request.kind == "quit":
-                    self._end_connection()
+                    self._session.end()
                 return None
             else:
                 return outcome
@@ -743,7 +745,7 @@ class ELockClient:
         backoff = self.options.backoff(None, time.monotonic())
         while True:
             failures = []
-            for index, address in self._members_from(self._member_index):
+            for index, address in self._members_from(self._session.member_index):
                 try:
                     connection, opening = self._open(address)
                 except ConnectFailed as error:
@@ -761,8 +763,7 @@ class ELockClient:
                 except ClientError:
                     connection.close()
                     raise
-                self._use(connection, index)
-                self._session_id = session_id
+                self._session.start(connection, index, session_id)
                 return
             pause = backoff.next_pause(time.monotonic())
             if pause is None:
@@ -770,15 +771,10 @@ class ELockClient:
             if self._stopped.wait(pause):
                 raise ConnectFailed(_names(self.members), "the client was closed")
 
-    def _use(self, connection: _Connection, index: int) -> None:
-        self._connection = connection
-        self._member_index = index
-        self._heard_at = time.monotonic()
-
-    def _end_connection(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
+    @property
+    def _connection(self) -> Optional[_Connection]:
+        connection: Optional[_Connection] = self._session.connection
+        return connection
 
     def _fail_over(self, reason: str, request: Optional[Request]) -> Optional[dict[str, Optional[int]]]:
         """
@@ -790,8 +786,8 @@ class ELockClient:
         starts a new session.
         """
         failed = self._connection.address if self._connection is not None else self.address
-        self._end_connection()
-        log.info("elock session %s: connection to %s failed (%s); resuming it", self._session_id, failed, reason)
+        self._session.broke()
+        log.info("elock session %s: connection to %s failed (%s); resuming it", self._session.id, failed, reason)
         with self._mutex:
             keys = elock_wire.keys_to_check((key for key, handle in self._handles.items() if handle.held), request)
         quitting = request is not None and request.kind == "quit"
@@ -801,7 +797,7 @@ class ELockClient:
         )
         failures: list[str] = [f"{failed}: {reason}"]
         while True:
-            for index, address in self._members_from(self._member_index):
+            for index, address in self._members_from(self._session.member_index):
                 try:
                     held = self._resume(address, keys)
                 except AccessRefused as error:  # a refused token too: trying again cannot mend it
@@ -815,7 +811,6 @@ class ELockClient:
                 except (_Broken, _Refused, UnexpectedReply, ServerError) as error:
                     failures.append(f"{address}: {error}")
                     continue
-                self._member_index = index
                 self._lose_unheld(held, address, request)
                 return held
             else:
@@ -823,7 +818,7 @@ class ELockClient:
                 if pause is not None and not self._stopped.wait(pause):
                     continue
             # Out of time, or a failure trying again cannot mend: the session is gone.
-            self._session_id = None
+            self._session.give_up()
             if request is not None and request.kind == "quit":
                 self._done(request, None)  # it was ending anyway: its locks end with the grace period
             else:
@@ -832,10 +827,10 @@ class ELockClient:
 
     def _resume(self, address: Member, keys: list[str]) -> Optional[dict[str, Optional[int]]]:
         """Take the session back through C{address}; what it holds of C{keys} (None: the server cannot say)."""
-        assert self._session_id is not None
+        assert self._session.id is not None
         connection, opening = self._open(address)
         try:
-            (reply,) = self._authenticate(connection, opening, [elock_wire.resume_request(self._session_id)])
+            (reply,) = self._authenticate(connection, opening, [elock_wire.resume_request(self._session.id)])
             if reply.status == 403:
                 raise _Refused(f"{reply} (still attached to the old connection?)")
             if reply.status != 200:
@@ -858,8 +853,8 @@ class ELockClient:
         except BaseException:
             connection.close()
             raise
-        self._use(connection, self.members.index(address))
-        log.info("elock session %s resumed through %s", self._session_id, address)
+        self._session.resume(connection, self.members.index(address))
+        log.info("elock session %s resumed through %s", self._session.id, address)
         return held
 
     def _lose_unheld(
@@ -901,7 +896,7 @@ class ELockClient:
         """Call the lost callbacks from a thread of their own (a callback may use this client)."""
         calls = [(callback, handle.lost_reason) for handle, callbacks in lost for callback in callbacks]
         for handle, _ in lost:
-            log.warning("elock session %s lost %r: %s", self._session_id, handle.key, handle.lost_reason)
+            log.warning("elock session %s lost %r: %s", self._session.id, handle.key, handle.lost_reason)
         if calls:
             start_background(_call_all, "jesync elock lost callbacks", calls)
 
@@ -920,7 +915,7 @@ class ELockClient:
                 pending.future.set_result(None)
             else:
                 pending.future.set_exception(ClientError("the elock client is closed"))
-        self._end_connection()
+        self._session.end()
         self._thread_done.set()
 
 

@@ -91,6 +91,7 @@ from jesync.client import (
 )
 from jesync.client import Lock as ClientLock
 from jesync.client.address import DEFAULT_PORT
+from jesync.client.config import ConnectKeywords
 from jesync.wire import key_problem
 
 LOG = logging.getLogger(__name__)
@@ -336,7 +337,8 @@ class JESyncDriver(coordination.CoordinationDriver):
         for name in ("connect_timeout", "read_timeout"):
             if name in options:
                 arguments[name] = _seconds(options, name)
-        accepted = inspect.signature(Client).parameters
+        # the client's own parameters and its connection keywords (jesync.client.config)
+        accepted = set(inspect.signature(Client).parameters) | set(ConnectKeywords.__annotations__)
         for option, parameter in _CLIENT_PARAMETERS.items():
             if option not in options:
                 continue

@@ -23,6 +23,8 @@ Given no servers, they use C{$JESYNC_SERVERS} (else 127.0.0.1:11400), and
 they take the auth token file and TLS settings from C{$JESYNC_AUTH_TOKEN_FILE},
 C{$JESYNC_TLS}, C{$JESYNC_TLS_CA_FILE} and C{$JESYNC_TLS_SERVER_NAME} when
 not given them, as the C{jesync} command does (L{jesync.client.config}).
+Those settings are one value, L{jesync.client.config.ConnectOptions}, which
+every client (L{ELockClient} too) also takes whole, as C{options=}.
 """
 
 from typing import TYPE_CHECKING, Any

@@ -15,26 +15,20 @@ import asyncio
 import socket
 import ssl
 import time
-from typing import Any, Awaitable, Callable, Generator, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generator, Iterable, Mapping, Optional
 
 from jesync.client.address import Address, Member, UNIXAddress
 from jesync.client.cluster import Members
-from jesync.client.config import (
-    CONNECT_RETRIES,
-    RETRY_BACKOFF,
-    RETRY_BACKOFF_MAX,
-    ConnectOptions,
-    Servers,
-)
+from jesync.client.config import ConnectKeywords, ConnectOptions, Servers, client_options
 from jesync.client.errors import ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
 from jesync.client.pipeline import discard
-from jesync.client.session import SERVER_CLOSED, Session
+from jesync.client.connection import ConnectionCore
+from jesync.client.session import SERVER_CLOSED
 from jesync.client.wire import (
     PING_KEY,
     Holder,
-    LineSplitter,
     Reply,
     UnexpectedReply,
     lock_arguments,
@@ -42,6 +36,9 @@ from jesync.client.wire import (
 )
 from jesync.listing import sort_listing
 from jesync.wire import KeyStatus, ListingOrder
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class AsyncLock(LockState):
@@ -71,7 +68,7 @@ class AsyncLock(LockState):
         server says not, the lock is lost and its callbacks called).
         """
         result: bool = await self._connection.call(self._connection.session.owned, self)
-        self._connection._tell_lost()
+        self._connection.core.tell_lost()
         return result
 
     def start_renewing(self) -> None:
@@ -116,17 +113,22 @@ class _Protocol(asyncio.Protocol):
 
 
 class _Connection:
-    """One connection to one server (or one member of a cluster): a transport and its L{Session}."""
+    """
+    One connection to one server (or one member of a cluster): a transport
+    and its L{ConnectionCore} (the session, its silence and deadlines, on the loop's timers).
+    """
 
     def __init__(self, address: Member, loop: asyncio.AbstractEventLoop, read_timeout: Optional[float]) -> None:
         self.address = address
         self.loop = loop
-        self.session = Session(str(address), self._send, self._make_lock, loop.time, read_timeout)
-        self._read_timeout = read_timeout
+        self.core = ConnectionCore(
+            str(address), self._send, self._make_lock, loop.time, read_timeout, self._schedule, self.fail
+        )
+        self.session = self.core.session
         self._transport: Optional[asyncio.Transport] = None
-        self._splitter = LineSplitter()
-        self._silence: Optional[asyncio.TimerHandle] = None
-        self._deadline: Optional[asyncio.TimerHandle] = None
+
+    def _schedule(self, delay: float, function: Callable[[], None]) -> Callable[[], None]:
+        return self.loop.call_later(delay, function).cancel
 
     @classmethod
     async def open(
@@ -202,10 +204,7 @@ class _Connection:
             if not future.done():
                 future.set_exception(error)
 
-        owed = self.session.pipeline.owes_reply
-        operation(*args, succeed, fail)
-        if not owed:
-            self._watch_silence()
+        self.core.start(operation, *args, succeed, fail)
         return future
 
     async def call(self, operation: Callable[..., None], *args: Any) -> Any:
@@ -238,14 +237,9 @@ class _Connection:
 
     def data_received(self, data: bytes) -> None:
         try:
-            for line in self._splitter.feed(data):
-                self.session.line_received(line)
+            self.core.received(data)
         except UnexpectedReply as error:
             self.fail(str(error))
-            return
-        self._watch_silence()
-        self._watch_deadlines()
-        self._tell_lost()
 
     def read_what_is_left(self) -> None:
         """
@@ -276,58 +270,15 @@ class _Connection:
         except OSError:  # nothing more to read (EAGAIN), or the reset after what was read
             return
 
-    def _watch_silence(self) -> None:
-        """While the server owes a reply, give up on it after read_timeout seconds of silence."""
-        if self._silence is not None:
-            self._silence.cancel()
-            self._silence = None
-        if self._read_timeout is not None and self.session.pipeline.owes_reply and not self.closed:
-            self._silence = self.loop.call_later(self._read_timeout, self._silent)
-
-    def _watch_deadlines(self) -> None:
-        """Wake up when the earliest lock deadline passes (deadlines only change when replies arrive)."""
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-        deadline = None if self.closed else self.session.next_deadline()
-        if deadline is not None:
-            self._deadline = self.loop.call_at(deadline, self._deadline_passed)
-
-    def _deadline_passed(self) -> None:
-        self._deadline = None
-        overdue = self.session.expire_overdue()
-        if overdue is not None:
-            self.fail(overdue)
-            return
-        self._watch_deadlines()
-        self._tell_lost()
-
-    def _silent(self) -> None:
-        self._silence = None
-        self.fail(f"no reply within {self._read_timeout:g} s")
-
-    def _tell_lost(self) -> None:
-        for lock in self.session.take_lost():
-            lock._notify_lost()
-
     def fail(self, reason: str, by_server: bool = False) -> None:
         """
         Close the connection (C{by_server}: the server has closed it):
         outstanding requests fail, held locks are lost.
         """
-        if self._silence is not None:
-            self._silence.cancel()
-            self._silence = None
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-        if by_server:
-            self.session.server_closed(reason)
-        else:
-            self.session.fail(reason)
+        self.core.fail(reason, by_server)
         if self._transport is not None:
             self._transport.abort()
-        self._tell_lost()
+        self.core.tell_lost()
 
 
 class _LockRequest:
@@ -364,32 +315,15 @@ class AsyncClient:
         servers: Optional[Servers] = None,
         *,
         placement: str = "consistent",
-        connect_timeout: Optional[float] = 5.0,
-        read_timeout: Optional[float] = 10.0,
-        auth_token_file: Optional[str] = None,
-        tls: Optional[bool] = None,
-        tls_ca_file: Optional[str] = None,
-        tls_server_name: Optional[str] = None,
-        connect_retries: int = CONNECT_RETRIES,
-        retry_backoff: float = RETRY_BACKOFF,
-        retry_backoff_max: float = RETRY_BACKOFF_MAX,
+        options: Optional[ConnectOptions] = None,
         environ: Optional[Mapping[str, str]] = None,
+        **keywords: Unpack[ConnectKeywords],
     ) -> None:
-        servers, self.options = ConnectOptions.resolve(
-            servers,
-            auth_token_file=auth_token_file,
-            tls=tls,
-            tls_ca_file=tls_ca_file,
-            tls_server_name=tls_server_name,
-            connect_retries=connect_retries,
-            retry_backoff=retry_backoff,
-            retry_backoff_max=retry_backoff_max,
-            environ=environ,
-        )
+        servers, self.options = client_options(servers, options, environ, keywords)
         self._fleet = Fleet(servers, placement)
         self.servers = self._fleet.servers
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
+        self.connect_timeout = self.options.connect_timeout
+        self.read_timeout = self.options.read_timeout
         self._members = [Members(address) for address in self.servers]
         self._connections: list[Optional[_Connection]] = [None] * len(self.servers)
         self._opening: list[Optional[asyncio.Future[_Connection]]] = [None] * len(self.servers)

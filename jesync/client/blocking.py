@@ -17,25 +17,19 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
 from jesync.client.address import Address, Member, TCPAddress, UNIXAddress
 from jesync.client.cluster import Members
-from jesync.client.config import (
-    CONNECT_RETRIES,
-    RETRY_BACKOFF,
-    RETRY_BACKOFF_MAX,
-    ConnectOptions,
-    Servers,
-)
+from jesync.client.config import ConnectKeywords, ConnectOptions, Servers, client_options
 from jesync.client.errors import ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
-from jesync.client.session import SERVER_CLOSED, Session
+from jesync.client.connection import ConnectionCore
+from jesync.client.session import SERVER_CLOSED
 from jesync.client.wire import (
     PING_KEY,
     Holder,
-    LineSplitter,
     Reply,
     UnexpectedReply,
     lock_arguments,
@@ -43,6 +37,9 @@ from jesync.client.wire import (
 )
 from jesync.listing import sort_listing
 from jesync.wire import KeyStatus, ListingOrder
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 def open_socket(address: Member, timeout: Optional[float]) -> socket.socket:
@@ -287,8 +284,9 @@ class _Connection:
         self._read_timeout = read_timeout
         # The session's callbacks run under the mutex (they only settle futures).
         self._mutex = threading.RLock()
-        self.session = Session(str(address), self._send, self._make_lock, time.monotonic, read_timeout)
-        self._quiet_since = time.monotonic()
+        # No schedule: the reader thread watches the clocks (_read_until_closed).
+        self.core = ConnectionCore(str(address), self._send, self._make_lock, time.monotonic, read_timeout)
+        self.session = self.core.session
         self._send_error: Optional[str] = None
         # auth (with a token) and fencing on, first on the connection; an older
         # server refuses fencing, and then grants have no tokens.
@@ -318,10 +316,7 @@ class _Connection:
         """
         future: Future[Any] = Future()
         with self._mutex:
-            owed = self.session.pipeline.owes_reply
-            operation(*args, future.set_result, future.set_exception)
-            if not owed:
-                self._quiet_since = time.monotonic()
+            self.core.start(operation, *args, future.set_result, future.set_exception)
         return future
 
     def call(self, operation: Callable[..., None], *args: Any) -> Any:
@@ -375,27 +370,30 @@ class _Connection:
         reason = SERVER_CLOSED
         by_server = True  # whether the server ended the connection (else the client gave it up)
         tick = None if self._read_timeout is None else min(1.0, self._read_timeout / 2)
-        splitter = LineSplitter()
         try:
             # TLS: what came with the end of the handshake first (maybe all the server will say).
-            ended = self._tls is not None and self._lines_received(splitter, b"")
+            ended = self._tls is not None and self._lines_received(b"")
             with selectors.DefaultSelector() as selector:
                 selector.register(self._sock, selectors.EVENT_READ)
                 while not self.closed and not ended:
-                    ready = selector.select(self._wake_in(tick))
+                    with self._mutex:
+                        wait = self.core.wake_in(tick)
+                    ready = selector.select(wait)
                     overdue = self._expire_overdue()
                     if overdue is not None:
                         reason, by_server = overdue, False
                         break
                     if not ready:
-                        if self._overdue():
-                            reason, by_server = f"no reply within {self._read_timeout:g} s", False
+                        with self._mutex:
+                            silent = self.core.silent()
+                        if silent:
+                            reason, by_server = self.core.silence_reason, False
                             break
                         continue
                     data = self._sock.recv(65536)
                     if not data:
                         break
-                    ended = self._lines_received(splitter, data)
+                    ended = self._lines_received(data)
         except UnexpectedReply as error:
             reason, by_server = str(error), False
         except OSError as error:
@@ -404,38 +402,23 @@ class _Connection:
             if by_server:
                 # What the server said before it closed (read above, even after a send failed) tells why.
                 with self._mutex:
-                    self.session.server_closed(self._send_error or reason)
+                    self.core.fail(self._send_error or reason, by_server=True)
             self.fail(self._send_error or reason)
             self._sock.close()
 
-    def _lines_received(self, splitter: LineSplitter, data: bytes) -> bool:
+    def _lines_received(self, data: bytes) -> bool:
         """
         Hand the session the lines C{data} (from the socket: TLS's
         ciphertext) completes; whether the server has ended TLS.
         """
         with self._mutex:
-            self._quiet_since = time.monotonic()
             ended = False
             if self._tls is not None:
                 data = self._tls.received(data)
                 ended = self._tls.ended
-            for line in splitter.feed(data):
-                self.session.line_received(line)
+            self.core.feed(data)
         self._tell_lost()
         return ended
-
-    def _wake_in(self, tick: Optional[float]) -> Optional[float]:
-        """
-        How long the reader may wait for data: C{tick}, or less if a lock's
-        deadline comes first.  (Deadlines are set by replies, which this
-        thread reads, so a new one is always seen before the next wait.)
-        """
-        with self._mutex:
-            deadline = self.session.next_deadline()
-        if deadline is None:
-            return tick
-        left = max(0.0, deadline - time.monotonic())
-        return left if tick is None else min(tick, left)
 
     def _expire_overdue(self) -> Optional[str]:
         """
@@ -444,26 +427,21 @@ class _Connection:
         answer is overdue (L{Session.expire_overdue}).
         """
         with self._mutex:
-            overdue = self.session.expire_overdue()
+            overdue = self.core.expire_overdue()
         self._tell_lost()
         return overdue
-
-    def _overdue(self) -> bool:
-        assert self._read_timeout is not None
-        with self._mutex:
-            return self.session.pipeline.owes_reply and time.monotonic() - self._quiet_since >= self._read_timeout
 
     def _tell_lost(self) -> None:
         """Outside the mutex: call the lost callbacks of the locks just lost."""
         with self._mutex:
-            lost = self.session.take_lost()
+            lost = self.core.take_lost()
         for lock in lost:
             lock._notify_lost()
 
     def fail(self, reason: str) -> None:
         """Close the connection: outstanding requests fail, held locks are lost."""
         with self._mutex:
-            self.session.fail(reason)
+            self.core.fail(reason)
         self._shutdown()
         self._tell_lost()
 
@@ -524,6 +502,10 @@ class Client:
     @param placement: how a key picks its server when there are several:
         C{"consistent"} (consistent hashing) or C{"php"} (as the JESync PHP
         driver does); see L{jesync.client.placement}.
+    @param options: the connection settings as one value, a
+        L{ConnectOptions} (L{jesync.client.config}): its fields are the
+        keywords below, which may be given instead (not both) and are read
+        from the environment when not given; an C{options} is used as it is.
     @param connect_timeout: seconds to wait for a connection (None: the OS's).
     @param read_timeout: seconds the server may stay silent while it owes a
         reply (to any request: release, renew, status, ...) before the
@@ -574,33 +556,16 @@ class Client:
         servers: Optional[Servers] = None,
         *,
         placement: str = "consistent",
-        connect_timeout: Optional[float] = 5.0,
-        read_timeout: Optional[float] = 10.0,
-        auth_token_file: Optional[str] = None,
-        tls: Optional[bool] = None,
-        tls_ca_file: Optional[str] = None,
-        tls_server_name: Optional[str] = None,
-        connect_retries: int = CONNECT_RETRIES,
-        retry_backoff: float = RETRY_BACKOFF,
-        retry_backoff_max: float = RETRY_BACKOFF_MAX,
+        options: Optional[ConnectOptions] = None,
         environ: Optional[Mapping[str, str]] = None,
+        **keywords: Unpack[ConnectKeywords],
     ) -> None:
-        servers, self.options = ConnectOptions.resolve(
-            servers,
-            auth_token_file=auth_token_file,
-            tls=tls,
-            tls_ca_file=tls_ca_file,
-            tls_server_name=tls_server_name,
-            connect_retries=connect_retries,
-            retry_backoff=retry_backoff,
-            retry_backoff_max=retry_backoff_max,
-            environ=environ,
-        )
+        servers, self.options = client_options(servers, options, environ, keywords)
         self._fleet = Fleet(servers, placement)
         self.servers = self._fleet.servers
         self._servers = [_Server(address, self.options) for address in self.servers]
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
+        self.connect_timeout = self.options.connect_timeout
+        self.read_timeout = self.options.read_timeout
 
     def server_for(self, key: str) -> Address:
         """The server C{key} lives on."""

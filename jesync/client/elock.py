@@ -22,6 +22,9 @@ no longer holds are reported lost: their handle's C{lost} becomes true and
 its C{on_lost} callbacks are called once, from a thread of their own (never
 under the client's lock, never blocking its I/O).  A request interrupted by
 the failover is settled by L{jesync.client.elock_wire.after_resume}.
+The session's id, connection and member change only along its declared
+failover machine (L{jesync.client.elock_session}: unattached, attached,
+resuming, ended).
 
 Nothing here needs the Twisted reactor.
 """
@@ -35,12 +38,13 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from typing import Any, Callable, Deque, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Callable, Deque, Mapping, Optional, Sequence, Union
 
 import jesync.client.elock_wire as elock_wire
 from jesync.client.address import Address, Member
 from jesync.client.blocking import open_connection, start_background
-from jesync.client.config import CONNECT_RETRIES, RETRY_BACKOFF, RETRY_BACKOFF_MAX, Backoff, ConnectOptions
+from jesync.client.config import Backoff, ConnectKeywords, ConnectOptions, client_options
+from jesync.client.elock_session import ELockSession
 from jesync.client.elock_wire import AGAIN, ELockReply, Owned, Request
 from jesync.client.errors import (
     AccessRefused,
@@ -54,6 +58,9 @@ from jesync.client.errors import (
     describe,
 )
 from jesync.client.wire import LineSplitter, UnexpectedReply
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 log = logging.getLogger("jesync.client.elock")
 
@@ -330,6 +337,13 @@ class _Connection:
         self.sock.close()
 
 
+def _seconds(name: str, value: Optional[float]) -> float:
+    """An elock timeout: a number of seconds, more than 0 (never None: a session's failover needs a bound)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+        raise ValueError(f"{name} must be a number of seconds, more than 0, not {value!r}")
+    return float(value)
+
+
 class ELockClient:
     """
     A client of one elock server or of one jesync cluster's members, holding
@@ -348,8 +362,12 @@ class ELockClient:
         client fails over.
     @param heartbeat: seconds between heartbeats while idle (None: a third of
         C{grace}, at most 5).
-    @param auth_token_file, tls, tls_ca_file, tls_server_name, environ: as for
-        L{jesync.client.Client} (read from C{$JESYNC_...} when not given).
+    @param options: the connection settings, one L{ConnectOptions} (its
+        timeouts must be numbers, more than 0); or, instead, the keywords
+        below and C{auth_token_file}, C{tls}, C{tls_ca_file},
+        C{tls_server_name} as for L{jesync.client.Client} (read from
+        C{$JESYNC_...} when not given).
+    @param environ: as for L{jesync.client.Client}.
     @param connect_retries, retry_backoff, retry_backoff_max: how starting a
         new session retries (L{jesync.client.config.Backoff}); a resume
         retries with the same backoff for the grace period instead.
@@ -368,37 +386,17 @@ class ELockClient:
         servers: Union[str, Address, Sequence[Union[str, Member]]],
         *,
         grace: float = 30.0,
-        connect_timeout: float = 5.0,
-        read_timeout: float = 10.0,
         heartbeat: Optional[float] = None,
-        auth_token_file: Optional[str] = None,
-        tls: Optional[bool] = None,
-        tls_ca_file: Optional[str] = None,
-        tls_server_name: Optional[str] = None,
-        connect_retries: int = CONNECT_RETRIES,
-        retry_backoff: float = RETRY_BACKOFF,
-        retry_backoff_max: float = RETRY_BACKOFF_MAX,
+        options: Optional[ConnectOptions] = None,
         environ: Optional[Mapping[str, str]] = None,
+        **keywords: Unpack[ConnectKeywords],
     ) -> None:
         self.members = elock_wire.parse_members(servers)
-        _, self.options = ConnectOptions.resolve(
-            self.members[0],
-            auth_token_file=auth_token_file,
-            tls=tls,
-            tls_ca_file=tls_ca_file,
-            tls_server_name=tls_server_name,
-            connect_retries=connect_retries,
-            retry_backoff=retry_backoff,
-            retry_backoff_max=retry_backoff_max,
-            environ=environ,
-        )
+        _, self.options = client_options(self.members[0], options, environ, keywords)
         self._grace_ms = elock_wire.grace_milliseconds(grace)
         self.grace = self._grace_ms / 1000
-        for name, value in (("connect_timeout", connect_timeout), ("read_timeout", read_timeout)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
-                raise ValueError(f"{name} must be a number of seconds, more than 0, not {value!r}")
-        self.connect_timeout = float(connect_timeout)
-        self.read_timeout = float(read_timeout)
+        self.connect_timeout = _seconds("connect_timeout", self.options.connect_timeout)
+        self.read_timeout = _seconds("read_timeout", self.options.read_timeout)
         if heartbeat is None:
             heartbeat = min(HEARTBEAT_MAX, max(self.grace / 3, 0.05))
         elif isinstance(heartbeat, bool) or not isinstance(heartbeat, (int, float)) or not heartbeat > 0:
@@ -411,11 +409,9 @@ class ELockClient:
         self._asking: set[str] = set()
         self._closing = False
         self._stopped = threading.Event()
-        self._session_id: Optional[str] = None
-        self._member_index = 0
+        # the session's id, connection and member, changed only along its failover machine
+        self._session = ELockSession()
         self._fencing = True
-        self._connection: Optional[_Connection] = None
-        self._heard_at = time.monotonic()
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_reader.setblocking(False)
         try:
@@ -428,19 +424,19 @@ class ELockClient:
         start_background(self._run, "jesync elock client")
 
     def __repr__(self) -> str:
-        return f"<ELockClient session {self._session_id} via {self.address}>"
+        return f"<ELockClient session {self._session.id} via {self.address}>"
 
     # -- the public operations ----------------------------------------------
 
     @property
     def session_id(self) -> Optional[str]:
         """The session's id (None while it has none: after one was given up, until the next request)."""
-        return self._session_id
+        return self._session.id
 
     @property
     def address(self) -> Member:
         """The member the client talks to (or last talked to)."""
-        return self.members[self._member_index]
+        return self.members[self._session.member_index]
 
     def lock(self, key: str, wait: float = 0) -> ELockHandle:
         """
@@ -525,7 +521,7 @@ class ELockClient:
         try:
             quitting.future.result()
         except ClientError as error:
-            log.info("could not end the elock session %s: %s", self._session_id, error)
+            log.info("could not end the elock session %s: %s", self._session.id, error)
         self._thread_done.wait()
         self._wake_reader.close()
         self._wake_writer.close()
@@ -596,7 +592,7 @@ class ELockClient:
                     selector.register(self._wake_reader, selectors.EVENT_READ)
                     selector.select()
                 continue
-            quiet = time.monotonic() - self._heard_at
+            quiet = time.monotonic() - self._session.heard_at
             if quiet >= self.heartbeat:
                 return _Pending(Request("ping"))
             try:
@@ -622,7 +618,7 @@ class ELockClient:
                 try:
                     connection.send(request.line(pending.wait_left()))
                     reply = connection.reply(pending.wait_left() + self.read_timeout)
-                    self._heard_at = time.monotonic()
+                    self._session.heard()
                     result = self._answered(request, reply, pending.wait)
                 except _Broken as broken:
                     if failovers == MAX_FAILOVERS_PER_REQUEST:
@@ -652,7 +648,7 @@ class ELockClient:
                 answered = elock_wire.session_id(reply)
             except UnexpectedReply as error:
                 raise _Broken(str(error)) from None
-            if answered != self._session_id:
+            if answered != self._session.id:
                 raise _Broken(f"the heartbeat's conn_id answered another session: {reply}")
             return None
         if request.kind == "unlock_all":
@@ -689,7 +685,7 @@ class ELockClient:
                     handle._set_released()
                 self._handles.clear()
                 if request.kind == "quit":
-                    self._end_connection()
+                    self._session.end()
                 return None
             else:
                 return outcome
@@ -749,7 +745,7 @@ class ELockClient:
         backoff = self.options.backoff(None, time.monotonic())
         while True:
             failures = []
-            for index, address in self._members_from(self._member_index):
+            for index, address in self._members_from(self._session.member_index):
                 try:
                     connection, opening = self._open(address)
                 except ConnectFailed as error:
@@ -767,8 +763,7 @@ class ELockClient:
                 except ClientError:
                     connection.close()
                     raise
-                self._use(connection, index)
-                self._session_id = session_id
+                self._session.start(connection, index, session_id)
                 return
             pause = backoff.next_pause(time.monotonic())
             if pause is None:
@@ -776,15 +771,10 @@ class ELockClient:
             if self._stopped.wait(pause):
                 raise ConnectFailed(_names(self.members), "the client was closed")
 
-    def _use(self, connection: _Connection, index: int) -> None:
-        self._connection = connection
-        self._member_index = index
-        self._heard_at = time.monotonic()
-
-    def _end_connection(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
+    @property
+    def _connection(self) -> Optional[_Connection]:
+        connection: Optional[_Connection] = self._session.connection
+        return connection
 
     def _fail_over(self, reason: str, request: Optional[Request]) -> Optional[dict[str, Optional[int]]]:
         """
@@ -796,8 +786,8 @@ class ELockClient:
         starts a new session.
         """
         failed = self._connection.address if self._connection is not None else self.address
-        self._end_connection()
-        log.info("elock session %s: connection to %s failed (%s); resuming it", self._session_id, failed, reason)
+        self._session.broke()
+        log.info("elock session %s: connection to %s failed (%s); resuming it", self._session.id, failed, reason)
         with self._mutex:
             keys = elock_wire.keys_to_check((key for key, handle in self._handles.items() if handle.held), request)
         quitting = request is not None and request.kind == "quit"
@@ -807,7 +797,7 @@ class ELockClient:
         )
         failures: list[str] = [f"{failed}: {reason}"]
         while True:
-            for index, address in self._members_from(self._member_index):
+            for index, address in self._members_from(self._session.member_index):
                 try:
                     held = self._resume(address, keys)
                 except AccessRefused as error:  # a refused token too: trying again cannot mend it
@@ -821,7 +811,6 @@ class ELockClient:
                 except (_Broken, _Refused, UnexpectedReply, ServerError) as error:
                     failures.append(f"{address}: {error}")
                     continue
-                self._member_index = index
                 self._lose_unheld(held, address, request)
                 return held
             else:
@@ -829,7 +818,7 @@ class ELockClient:
                 if pause is not None and not self._stopped.wait(pause):
                     continue
             # Out of time, or a failure trying again cannot mend: the session is gone.
-            self._session_id = None
+            self._session.give_up()
             if request is not None and request.kind == "quit":
                 self._done(request, None)  # it was ending anyway: its locks end with the grace period
             else:
@@ -838,10 +827,10 @@ class ELockClient:
 
     def _resume(self, address: Member, keys: list[str]) -> Optional[dict[str, Optional[int]]]:
         """Take the session back through C{address}; what it holds of C{keys} (None: the server cannot say)."""
-        assert self._session_id is not None
+        assert self._session.id is not None
         connection, opening = self._open(address)
         try:
-            (reply,) = self._authenticate(connection, opening, [elock_wire.resume_request(self._session_id)])
+            (reply,) = self._authenticate(connection, opening, [elock_wire.resume_request(self._session.id)])
             if reply.status == 403:
                 raise _Refused(f"{reply} (still attached to the old connection?)")
             if reply.status != 200:
@@ -864,8 +853,8 @@ class ELockClient:
         except BaseException:
             connection.close()
             raise
-        self._use(connection, self.members.index(address))
-        log.info("elock session %s resumed through %s", self._session_id, address)
+        self._session.resume(connection, self.members.index(address))
+        log.info("elock session %s resumed through %s", self._session.id, address)
         return held
 
     def _lose_unheld(
@@ -907,7 +896,7 @@ class ELockClient:
         """Call the lost callbacks from a thread of their own (a callback may use this client)."""
         calls = [(callback, handle.lost_reason) for handle, callbacks in lost for callback in callbacks]
         for handle, _ in lost:
-            log.warning("elock session %s lost %r: %s", self._session_id, handle.key, handle.lost_reason)
+            log.warning("elock session %s lost %r: %s", self._session.id, handle.key, handle.lost_reason)
         if calls:
             start_background(_call_all, "jesync elock lost callbacks", calls)
 
@@ -926,7 +915,7 @@ class ELockClient:
                 pending.future.set_result(None)
             else:
                 pending.future.set_exception(ClientError("the elock client is closed"))
-        self._end_connection()
+        self._session.end()
         self._thread_done.set()
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import re
 import warnings
-from typing import Any, Callable, Iterable, Mapping, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
 from twisted.internet import defer, endpoints, task
 from twisted.internet.error import ConnectionDone
@@ -36,21 +36,15 @@ from zope.interface import implementer
 
 from jesync.client.address import Address, Member, TCPAddress, UNIXAddress
 from jesync.client.cluster import Members
-from jesync.client.config import (
-    CONNECT_RETRIES,
-    RETRY_BACKOFF,
-    RETRY_BACKOFF_MAX,
-    ConnectOptions,
-    Servers,
-)
+from jesync.client.config import ConnectKeywords, ConnectOptions, Servers, client_options
 from jesync.client.errors import ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
-from jesync.client.session import SERVER_CLOSED, Session
+from jesync.client.connection import ConnectionCore
+from jesync.client.session import SERVER_CLOSED
 from jesync.client.wire import (
     PING_KEY,
     Holder,
-    LineSplitter,
     Reply,
     UnexpectedReply,
     lock_arguments,
@@ -58,6 +52,9 @@ from jesync.client.wire import (
 )
 from jesync.listing import sort_listing
 from jesync.wire import KeyStatus, ListingOrder
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 
 class TwistedLock(LockState):
@@ -87,7 +84,7 @@ class TwistedLock(LockState):
         """
 
         def told(result: bool) -> bool:
-            self._connection._tell_lost()
+            self._connection.core.tell_lost()
             return result
 
         return self._connection.start(self._connection.session.owned, self).addCallback(told)
@@ -187,18 +184,29 @@ class _Protocol(Protocol):
 
 
 class _Connection:
-    """One connection to one server (or one member of a cluster): a transport and its L{Session}."""
+    """
+    One connection to one server (or one member of a cluster): a transport
+    and its L{ConnectionCore} (the session, its silence and deadlines, on the reactor's timers).
+    """
 
     def __init__(self, address: Member, reactor: IReactorTime, read_timeout: Optional[float]) -> None:
         self.address = address
         self.reactor = reactor
-        self.session = Session(str(address), self._send, self._make_lock, reactor.seconds, read_timeout)
-        self._read_timeout = read_timeout
+        self.core = ConnectionCore(
+            str(address), self._send, self._make_lock, reactor.seconds, read_timeout, self._schedule, self.fail
+        )
+        self.session = self.core.session
         self._transport: Optional[ITCPTransport] = None
-        self._splitter = LineSplitter()
-        self._silence: Optional[IDelayedCall] = None
-        self._deadline: Optional[IDelayedCall] = None
         self.gone: defer.Deferred[None] = defer.Deferred()
+
+    def _schedule(self, delay: float, function: Callable[[], None]) -> Callable[[], None]:
+        call = self.reactor.callLater(delay, function)
+
+        def cancel() -> None:
+            if call.active():
+                call.cancel()
+
+        return cancel
 
     @classmethod
     def open(
@@ -290,7 +298,7 @@ class _Connection:
         finally:
             if timer.active():
                 timer.cancel()
-        connection._watch_silence()
+        connection.core.watch_silence()
         return connection
 
     def _make_lock(self, reply: Reply, max_concurrent: int, expires: int) -> TwistedLock:
@@ -319,13 +327,10 @@ class _Connection:
             if not deferred.called:
                 deferred.errback(error)
 
-        owed = self.session.pipeline.owes_reply
         try:
-            operation(*args, succeed, fail)
+            self.core.start(operation, *args, succeed, fail)
         except Exception:
             return defer.fail()
-        if not owed:
-            self._watch_silence()
         return deferred
 
     def lock(self, key: str, max_concurrent: int, timeout: int, expires: int) -> defer.Deferred[TwistedLock]:
@@ -351,67 +356,19 @@ class _Connection:
 
     def data_received(self, data: bytes) -> None:
         try:
-            for line in self._splitter.feed(data):
-                self.session.line_received(line)
+            self.core.received(data)
         except UnexpectedReply as error:
             self.fail(str(error))
-            return
-        self._watch_silence()
-        self._watch_deadlines()
-        self._tell_lost()
-
-    def _watch_deadlines(self) -> None:
-        """Wake up when the earliest lock deadline passes (deadlines only change when replies arrive)."""
-        if self._deadline is not None and self._deadline.active():
-            self._deadline.cancel()
-        self._deadline = None
-        deadline = None if self.closed else self.session.next_deadline()
-        if deadline is not None:
-            self._deadline = self.reactor.callLater(max(0.0, deadline - self.reactor.seconds()), self._deadline_passed)
-
-    def _deadline_passed(self) -> None:
-        self._deadline = None
-        overdue = self.session.expire_overdue()
-        if overdue is not None:
-            self.fail(overdue)
-            return
-        self._watch_deadlines()
-        self._tell_lost()
-
-    def _watch_silence(self) -> None:
-        """While the server owes a reply, give up on it after read_timeout seconds of silence."""
-        if self._silence is not None and self._silence.active():
-            self._silence.cancel()
-        self._silence = None
-        if self._read_timeout is not None and self.session.pipeline.owes_reply and not self.closed:
-            self._silence = self.reactor.callLater(self._read_timeout, self._silent)
-
-    def _silent(self) -> None:
-        self._silence = None
-        self.fail(f"no reply within {self._read_timeout:g} s")
-
-    def _tell_lost(self) -> None:
-        for lock in self.session.take_lost():
-            lock._notify_lost()
 
     def fail(self, reason: str, lost: bool = False) -> None:
         """Close the connection (C{lost}: it has closed): outstanding requests fail, held locks are lost."""
-        if self._silence is not None and self._silence.active():
-            self._silence.cancel()
-        self._silence = None
-        if self._deadline is not None and self._deadline.active():
-            self._deadline.cancel()
-        self._deadline = None
-        if lost:
-            self.session.server_closed(reason)
-        else:
-            self.session.fail(reason)
+        self.core.fail(reason, by_server=lost)
         if lost:
             if not self.gone.called:
                 self.gone.callback(None)
         elif self._transport is not None:
             self._transport.abortConnection()
-        self._tell_lost()
+        self.core.tell_lost()
 
 
 class TwistedClient:
@@ -430,33 +387,16 @@ class TwistedClient:
         servers: Optional[Servers] = None,
         *,
         placement: str = "consistent",
-        connect_timeout: Optional[float] = 5.0,
-        read_timeout: Optional[float] = 10.0,
-        auth_token_file: Optional[str] = None,
-        tls: Optional[bool] = None,
-        tls_ca_file: Optional[str] = None,
-        tls_server_name: Optional[str] = None,
-        connect_retries: int = CONNECT_RETRIES,
-        retry_backoff: float = RETRY_BACKOFF,
-        retry_backoff_max: float = RETRY_BACKOFF_MAX,
+        options: Optional[ConnectOptions] = None,
         environ: Optional[Mapping[str, str]] = None,
+        **keywords: Unpack[ConnectKeywords],
     ) -> None:
         self.reactor = reactor
-        servers, self.options = ConnectOptions.resolve(
-            servers,
-            auth_token_file=auth_token_file,
-            tls=tls,
-            tls_ca_file=tls_ca_file,
-            tls_server_name=tls_server_name,
-            connect_retries=connect_retries,
-            retry_backoff=retry_backoff,
-            retry_backoff_max=retry_backoff_max,
-            environ=environ,
-        )
+        servers, self.options = client_options(servers, options, environ, keywords)
         self._fleet = Fleet(servers, placement)
         self.servers = self._fleet.servers
-        self.connect_timeout = connect_timeout
-        self.read_timeout = read_timeout
+        self.connect_timeout = self.options.connect_timeout
+        self.read_timeout = self.options.read_timeout
         self._members = [Members(address) for address in self.servers]
         self._connections: list[Optional[_Connection]] = [None] * len(self.servers)
         # index -> (the connection attempt, the requests waiting for it)

@@ -7,6 +7,7 @@ starts only if every one of them listens, with a graceful stop.
 
 from __future__ import annotations
 
+import hmac
 import signal
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, List, Optional, Tuple, Union
@@ -330,11 +331,19 @@ def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[
             server.listen(description, admin)
         if settings.admin_token_file is not None and admin_policy is not policy:
             TokenFile(
-                settings.admin_token_file, admin_policy, reactor, settings.auth_token_grace, name="admin token"
+                settings.admin_token_file,
+                admin_policy,
+                reactor,
+                settings.auth_token_grace,
+                name="admin token",
+                distinct_from=policy,
             ).setServiceParent(server)
     server.factories = {"jesync": jesync, "elock": elock, "dlock": dlock, "memcache": memcache, "admin": admin}
     if settings.auth_token_file is not None:
-        TokenFile(settings.auth_token_file, policy, reactor, settings.auth_token_grace).setServiceParent(server)
+        separate_admin = admin.policy if admin is not None and admin.policy is not policy else None
+        TokenFile(
+            settings.auth_token_file, policy, reactor, settings.auth_token_grace, distinct_from=separate_admin
+        ).setServiceParent(server)
     if mark is not None:
         from jesync.fencing import TokenMarkService
 
@@ -575,9 +584,19 @@ class TokenFile(service.Service):
     log = Logger()
 
     def __init__(
-        self, path: str, policy: ConnectionPolicy, clock: IReactorTime, grace: float, name: str = "auth token"
+        self,
+        path: str,
+        policy: ConnectionPolicy,
+        clock: IReactorTime,
+        grace: float,
+        name: str = "auth token",
+        distinct_from: Optional[ConnectionPolicy] = None,
     ) -> None:
         self.path = path
+        # The other credential's policy (the admin token's and the lock
+        # token's each name the other's): a new token equal to its token is
+        # refused, as at startup, or one token would open both again.
+        self.distinct_from = distinct_from
         self.policy = policy
         self.clock = clock
         self.grace = grace
@@ -621,6 +640,13 @@ class TokenFile(service.Service):
                 "{name} file not read again, the token stays: {why}",
                 name=self.name,
                 why=getattr(error, "strerror", None) or error,
+            )
+            return
+        other = self.distinct_from
+        if other is not None and other.auth_token is not None and hmac.compare_digest(token, other.auth_token):
+            self.log.error(
+                "{name} file not taken, the token stays: the admin token and the auth token must differ",
+                name=self.name,
             )
             return
         if self.policy.rotate(token, self.clock.seconds(), self.grace):

@@ -340,6 +340,11 @@ class LockConnection(Protocol):
 
     def _auth_timed_out(self) -> None:
         self._timer = None
+        if self.state == AUTHENTICATING and not getattr(self.transport, "_handshakeDone", True):
+            # A TLS handshake never completed: a refusal would only wait in
+            # the TLS layer's buffer (and the close for the close grace).
+            self.drop("did not complete its TLS handshake in time")
+            return
         if self.state == AUTHENTICATING:
             self.log.info("{peer} did not authenticate in time", peer=self.peer)
             self.close(self.grammar.refusal(LimitReached("auth-timeout", self.policy.auth_timeout or 0)))

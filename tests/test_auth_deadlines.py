@@ -106,7 +106,8 @@ LISTENERS = [
         b"x",
         sasl_plain(TOKEN),
         b"\x81\x21",
-        b"SERVER_ERROR " + TIMEOUT_REPLY + b"\r\n",  # (no binary request completed: text)
+        # (cut short in its first binary request: answered in binary, that request's opcode)
+        b"\x81\x21\x00\x00\x00\x00\x00\x86" + len(TIMEOUT_REPLY).to_bytes(4, "big") + b"\x00" * 12 + TIMEOUT_REPLY,
     ),
     Listener(
         "admin",
@@ -169,7 +170,18 @@ class ClockTests(SynchronousTestCase):
             self.assertFalse(client.closing, listener.name)
             self.clock.advance(0.001)
             self.assertTrue(client.closing, listener.name)
+            if listener.name == "memcached binary":
+                # (nothing sent: it cannot be told from a text client)
+                self.assertEqual(client.take(), b"SERVER_ERROR " + TIMEOUT_REPLY + b"\r\n")
+                continue
             self.assertTimedOut(listener, client.take())
+
+    def test_a_binary_client_cut_short_before_its_header_is_not_answered_in_text(self) -> None:
+        client = self.connect(LISTENERS[4], 40100)
+        client.send(sasl_plain(TOKEN)[:10])
+        self.clock.advance(1)
+        self.assertTrue(client.closing)
+        self.assertEqual(client.take(), b"")
 
     def test_a_request_with_the_right_token_meets_it(self) -> None:
         clients = []

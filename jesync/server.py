@@ -10,7 +10,8 @@ from __future__ import annotations
 import hmac
 import signal
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, List, Optional, Tuple, Union
+from functools import partial
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Tuple, Union
 
 from twisted.application import service
 from twisted.application.internet import StreamServerEndpointService
@@ -232,13 +233,20 @@ def build_server(reactor: Any, settings: ServerSettings) -> Union[LockServer, Cl
     return build_lock_server(reactor, settings)
 
 
-def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[Leadership] = None) -> LockServer:
+def build_lock_server(
+    reactor: Any,
+    settings: ServerSettings,
+    cluster: Optional[Leadership] = None,
+    tokens: Optional[MemberTokens] = None,
+) -> LockServer:
     """
     One lock service, served over every protocol at every endpoint the
     settings name, as a L{LockServer}.  With C{cluster}, it is a cluster
     leader's term: its tokens start above the cluster's mark, its durable
     state goes to the term's journal, it answers only while the leadership
-    is certain, and its member serves the metrics.
+    is certain, and its member serves the metrics.  With C{tokens} (its
+    member's), its auth and admin tokens are those as rotated so far, and
+    the member, not the term, reads the token files again on SIGHUP.
     """
     mark: Any = None
     first_token = 0
@@ -269,6 +277,8 @@ def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[
         connections=Connections(settings.max_connections),
         listings=ListingBudget(settings.max_listing_memory, reactor),
     )
+    if tokens is not None:
+        tokens.lock.copy_to(policy)
     mark_every = None
     if cluster is not None:
         from jesync.cluster.journal import JournalMark
@@ -326,10 +336,12 @@ def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[
         from jesync.protocols.admin import AdminFactory
 
         admin_policy = admin_listener_policy(policy, settings)
+        if tokens is not None and tokens.admin is not None and admin_policy is not policy:
+            tokens.admin.copy_to(admin_policy)
         admin = AdminFactory(locks, verbose, admin_policy, sessions=elock.sessions)
         for description in settings.admin_ports:
             server.listen(description, admin)
-        if settings.admin_token_file is not None and admin_policy is not policy:
+        if settings.admin_token_file is not None and admin_policy is not policy and tokens is None:
             TokenFile(
                 settings.admin_token_file,
                 admin_policy,
@@ -339,7 +351,7 @@ def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[
                 distinct_from=policy,
             ).setServiceParent(server)
     server.factories = {"jesync": jesync, "elock": elock, "dlock": dlock, "memcache": memcache, "admin": admin}
-    if settings.auth_token_file is not None:
+    if settings.auth_token_file is not None and tokens is None:
         separate_admin = admin.policy if admin is not None and admin.policy is not policy else None
         TokenFile(
             settings.auth_token_file, policy, reactor, settings.auth_token_grace, distinct_from=separate_admin
@@ -415,38 +427,33 @@ def build_member(reactor: Any, settings: ServerSettings) -> ClusterMember:
         timeout=Timing(settings.lease_ttl).certainty,
         observer=cluster_metrics.etcd_round_trip if cluster_metrics is not None else None,
     )
+    tokens = MemberTokens(settings)
     member = ClusterMember(
         reactor,
         settings,
         etcd,
         settings.cluster,
         settings.lease_ttl,
-        build=build_lock_server,
+        build=partial(build_lock_server, tokens=tokens),
         observer=metrics,
         on_commit=cluster_metrics.committed if cluster_metrics is not None else None,
     )
     member.tls = settings.tls
+    tokens.read_again_on_sighup(member, reactor, settings)
     if metrics is not None:
         from jesync.metrics import metrics_site
 
         cluster_metrics.member = member
-        # The token the metrics ask for: the term's (rotated on SIGHUP) while
-        # this member leads, the one it started with while it stands by.
-        standby = ConnectionPolicy(auth_token=settings.auth_token)
-        token_policy = [standby]
-
-        def follow(term_server: Any) -> None:
-            metrics.follow(term_server)
-            token_policy[0] = term_server.policy if term_server is not None else standby
-
-        member.on_serving = follow
+        # The token the metrics ask for: the member's, as rotated so far,
+        # whether it leads or stands by.
+        member.on_serving = metrics.follow
         site = metrics_site(
             metrics,
             serving=lambda: member.role == LEADER,
             verbose=settings.verbose,
             role=lambda: member.role,
             accepts=(
-                None if settings.metrics_public else lambda token: token_policy[0].accepts(token, reactor.seconds())
+                None if settings.metrics_public else lambda token: tokens.lock.accepts(token, reactor.seconds())
             ),
             on_authorized=scraper_authorized,
         )
@@ -580,6 +587,60 @@ class CountedFactory(WrappingFactory):
         self.protocols.pop(protocol, None)
 
 
+class MemberTokens:
+    """
+    Cluster mode: a member's tokens as rotated so far (each the current
+    token, the previous one and the end of its grace, the generation), kept
+    across its terms.  A member builds a new lock server each term, whose
+    policies start from these; SIGHUP is handled by the member (a standby
+    too), which rotates these and the current term's policies; a standby's
+    /metrics asks for these.  So a token rotated out stays out after a
+    change of leader, and a new one stays in.
+    """
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.lock = ConnectionPolicy(auth_token=settings.auth_token)
+        self.admin: Optional[ConnectionPolicy] = None
+        if settings.admin_token is not None:
+            self.admin = ConnectionPolicy(auth_token=settings.admin_token)
+
+    def read_again_on_sighup(self, member: Any, clock: IReactorTime, settings: ServerSettings) -> None:
+        """The token files' L{TokenFile}s, services of C{member}, following its current term's policies."""
+
+        def term_server() -> Any:
+            term = getattr(member, "term", None)
+            return getattr(term, "server", None)
+
+        def lock_policies() -> List[ConnectionPolicy]:
+            server = term_server()
+            return [server.policy] if server is not None else []
+
+        def admin_policies() -> List[ConnectionPolicy]:
+            server = term_server()
+            admin = server.factories.get("admin") if server is not None else None
+            return [admin.policy] if admin is not None and admin.policy is not server.policy else []
+
+        if settings.auth_token_file is not None:
+            TokenFile(
+                settings.auth_token_file,
+                self.lock,
+                clock,
+                settings.auth_token_grace,
+                distinct_from=self.admin,
+                following=lock_policies,
+            ).setServiceParent(member)
+        if settings.admin_token_file is not None and self.admin is not None and settings.admin_ports:
+            TokenFile(
+                settings.admin_token_file,
+                self.admin,
+                clock,
+                settings.auth_token_grace,
+                name="admin token",
+                distinct_from=self.lock,
+                following=admin_policies,
+            ).setServiceParent(member)
+
+
 class TokenFile(service.Service):
     """
     Reads a token file again on SIGHUP: the new token is accepted at once,
@@ -602,8 +663,13 @@ class TokenFile(service.Service):
         grace: float,
         name: str = "auth token",
         distinct_from: Optional[ConnectionPolicy] = None,
+        following: Callable[[], List[ConnectionPolicy]] = list,
     ) -> None:
         self.path = path
+        # Policies that take C{policy}'s tokens after each rotation, and
+        # whose connections a grace period's end closes too (cluster mode:
+        # the current term's).
+        self.following = following
         # The other credential's policy (the admin token's and the lock
         # token's each name the other's): a new token equal to its token is
         # refused, as at startup, or one token would open both again.
@@ -661,6 +727,8 @@ class TokenFile(service.Service):
             )
             return
         if self.policy.rotate(token, self.clock.seconds(), self.grace):
+            for policy in self.following():
+                self.policy.copy_to(policy)
             self.log.info(
                 "new {name} taken; the previous one is accepted for {grace} s more", name=self.name, grace=self.grace
             )
@@ -671,7 +739,10 @@ class TokenFile(service.Service):
 
     def close_rotated_out(self) -> None:
         """A grace period is over: close the connections still on the token it was for."""
-        closed = self.policy.close_rotated_out(self.clock.seconds())
+        now = self.clock.seconds()
+        closed = self.policy.close_rotated_out(now)
+        for policy in self.following():
+            closed += policy.close_rotated_out(now)
         if closed:
             self.log.info("closed {count} connections authenticated with a token rotated out", count=closed)
 

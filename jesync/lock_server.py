@@ -14,8 +14,9 @@ builds nothing itself.
 
 from __future__ import annotations
 
+import hmac
 import signal
-from typing import Any, List, Optional
+from typing import Any, Callable, List, Optional
 
 from twisted.application import service
 from twisted.internet.defer import Deferred, gatherResults
@@ -104,9 +105,24 @@ class TokenFile(service.Service):
     log = Logger()
 
     def __init__(
-        self, path: str, policy: ConnectionPolicy, clock: IReactorTime, grace: float, name: str = "auth token"
+        self,
+        path: str,
+        policy: ConnectionPolicy,
+        clock: IReactorTime,
+        grace: float,
+        name: str = "auth token",
+        distinct_from: Optional[ConnectionPolicy] = None,
+        following: Callable[[], List[ConnectionPolicy]] = list,
     ) -> None:
         self.path = path
+        # Policies that take C{policy}'s tokens after each rotation, and
+        # whose connections a grace period's end closes too (cluster mode:
+        # the current term's).
+        self.following = following
+        # The other credential's policy (the admin token's and the lock
+        # token's each name the other's): a new token equal to its token is
+        # refused, as at startup, or one token would open both again.
+        self.distinct_from = distinct_from
         self.policy = policy
         self.clock = clock
         self.grace = grace
@@ -152,7 +168,16 @@ class TokenFile(service.Service):
                 why=getattr(error, "strerror", None) or error,
             )
             return
+        other = self.distinct_from
+        if other is not None and other.auth_token is not None and hmac.compare_digest(token, other.auth_token):
+            self.log.error(
+                "{name} file not taken, the token stays: the admin token and the auth token must differ",
+                name=self.name,
+            )
+            return
         if self.policy.rotate(token, self.clock.seconds(), self.grace):
+            for policy in self.following():
+                self.policy.copy_to(policy)
             self.log.info(
                 "new {name} taken; the previous one is accepted for {grace} s more", name=self.name, grace=self.grace
             )
@@ -163,6 +188,65 @@ class TokenFile(service.Service):
 
     def close_rotated_out(self) -> None:
         """A grace period is over: close the connections still on the token it was for."""
-        closed = self.policy.close_rotated_out(self.clock.seconds())
+        now = self.clock.seconds()
+        closed = self.policy.close_rotated_out(now)
+        for policy in self.following():
+            closed += policy.close_rotated_out(now)
         if closed:
             self.log.info("closed {count} connections authenticated with a token rotated out", count=closed)
+
+
+class MemberTokens:
+    """
+    Cluster mode: a member's tokens as rotated so far (each the current
+    token, the previous one and the end of its grace, the generation), kept
+    across its terms.  A member builds a new lock server each term, whose
+    policies start from these; SIGHUP is handled by the member (a standby
+    too), which rotates these and the current term's policies; a standby's
+    /metrics asks for these.  So a token rotated out stays out after a
+    change of leader, and a new one stays in.
+    """
+
+    def __init__(self, auth_token: Optional[bytes], admin_token: Optional[bytes]) -> None:
+        self.lock = ConnectionPolicy(auth_token=auth_token)
+        self.admin: Optional[ConnectionPolicy] = None
+        if admin_token is not None:
+            self.admin = ConnectionPolicy(auth_token=admin_token)
+
+    def read_again_on_sighup(
+        self,
+        member: service.MultiService,
+        clock: IReactorTime,
+        auth_token_file: Optional[str],
+        admin_token_file: Optional[str],
+        grace: float,
+    ) -> None:
+        """The token files' L{TokenFile}s, services of C{member}, following its current term's policies."""
+
+        def term_server() -> Any:
+            term = getattr(member, "term", None)
+            return getattr(term, "server", None)
+
+        def lock_policies() -> List[ConnectionPolicy]:
+            server = term_server()
+            return [server.policy] if server is not None else []
+
+        def admin_policies() -> List[ConnectionPolicy]:
+            server = term_server()
+            admin = server.factories.get("admin") if server is not None else None
+            return [admin.policy] if admin is not None and admin.policy is not server.policy else []
+
+        if auth_token_file is not None:
+            TokenFile(
+                auth_token_file, self.lock, clock, grace, distinct_from=self.admin, following=lock_policies
+            ).setServiceParent(member)
+        if admin_token_file is not None and self.admin is not None:
+            TokenFile(
+                admin_token_file,
+                self.admin,
+                clock,
+                grace,
+                name="admin token",
+                distinct_from=self.lock,
+                following=admin_policies,
+            ).setServiceParent(member)

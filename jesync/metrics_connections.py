@@ -30,6 +30,11 @@ def scraper_authorized(request: Any) -> None:
         connection.authorized()
 
 
+# Seconds a metrics connection closed at its auth deadline may take to close
+# cleanly before it is aborted.
+NOT_AUTHORIZED_CLOSE = 1.0
+
+
 class _CountedConnection(ProtocolWrapper):
     """
     A connection of another kind (the metrics' HTTP), counted in a registry
@@ -59,9 +64,15 @@ class _CountedConnection(ProtocolWrapper):
         self._deadline = None
 
     def _not_authorized(self) -> None:
-        self._deadline = None
+        """
+        Closed: gracefully (a FIN after what was written, so that a health
+        check's keep-alive connection between its requests is not reset),
+        and aborted if still open L{NOT_AUTHORIZED_CLOSE} seconds later (a
+        client that does not read, or a response still being sent).
+        """
         transport: Any = self.transport  # (TCP's, UNIX's or TLS's: each can abort)
-        transport.abortConnection()
+        transport.loseConnection()
+        self._deadline = self.factory.clock.callLater(NOT_AUTHORIZED_CLOSE, transport.abortConnection)
 
     def _refuse(self, transport: Any, status: bytes, body: bytes) -> None:
         transport.write(

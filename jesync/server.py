@@ -17,6 +17,7 @@ L{jesync.lock_server}, L{jesync.metrics_connections}, L{jesync.process}).
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any, List, Optional, Union
 
 from jesync.connections.listings import ListingBudget
@@ -24,7 +25,7 @@ from jesync.connections.policy import ConnectionPolicy, Connections
 from jesync.errors import show_number
 from jesync.fencing import TokenMark, TokenMarkService
 from jesync.listening import DEFAULT_TLS_CIPHERS, ListenFailed, TLSPolicy, public_endpoint
-from jesync.lock_server import LockServer, TokenFile
+from jesync.lock_server import LockServer, MemberTokens, TokenFile
 from jesync.metrics_connections import CountedFactory, scraper_authorized
 from jesync.options import DEFAULT_PORT, setting_default
 from jesync.protocols.admin import AdminFactory
@@ -192,13 +193,20 @@ def build_server(reactor: Any, settings: ServerSettings) -> Union[LockServer, Cl
     return build_lock_server(reactor, settings)
 
 
-def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[Leadership] = None) -> LockServer:
+def build_lock_server(
+    reactor: Any,
+    settings: ServerSettings,
+    cluster: Optional[Leadership] = None,
+    tokens: Optional[MemberTokens] = None,
+) -> LockServer:
     """
     One lock service, served over every protocol at every endpoint the
     settings name, as a L{LockServer}.  With C{cluster}, it is a cluster
     leader's term: its tokens start above the cluster's mark, its durable
     state goes to the term's journal, it answers only while the leadership
-    is certain, and its member serves the metrics.
+    is certain, and its member serves the metrics.  With C{tokens} (its
+    member's), its auth and admin tokens are those as rotated so far, and
+    the member, not the term, reads the token files again on SIGHUP.
     """
     mark: Any = None
     first_token = 0
@@ -227,6 +235,8 @@ def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[
         connections=Connections(settings.max_connections),
         listings=ListingBudget(settings.max_listing_memory, reactor),
     )
+    if tokens is not None:
+        tokens.lock.copy_to(policy)
     mark_every = None
     if cluster is not None:
         from jesync.cluster.journal import JournalMark  # (the cluster extra: treq)
@@ -277,16 +287,26 @@ def build_lock_server(reactor: Any, settings: ServerSettings, cluster: Optional[
     admin = None
     if settings.admin_ports:
         admin_policy = admin_listener_policy(policy, settings)
+        if tokens is not None and tokens.admin is not None and admin_policy is not policy:
+            tokens.admin.copy_to(admin_policy)
         admin = AdminFactory(locks, verbose, admin_policy, sessions=elock.sessions)
         for description in settings.admin_ports:
             server.listen(description, admin)
-        if settings.admin_token_file is not None and admin_policy is not policy:
+        if settings.admin_token_file is not None and admin_policy is not policy and tokens is None:
             TokenFile(
-                settings.admin_token_file, admin_policy, reactor, settings.auth_token_grace, name="admin token"
+                settings.admin_token_file,
+                admin_policy,
+                reactor,
+                settings.auth_token_grace,
+                name="admin token",
+                distinct_from=policy,
             ).setServiceParent(server)
     server.factories = {"jesync": jesync, "elock": elock, "dlock": dlock, "memcache": memcache, "admin": admin}
-    if settings.auth_token_file is not None:
-        TokenFile(settings.auth_token_file, policy, reactor, settings.auth_token_grace).setServiceParent(server)
+    if settings.auth_token_file is not None and tokens is None:
+        separate_admin = admin.policy if admin is not None and admin.policy is not policy else None
+        TokenFile(
+            settings.auth_token_file, policy, reactor, settings.auth_token_grace, distinct_from=separate_admin
+        ).setServiceParent(server)
     if mark is not None:
         TokenMarkService(mark, locks, reactor, every=mark_every).setServiceParent(server)
     if settings.metrics_ports and cluster is None:
@@ -356,38 +376,39 @@ def build_member(reactor: Any, settings: ServerSettings) -> ClusterMember:
         timeout=Timing(settings.lease_ttl).certainty,
         observer=cluster_metrics.etcd_round_trip if cluster_metrics is not None else None,
     )
+    tokens = MemberTokens(settings.auth_token, settings.admin_token)
     member = ClusterMember(
         reactor,
         settings,
         etcd,
         settings.cluster,
         settings.lease_ttl,
-        build=build_lock_server,
+        build=partial(build_lock_server, tokens=tokens),
         observer=metrics,
         on_commit=cluster_metrics.committed if cluster_metrics is not None else None,
     )
     member.tls = settings.tls
+    tokens.read_again_on_sighup(
+        member,
+        reactor,
+        settings.auth_token_file,
+        settings.admin_token_file if settings.admin_ports else None,
+        settings.auth_token_grace,
+    )
     if metrics is not None:
         from jesync.metrics import metrics_site  # (the metrics extra)
 
         cluster_metrics.member = member
-        # The token the metrics ask for: the term's (rotated on SIGHUP) while
-        # this member leads, the one it started with while it stands by.
-        standby = ConnectionPolicy(auth_token=settings.auth_token)
-        token_policy = [standby]
-
-        def follow(term_server: Any) -> None:
-            metrics.follow(term_server)
-            token_policy[0] = term_server.policy if term_server is not None else standby
-
-        member.on_serving = follow
+        # The token the metrics ask for: the member's, as rotated so far,
+        # whether it leads or stands by.
+        member.on_serving = metrics.follow
         site = metrics_site(
             metrics,
             serving=lambda: member.role == LEADER,
             verbose=settings.verbose,
             role=lambda: member.role,
             accepts=(
-                None if settings.metrics_public else lambda token: token_policy[0].accepts(token, reactor.seconds())
+                None if settings.metrics_public else lambda token: tokens.lock.accepts(token, reactor.seconds())
             ),
             on_authorized=scraper_authorized,
         )

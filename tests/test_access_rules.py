@@ -270,6 +270,25 @@ class RotatedOutTests(SynchronousTestCase):
         self.assertFalse(client.closing)
         self.assertEqual(client.ask(b"auth new\n"), b"OK\n")
 
+    def test_a_token_equal_to_the_other_credential_is_refused(self) -> None:
+        """SIGHUP refuses an admin token equal to the lock token (and the reverse), as startup does."""
+        from dataclasses import replace
+
+        from jesync.lock_server import TokenFile
+
+        admin_policy = replace(self.policy, auth_token=b"admin")
+        self.token_file.distinct_from = admin_policy
+        self.rotate(b"admin")
+        self.assertEqual((self.policy.auth_token, self.policy.previous_token), (b"old", None))
+        admin_file = TokenFile(self.path, admin_policy, self.clock, 30, name="admin token", distinct_from=self.policy)
+        admin_file.reload()  # (the file still holds b"admin": unchanged)
+        with open(self.path, "wb") as file:
+            file.write(b"old\n")
+        admin_file.reload()
+        self.assertEqual((admin_policy.auth_token, admin_policy.previous_token), (b"admin", None))
+        self.rotate(b"new")
+        self.assertEqual(self.policy.auth_token, b"new")
+
     def test_stopping_cancels_the_ends_of_grace_periods(self) -> None:
         self.rotate(b"new")
         self.assertEqual(len(self.clock.getDelayedCalls()), 1)

@@ -31,6 +31,7 @@ from jesync.service import LockService
 from jesync.store import ObjectStore
 from tests.support import TIMEOUT, LineClient, UnitClient, dlock_frame
 from tests.test_operations import LOCAL, TOKEN, Server, ServerTestCase, listening_port, write_file
+from tests import test_tls
 
 TIMEOUT_REPLY = b"auth-timeout exceeded (1)"
 
@@ -105,7 +106,8 @@ LISTENERS = [
         b"x",
         sasl_plain(TOKEN),
         b"\x81\x21",
-        b"SERVER_ERROR " + TIMEOUT_REPLY + b"\r\n",  # (no binary request completed: text)
+        # (cut short in its first binary request: answered in binary, that request's opcode)
+        b"\x81\x21\x00\x00\x00\x00\x00\x86" + len(TIMEOUT_REPLY).to_bytes(4, "big") + b"\x00" * 12 + TIMEOUT_REPLY,
     ),
     Listener(
         "admin",
@@ -168,7 +170,18 @@ class ClockTests(SynchronousTestCase):
             self.assertFalse(client.closing, listener.name)
             self.clock.advance(0.001)
             self.assertTrue(client.closing, listener.name)
+            if listener.name == "memcached binary":
+                # (nothing sent: it cannot be told from a text client)
+                self.assertEqual(client.take(), b"SERVER_ERROR " + TIMEOUT_REPLY + b"\r\n")
+                continue
             self.assertTimedOut(listener, client.take())
+
+    def test_a_binary_client_cut_short_before_its_header_is_not_answered_in_text(self) -> None:
+        client = self.connect(LISTENERS[4], 40100)
+        client.send(sasl_plain(TOKEN)[:10])
+        self.clock.advance(1)
+        self.assertTrue(client.closing)
+        self.assertEqual(client.take(), b"")
 
     def test_a_request_with_the_right_token_meets_it(self) -> None:
         clients = []
@@ -251,3 +264,39 @@ class TCPTests(ServerTestCase):
         # A client with the token is served.
         jesync = yield server.jesync()
         self.assertEqual((yield jesync.ask(b"auth %s\nstatus k\n" % TOKEN, count=2)), b"OK\nSTATUS 0 0 k\n")
+
+
+class TLSHandshakeTests(ServerTestCase):
+    """A TLS client that never completes its handshake is aborted at the auth deadline, not after the close grace."""
+
+    skip = test_tls.skip_without_tls
+
+    @inlineCallbacks
+    def test_an_unfinished_handshake_is_aborted_at_the_deadline(self):
+        key_path, certificate_path, pem = test_tls.make_certificate(self)
+        path = write_file(self, TOKEN + b"\n")
+        server = yield Server.start(
+            self,
+            "--auth-token-file",
+            path,
+            "--auth-timeout",
+            "1",
+            "--shutdown-grace",
+            "60",
+            port=test_tls.ssl_port(key_path, certificate_path),
+            elock=False,
+        )
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", server.ports["jesync"].getHost().port)
+        client = yield connectProtocol(endpoint, LineClient()).addTimeout(TIMEOUT, reactor)
+        server.clients.append(client)
+        client.send(b"\x16\x03\x01\x02\x00\x01")  # (the start of a ClientHello, never finished)
+        started = reactor.seconds()
+        yield client.wait_closed(timeout=TIMEOUT)  # (not the 60 s close grace)
+        self.assertLess(reactor.seconds() - started, TIMEOUT)
+        self.assertEqual(client.unread(), b"")
+        self.assertEqual(len(server.policy.connections), 0)
+        # A TLS client that completes its handshake still gets the refusal.
+        tls_client = yield test_tls.connect_tls(server.ports["jesync"].getHost().port, pem)
+        server.clients.append(tls_client)
+        yield tls_client.wait_closed(timeout=TIMEOUT)
+        self.assertEqual(tls_client.unread(), b"INVALID_PARAMETER: " + TIMEOUT_REPLY + b"\n")

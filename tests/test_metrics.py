@@ -737,6 +737,34 @@ class TwistdMetricsTokenTests(SynchronousTestCase):
             received = self.response(scraper)
             self.assertTrue(received.startswith(b"HTTP/1.1 200 "), received[:100])
 
+    def test_a_health_check_keep_alive_connection_is_closed_cleanly(self) -> None:
+        """
+        A load balancer's keep-alive connection that only asks /health is
+        closed at --auth-timeout with a FIN between its requests, never
+        reset; one sending a request never finished is closed too.
+        """
+        import socket
+        import time
+
+        base, _ = self.start("--auth-timeout", "1")
+        self.assertEqual(self.get(base + "/health"), (200, b"OK\n"))  # (the listener is up)
+        port = int(base.rsplit(":", 1)[1])
+        with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT) as checker:
+            opened = time.monotonic()
+            checker.sendall(b"GET /health HTTP/1.1\r\nHost: jesync\r\n\r\n")
+            received = self.response(checker)
+            self.assertTrue(received.startswith(b"HTTP/1.1 200 "), received[:100])
+            self.assertTrue(received.endswith(b"OK\n"))
+            checker.settimeout(TIMEOUT)
+            self.assertEqual(checker.recv(100), b"")  # (a FIN: a reset raises ConnectionResetError)
+            self.assertGreaterEqual(time.monotonic() - opened, 0.8)
+            # (the server closed it: a request now finds it closed, not answered)
+            try:
+                checker.sendall(b"GET /health HTTP/1.1\r\nHost: jesync\r\n\r\n")
+                self.assertEqual(checker.recv(100), b"")
+            except (BrokenPipeError, ConnectionResetError):
+                pass
+
     def response(self, sock: object) -> bytes:
         """One whole HTTP response (headers and its Content-Length of body) read from C{sock}."""
         import re

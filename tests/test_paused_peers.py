@@ -25,6 +25,7 @@ import struct
 from twisted.internet.defer import gatherResults, inlineCallbacks
 from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import StringTransport
+from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.connections.connection import HOLD_BUFFER
@@ -103,6 +104,54 @@ class ElockHeldBehindAWaitTests(ServerTestCase):
         self.assertIsInstance((yield client.wait_closed()), ConnectionDone)
         yield server.wait_lost(client)
         self.assertEqual((yield holder.ask(b"release held\nstatus held\n", 2)), b"RELEASED 0 0 held\nSTATUS 0 0 held\n")
+        server.factories["elock"].sessions.end_detached()
+
+    @inlineCallbacks
+    def test_fin_behind_unread_requests(self):
+        """
+        A FIN queued in the kernel behind requests the server has not read
+        yet (far more than it holds back): the check sees the FIN first, the
+        wait ends (409), and still every request sent before the FIN is read
+        and answered before the server closes (before this was fixed, the
+        server closed with requests unread: a reset).  The client is a plain
+        blocking socket in a thread (all sent, then FIN, then read to EOF),
+        three times.
+        """
+        server = yield Server.start(self)
+        holder = yield server.jesync()
+        self.assertEqual((yield holder.ask(b"lock held\n")), b"GRANTED 1 0 held 120\n")
+        address = server.ports["elock"].getHost()
+        # (a receive buffer that holds all of it, FIN included, whatever the
+        # system's autotuning: accepted sockets inherit it)
+        server.ports["elock"].socket.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1 << 20)
+        # Long keys: little reply for much request, so that answering what
+        # is held back does not fill the transport (which would pause the
+        # connection again, and let the reactor read on meanwhile).
+        pairs = 200
+        long_key = b"k" * 1000
+        payload = b"lock held 3600\r\n" + b"".join(
+            b"lock %s%d\r\nunlock %s%d\r\n" % (long_key, n, long_key, n) for n in range(pairs)
+        )
+
+        def send_then_read_all() -> bytes:
+            with socket.create_connection((address.host, address.port), timeout=NOTICED + TIMEOUT) as client:
+                client.sendall(payload)
+                client.shutdown(socket.SHUT_WR)
+                received = []
+                while True:
+                    data = client.recv(1 << 20)
+                    if not data:
+                        return b"".join(received)
+                    received.append(data)
+
+        for _ in range(3):
+            replies = (yield deferToThread(send_then_read_all)).split(b"\r\n")
+            self.assertEqual(replies[-1], b"")  # (a clean EOF after the last whole reply)
+            self.assertEqual(len(replies) - 1, 1 + 2 * pairs)
+            self.assertEqual(replies[0], b"409 Unavailable")
+            self.assertEqual(set(replies[1:-1:2]), {b"200 Acquired"})
+            self.assertEqual(set(replies[2:-1:2]), {b"200 Unlocked"})
+        self.assertEqual((yield holder.ask(b"status held\n")), b"STATUS 1 0 held\n")
         server.factories["elock"].sessions.end_detached()
 
 
@@ -247,6 +296,11 @@ class CheckScheduleTests(SynchronousTestCase):
         self.assertEqual(replies[0], b"409 Unavailable")
         self.assertEqual(len(replies), 2 + 2 * PAIRS)
         self.assertFalse(self.client.protocol.reading_paused)
+        # Not closed yet: requests sent before the FIN may still be unread;
+        # and none of them may wait.
+        self.assertFalse(self.client.closing)
+        self.assertEqual(self.client.ask(b"lock k 3600\r\n"), b"409 Unavailable\r\n")
+        self.client.protocol.readConnectionLost()  # (the reactor reads up to the FIN)
         self.assertTrue(self.client.closing)
 
     def test_no_check_once_reading(self) -> None:

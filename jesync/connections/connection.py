@@ -48,8 +48,9 @@ decided here, once:
    above), the reactor does not watch the socket for input, which is how
    it learns of a FIN, an RST or a failed keepalive; so the connection asks
    the socket itself every second (L{jesync.connections.hangup}):
-   a peer gone is dropped, a FIN is a FIN (its waits end, not granted;
-   under TLS, it closes the connection).
+   a peer gone is dropped; at a FIN its waits end, not granted, and the
+   requests still unread before the FIN are read and answered (under TLS,
+   a FIN closes the connection).
 """
 
 from __future__ import annotations
@@ -185,6 +186,9 @@ class LockConnection(Protocol):
         self._paused_long = False
         self.behind = 0
         self._reading_paused = False
+        # A check of the paused socket saw the peer's FIN, which the reactor
+        # has not read up to yet: no request waits any more.
+        self._input_ending = False
         self._admitted = False
         # The plain TCP or UNIX transport whose socket replies may be sent to
         # at once (None: TLS, or not a socket transport).
@@ -337,7 +341,7 @@ class LockConnection(Protocol):
         Whether a request may wait for a lock: not once the client has sent
         FIN (a wait would only be ended at once, not granted).
         """
-        return self.state == READY or self.state == AUTHENTICATING
+        return (self.state == READY or self.state == AUTHENTICATING) and not self._input_ending
 
     def drop(self, why: str) -> None:
         """Disconnect at once, without flushing: the client is not reading."""
@@ -375,6 +379,11 @@ class LockConnection(Protocol):
 
     def _auth_timed_out(self) -> None:
         self._timer = None
+        if self.state == AUTHENTICATING and not getattr(self.transport, "_handshakeDone", True):
+            # A TLS handshake never completed: a refusal would only wait in
+            # the TLS layer's buffer (and the close for the close grace).
+            self.drop("did not complete its TLS handshake in time")
+            return
         if self.state == AUTHENTICATING:
             self.log.info("{peer} did not authenticate in time", peer=self.peer)
             self.close(self.grammar.refusal(LimitReached("auth-timeout", self.policy.auth_timeout or 0)))
@@ -472,10 +481,12 @@ class LockConnection(Protocol):
         """
         Reading is paused, so the reactor no longer reports a FIN, an RST or
         a failed keepalive: ask the socket (L{jesync.connections.hangup}).
-        Gone: dropped, as if the reactor had seen it.  FIN: what
-        L{readConnectionLost} does (its waits end, not granted); under TLS,
-        which cannot half-close, what a FIN does there: the connection is
-        dropped.
+        Gone: dropped, as if the reactor had seen it.  FIN: its waits end,
+        not granted, and none waits from now on, but it is not half-closed
+        yet: the requests it sent before the FIN may still be unread in the
+        kernel, and each is answered once read; L{readConnectionLost} comes
+        when the reactor reads up to the FIN.  Under TLS, which cannot
+        half-close, what a FIN does there: the connection is dropped.
         """
         self._peer_call = None
         if self.state not in READING or not self._reading_paused:
@@ -484,8 +495,14 @@ class LockConnection(Protocol):
         if found == hangup.GONE or (found == hangup.INPUT_ENDED and ISSLTransport.providedBy(self.transport)):
             self.drop("its peer is gone")
             return
-        if found == hangup.INPUT_ENDED:
-            self.readConnectionLost()
+        if found == hangup.INPUT_ENDED and not self._input_ending:
+            # Requests sent before the FIN may still be unread in the
+            # kernel: end the waits (not granted), let no request wait from
+            # now on, and read on; the FIN itself (half-closed, then closed
+            # once all is answered) comes when the reactor reads up to it.
+            # What is left to read is bounded: the peer sends no more.
+            self._input_ending = True
+            self._end_waits(answer_durable=True)
         if self.state in READING and self._reading_paused and self._peer_call is None:
             self._peer_call = self.clock.callLater(hangup.PEER_CHECK, self._check_peer)
 

@@ -173,6 +173,10 @@ class MemcachedFraming:
     def buffered(self) -> int:
         return len(self._buffer)
 
+    def unfinished(self, size: int) -> bytes:
+        """The first C{size} bytes of the frame received in part (what it is, for a reply cut short)."""
+        return self._buffer[:size]
+
     def read_block(self, size: int) -> None:
         """Deliver the next C{size} bytes as one frame, whatever they hold."""
         self._block = size

@@ -244,6 +244,11 @@ class ConnectionPolicy:
         self.generation += 1
         return True
 
+    def copy_to(self, policy: ConnectionPolicy) -> None:
+        """Give C{policy} this one's tokens: the current, the previous and its grace, the generation."""
+        policy.auth_token, policy.previous_token = self.auth_token, self.previous_token
+        policy.previous_until, policy.generation = self.previous_until, self.generation
+
     def close_rotated_out(self, now: float) -> int:
         """
         Close every connection of this policy that authenticated with a

@@ -787,8 +787,19 @@ class MemcacheProtocol(Grammar):
     # -- what the connection layer says through us ---------------------------------
 
     def refusal(self, error: LimitReached) -> bytes:
-        if self._binary is not None:
-            return self._packet(self._binary, TEMPORARY_FAILURE, value=str(error).encode())
+        request = self._binary
+        if request is None and self._storing is None:
+            # Cut short in a frame of its first binary request (the auth
+            # deadline): a binary client is answered in binary, with that
+            # request's opcode and opaque, or not at all before its header.
+            head = self._framing.unfinished(HEADER.size)
+            if head[:1] == b"\x80":
+                if len(head) < HEADER.size:
+                    return b""
+                _, opcode, _, _, _, _, _, opaque, _ = HEADER.unpack(head)
+                request = BinaryRequest(opcode, b"", b"", b"", opaque, 0)
+        if request is not None:
+            return self._packet(request, TEMPORARY_FAILURE, value=str(error).encode())
         return b"SERVER_ERROR " + str(error).encode() + CRLF
 
     def auth_refused(self) -> bytes:

@@ -595,6 +595,38 @@ class ServerWithoutOwnedTests(ELockServerTestCase):
         self.assertRaises(ServerError, client.owned, "k")
 
 
+class RefusedWhileResumingTests(ELockServerTestCase):
+    """A server that refuses the connection while the session is being taken back (its token rotated out, say)."""
+
+    def respond(self, line: bytes) -> Optional[bytes]:
+        word = line.rstrip(b"\r").split()
+        replies = {
+            b"set_timeout": b"200 timeout set",
+            b"conn_id": b"200 conn id set" if len(word) > 1 else b"200 s%d" % len(self.sessions),
+            b"lock": b"200 Acquired",
+            b"owned": b"403 auth failed",
+            b"quit": b"200 Hey, it was nice seeing you.",
+        }
+        if word[0] == b"conn_id" and len(word) == 1:
+            self.sessions.append(line)
+        reply = replies.get(word[0], b'400 Unknown command: "%s"' % word[0])
+        return reply + b"\r\n"
+
+    def test_the_session_is_given_up_and_the_next_request_starts_a_new_one(self) -> None:
+        self.sessions: list = []
+        server = fake_server(self, self.respond)
+        proxy = self.proxy(server.address)
+        client = self.elock(proxy.address, grace=2, heartbeat=0.2, read_timeout=2)
+        handle = client.lock("k")
+        lost = self.record_lost(handle)
+        proxy.cut()
+        self.wait_for(lambda: len(lost) == 1)  # refused while resuming: the session and its lock are gone
+        self.assertIn(b"owned k\r", server.received)
+        # The next request starts a new session (it used to find the session stuck half-resumed).
+        self.assertTrue(client.lock("k2").held)
+        self.assertEqual(len(self.sessions), 2)
+
+
 class AuthTests(ELockServerTestCase):
     def test_token(self) -> None:
         directory = tempfile.mkdtemp()

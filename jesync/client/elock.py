@@ -763,7 +763,11 @@ class ELockClient:
                 except ClientError:
                     connection.close()
                     raise
-                self._session.start(connection, index, session_id)
+                try:
+                    self._session.start(connection, index, session_id)
+                except BaseException:
+                    connection.close()
+                    raise
                 return
             pause = backoff.next_pause(time.monotonic())
             if pause is None:
@@ -796,34 +800,43 @@ class ELockClient:
             retries, self.options.retry_backoff, self.options.retry_backoff_max, self.grace, time.monotonic()
         )
         failures: list[str] = [f"{failed}: {reason}"]
-        while True:
-            for index, address in self._members_from(self._session.member_index):
-                try:
-                    held = self._resume(address, keys)
-                except AccessRefused as error:  # a refused token too: trying again cannot mend it
-                    failures.append(str(error))
-                    break
-                except ConnectFailed as error:
-                    failures.append(str(error))
-                    if not error.retryable:
+        resumed = False
+        try:
+            while True:
+                for index, address in self._members_from(self._session.member_index):
+                    try:
+                        held = self._resume(address, keys)
+                    except AccessRefused as error:  # a refused token too: trying again cannot mend it
+                        failures.append(str(error))
                         break
-                    continue
-                except (_Broken, _Refused, UnexpectedReply, ServerError) as error:
-                    failures.append(f"{address}: {error}")
-                    continue
-                self._lose_unheld(held, address, request)
-                return held
-            else:
-                pause = backoff.next_pause(time.monotonic())
-                if pause is not None and not self._stopped.wait(pause):
-                    continue
-            # Out of time, or a failure trying again cannot mend: the session is gone.
-            self._session.give_up()
-            if request is not None and request.kind == "quit":
-                self._done(request, None)  # it was ending anyway: its locks end with the grace period
-            else:
-                self._lose_all(f"no member took the session back within its grace period ({self.grace:g} s)")
-            raise ConnectionLost(_names(self.members), "; ".join(failures[-len(self.members) - 1 :]))
+                    except ConnectFailed as error:
+                        failures.append(str(error))
+                        if not error.retryable:
+                            break
+                        continue
+                    except (_Broken, _Refused, UnexpectedReply, ServerError) as error:
+                        failures.append(f"{address}: {error}")
+                        continue
+                    resumed = True
+                    self._lose_unheld(held, address, request)
+                    return held
+                else:
+                    pause = backoff.next_pause(time.monotonic())
+                    if pause is not None and not self._stopped.wait(pause):
+                        continue
+                break
+        except BaseException:
+            # Anything else that escapes (a bug, an interrupt) leaves no session half-resumed.
+            if not resumed:
+                self._session.give_up()
+            raise
+        # Out of time, or a failure trying again cannot mend: the session is gone.
+        self._session.give_up()
+        if request is not None and request.kind == "quit":
+            self._done(request, None)  # it was ending anyway: its locks end with the grace period
+        else:
+            self._lose_all(f"no member took the session back within its grace period ({self.grace:g} s)")
+        raise ConnectionLost(_names(self.members), "; ".join(failures[-len(self.members) - 1 :]))
 
     def _resume(self, address: Member, keys: list[str]) -> Optional[dict[str, Optional[int]]]:
         """Take the session back through C{address}; what it holds of C{keys} (None: the server cannot say)."""
@@ -839,10 +852,10 @@ class ELockClient:
             held: Optional[dict[str, Optional[int]]] = {}
             for start in range(0, len(keys), OWNED_BATCH):
                 batch = keys[start : start + OWNED_BATCH]
-                answers = connection.ask([elock_wire.owned_request(key) for key in batch], self.read_timeout)
+                answers = self._ask_resumed(connection, opening, [elock_wire.owned_request(key) for key in batch])
                 if any(elock_wire.is_unknown_command(answer) for answer in answers):
                     # It cannot say what the session kept: give everything up.
-                    connection.ask([elock_wire.UNLOCK_ALL], self.read_timeout)
+                    self._ask_resumed(connection, opening, [elock_wire.UNLOCK_ALL])
                     held = None
                     break
                 assert held is not None
@@ -856,6 +869,14 @@ class ELockClient:
         self._session.resume(connection, self.members.index(address))
         log.info("elock session %s resumed through %s", self._session.id, address)
         return held
+
+    def _ask_resumed(self, connection: _Connection, opening: list[bytes], lines: list[bytes]) -> list[ELockReply]:
+        """C{connection.ask}, on a connection taking a session back: a refusal of the connection is L{AccessRefused}."""
+        try:
+            return connection.ask(lines, self.read_timeout)
+        except _AuthRefused as refusal:
+            (reply,) = refusal.args
+            raise elock_wire.connection_refused(str(connection.address), reply, bool(opening)) from None
 
     def _lose_unheld(
         self, held: Optional[dict[str, Optional[int]]], address: Member, request: Optional[Request]

@@ -225,9 +225,9 @@ class DlockProtocol(Grammar):
                     self.service.release(key, way.owner)
             self._acquire_timeout(request_id, lost)
             return
-        timed = self.connection.policy.durability is not None and (
-            bool(switching) or isinstance(way.owner, TimedGrants)
-        )
+        # Timed grants begun, renewed, or switched to or from a time: told to
+        # whoever records them, and reported only once recorded.
+        timed = bool(switching) or isinstance(way.owner, TimedGrants)
         changes = self.owner_changes() if timed else None
         if changes is not None:
             for key in keys:  # (begun, renewed, or switched to or from a time)

@@ -1,32 +1,45 @@
 """
-Every option of C{twistd jesync}, declared once, in L{OPTIONS}: its name,
-short flag, how its value is read, its default and how C{--help} shows it,
-its help text and group, and the L{jesync.server.ServerSettings} field it
-sets.  Everything else reads the table: L{jesync.tap.Options} (its
-C{optParameters}, C{optFlags}, its listener methods, its C{--help} groups),
-L{jesync.tap.settings_from} (options to settings) and C{ServerSettings}'
-defaults (L{setting_default}).  So adding an option is one entry here, its
-settings field, and the code that uses it; C{--help}, the whole-name check,
-the error messages and the settings follow.
+Every option of C{twistd jesync} is declared once, as the settings field
+it sets: C{max_keys: Optional[int] = option("max-keys", "Limits", "...",
+parser=limit, default=1_000_000)} in L{jesync.server.ServerSettings}.
+L{option} returns a dataclass field whose default is the option's (as the
+field holds it) and whose metadata carries the L{Option}: its name, short
+flag, how its value is read, its default and how C{--help} shows it, its
+help text and group.  L{options_of} reads the table back from the
+settings' fields, in their order, and everything else reads that table:
+L{jesync.tap.Options} (its C{optParameters}, C{optFlags}, its listener
+methods, its C{--help} groups), L{jesync.tap.settings_from} (options to
+settings), and C{ServerSettings.summary} (the listeners, the limits it
+logs).  So adding an option is one declaration plus the code that uses
+it; C{--help}, the whole-name check, the error messages and the settings
+follow.
+
+Why the declaration is the field rather than a table entry beside it: a
+table and a dataclass are two lists to keep in step, and the dataclass
+cannot be built from the table without losing mypy's check of every
+C{settings.max_keys} (a generated class has no declared fields).  A field
+whose annotation is its type and whose value is its option keeps both
+in one place.  Options that set no field of their own are declared where
+they are read: C{--tls-ciphers} and C{--tls-min-version} in the C{tls}
+field (L{read_into}), C{--version} and C{--help} in L{ACTIONS}.
 
 A value's reader (C{parser}) raises C{ValueError} worded for the user;
 C{twistd jesync} shows it after the option and its value (C{--max-keys -1:
 must be 0 (no limit) or more}).  This module knows nothing of twistd nor of
-the server it configures; it imports only what its defaults are.
+the server it configures.
 """
 
 from __future__ import annotations
 
 import importlib
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from twisted.internet import endpoints
 
-from jesync.connections.listings import DEFAULT_LIMIT as DEFAULT_LISTING_LIMIT
-from jesync.listening import DEFAULT_TLS_CIPHERS, TLS_VERSIONS
-from jesync.sessions import DEFAULT_MAX_SESSIONS
+from jesync.listening import TLS_VERSIONS
 
 # Where a server listens for JESync clients unless told.
 DEFAULT_PORT = "tcp:11400"
@@ -169,7 +182,7 @@ class Option:
 
     @ivar name: its long name, C{--name}.
     @ivar group: the C{--help} group it is shown in (groups are shown in
-        the order they first appear in L{OPTIONS}, options in theirs).
+        the order they first appear in the table, options in theirs).
     @ivar help: its help text, one paragraph (None: an L{ACTION}'s method's
         own docstring).
     @ivar kind: L{VALUE}, L{FLAG}, L{MANY} or L{ACTION}.
@@ -181,10 +194,12 @@ class Option:
         given (None: an empty list).
     @ivar short: its one-letter flag, if any.
     @ivar shown: how C{--help} shows the default, as it can be typed back.
-    @ivar field: the L{jesync.server.ServerSettings} field it sets (None:
-        read by L{jesync.tap.Options} into another, as C{--tls-ciphers} is
-        into C{tls}).
+    @ivar field: the L{jesync.server.ServerSettings} field it sets, the one
+        L{option} declares it in (None: read by L{jesync.tap.Options} into
+        another, as C{--tls-ciphers} is into C{tls}, or an L{ACTION}).
     @ivar setting: the option's value as that field holds it.
+    @ivar logged: its place among the limits the startup line shows
+        (L{jesync.server.ServerSettings.summary}; 0: not shown there).
     """
 
     name: str
@@ -197,6 +212,7 @@ class Option:
     shown: Callable[[Any], str] = str
     field: Optional[str] = None
     setting: Callable[[Any], Any] = _same
+    logged: int = 0
 
     @property
     def key(self) -> str:
@@ -210,372 +226,78 @@ class Option:
         return self.default
 
 
-OPTIONS: Sequence[Option] = (
-    # Listeners
-    Option(
-        "port",
-        "Listeners",
-        "Where to listen for JESync clients: a port number or a Twisted endpoint description "
-        "(tcp:7777:interface=127.0.0.1, unix:/run/jesync.sock, ssl:11443:privateKey=key.pem:certKey=cert.pem; "
-        "ssl: needs pip install 'jesync[tls]'). May be given more than once. [default: 11400]",
-        kind=MANY,
-        parser=listen_endpoint,
-        default=DEFAULT_PORT,
-        short="p",
-        field="ports",
-    ),
-    Option(
-        "elock-port",
-        "Listeners",
-        "Where to listen for elock clients (a port number or an endpoint description, as for --port); "
-        "may be given more than once. Off unless given; 11401 is suggested (elock's own default is JESync's 11400).",
-        kind=MANY,
-        parser=listen_endpoint,
-        field="elock_ports",
-    ),
-    Option(
-        "dlock-port",
-        "Listeners",
-        "Where to listen for dlock clients (length-prefixed protocol buffers; a port number or an endpoint "
-        "description, as for --port); may be given more than once. Off unless given; 11402 is suggested.",
-        kind=MANY,
-        parser=listen_endpoint,
-        field="dlock_ports",
-    ),
-    Option(
-        "memcache-port",
-        "Listeners",
-        "Where to listen for memcached clients (text and binary protocols, with yrmcds's object locks; "
-        "a port number or an endpoint description, as for --port); may be given more than once. "
-        "Off unless given; 11211 is suggested.",
-        kind=MANY,
-        parser=listen_endpoint,
-        field="memcache_ports",
-    ),
-    Option(
-        "admin-port",
-        "Listeners",
-        "Where to listen for the operator: the JESync protocol plus force-release <key> and end-session <id> "
-        "(a port number or an endpoint description, as for --port; e.g. unix:/run/jesync/admin.sock "
-        "with mode=600); may be given more than once. Off unless given.",
-        kind=MANY,
-        parser=listen_endpoint,
-        field="admin_ports",
-    ),
-    Option(
-        "metrics",
-        "Listeners",
-        "Serve Prometheus metrics (/metrics) and a health check (/health) over HTTP, unauthenticated: "
-        "a port number or an endpoint description, as for --port (e.g. tcp:9400:interface=127.0.0.1). "
-        "Off unless given. Needs pip install 'jesync[metrics]'.",
-        kind=MANY,
-        parser=listen_endpoint,
-        field="metrics_ports",
-    ),
-    # Limits
-    Option(
-        "max-connections",
-        "Limits",
-        "Most client connections open at once, all protocols together.",
-        parser=limit,
-        default=10_000,
-        field="max_connections",
-    ),
-    Option(
-        "max-keys",
-        "Limits",
-        "Most distinct keys in use (held or waited for) at once.",
-        parser=limit,
-        default=1_000_000,
-        field="max_keys",
-    ),
-    Option(
-        "max-waiters",
-        "Limits",
-        "Most requests waiting for one key.",
-        parser=limit,
-        default=10_000,
-        field="max_waiters",
-    ),
-    Option(
-        "max-total-waits",
-        "Limits",
-        "Most requests waiting at once, all keys and connections together.",
-        parser=limit,
-        default=100_000,
-        field="max_total_waits",
-    ),
-    Option(
-        "max-held",
-        "Limits",
-        "Most grants plus waits one connection (elock: one session) may have.",
-        parser=limit,
-        default=10_000,
-        field="max_held",
-    ),
-    Option(
-        "max-sessions",
-        "Limits",
-        "Most elock sessions in their grace period (detached) at once; while there are that many, "
-        "no new session starts.",
-        parser=limit,
-        default=DEFAULT_MAX_SESSIONS,
-        field="max_sessions",
-    ),
-    Option(
-        "max-session-grace",
-        "Limits",
-        "Longest grace period, in seconds, an elock session may ask for with set_timeout "
-        "(a longer one is cut to it); a session holding nothing ends when its connection goes.",
-        parser=seconds,
-        default=300.0,
-        shown=seconds_text,
-        field="max_session_grace",
-        setting=none_if_zero,
-    ),
-    Option(
-        "max-key-length",
-        "Limits",
-        "Longest key accepted, in bytes.",
-        parser=limit,
-        default=1024,
-        field="max_key_length",
-    ),
-    Option(
-        "max-unsent",
-        "Limits",
-        "Bytes of replies a client that stopped reading may fall behind by before it is disconnected "
-        "(counted from the first reactor turn after its transport's buffer passed 64 KiB).",
-        parser=limit,
-        default=4 * 1024 * 1024,
-        field="max_unsent",
-    ),
-    Option(
-        "max-listing-memory",
-        "Limits",
-        "Most memory the snapshots of listings being sent hold together, in bytes or with a unit (64m, 1g); "
-        "past it, a listing that needs a new snapshot is refused (one is always admitted when no other is being sent).",
-        parser=size,
-        default=DEFAULT_LISTING_LIMIT,
-        shown=size_text,
-        field="max_listing_memory",
-    ),
-    Option(
-        "idle-timeout",
-        "Limits",
-        "Seconds after which a connection that has sent nothing, and holds and waits for nothing, "
-        "is closed (0: never).",
-        parser=seconds,
-        default=0.0,
-        shown=seconds_text,
-        field="idle_timeout",
-        setting=none_if_zero,
-    ),
-    Option(
-        "dlock-max-message",
-        "Limits",
-        "Longest dlock message, in bytes; a longer one closes its connection.",
-        parser=whole_number,
-        default=16384,
-        field="dlock_max_message",
-    ),
-    Option(
-        "dlock-max-keys",
-        "Limits",
-        "Most keys one dlock request may name (more: TooManyKeys).",
-        parser=whole_number,
-        default=1000,
-        field="dlock_max_keys",
-    ),
-    Option(
-        "dlock-idle-timeout",
-        "Limits",
-        "Seconds after which a dlock connection that has sent nothing (not even a Ping) is closed, "
-        "releasing the locks it holds until disconnect (0: never). Governs dlock connections instead "
-        "of --idle-timeout.",
-        parser=seconds,
-        default=60.0,
-        shown=seconds_text,
-        field="dlock_idle_timeout",
-        setting=none_if_zero,
-    ),
-    Option(
-        "memcache-memory",
-        "Limits",
-        "Most memory the memcached store's items take (keys, values and 320 bytes each), in bytes or with "
-        "a unit (64m, 1g); past it, least recently used unlocked items are evicted.",
-        parser=size,
-        default=64 * 1024**2,
-        shown=size_text,
-        field="memcache_memory",
-    ),
-    Option(
-        "memcache-max-item",
-        "Limits",
-        "Longest value the memcached store takes (bytes, or 512k, 1m...); a longer one is refused "
-        "with memcached's 'object too large' error.",
-        parser=size,
-        default=1024**2,
-        shown=size_text,
-        field="memcache_max_item",
-    ),
-    # Security
-    Option(
-        "auth-token-file",
-        "Security",
-        "A file holding a token (one line): every connection must send 'auth <token>' first.",
-        field="auth_token_file",
-    ),
-    Option(
-        "auth-token-grace",
-        "Security",
-        "Seconds the previous token is still accepted after the token file is read again (on SIGHUP), "
-        "so that clients can be given the new one without a restart.",
-        parser=seconds,
-        default=300.0,
-        shown=seconds_text,
-        field="auth_token_grace",
-    ),
-    Option(
-        "admin-token-file",
-        "Security",
-        "A file holding the admin listener's own token (one line): --admin-port then accepts "
-        "'auth <this token>' alone (not --auth-token-file's), and this token opens no other listener. "
-        "Read again on SIGHUP, as --auth-token-file is.",
-        field="admin_token_file",
-    ),
-    Option(
-        "auth-timeout",
-        "Security",
-        "Seconds a connection may take to send a valid 'auth <token>' (with --auth-token-file) "
-        "before it is closed (0: no limit).",
-        parser=seconds,
-        default=10.0,
-        shown=seconds_text,
-        field="auth_timeout",
-        setting=none_if_zero,
-    ),
-    Option(
-        "protected-mode",
-        "Security",
-        "on: while no --auth-token-file is set, only clients on loopback or a UNIX socket are served, "
-        "others get an error saying how to let them in; off: serve everyone (a trusted network).",
-        parser=on_off,
-        default="on",
-        field="protected_mode",
-    ),
-    Option(
-        "tls-ciphers",
-        "Security",
-        "The TLS 1.2 cipher suites ssl: listeners accept, as an OpenSSL cipher string "
-        "(forward-secret AEAD suites only by default; TLS 1.3's are OpenSSL's, all of that kind).",
-        default=DEFAULT_TLS_CIPHERS,
-    ),
-    Option(
-        "tls-min-version",
-        "Security",
-        "The oldest TLS version ssl: listeners accept: 1.2 or 1.3.",
-        parser=tls_version,
-        default="1.2",
-    ),
-    Option(
-        "metrics-public",
-        "Security",
-        "Serve /metrics to anyone even with --auth-token-file (without it, a scrape must send "
-        "'Authorization: Bearer <token>'; /health is always open).",
-        kind=FLAG,
-        field="metrics_public",
-        setting=bool,
-    ),
-    # Cluster
-    Option(
-        "etcd",
-        "Cluster",
-        "Run as a member of a cluster whose state lives in etcd: an etcd client URL (http://127.0.0.1:2379); "
-        "give each member of an etcd cluster, one --etcd each. One member of the cluster (--cluster) is "
-        "leader and serves every listener; the others stand by, listening on nothing but --metrics, and take "
-        "over if it dies. Needs pip install 'jesync[cluster]'.",
-        kind=MANY,
-        parser=etcd_url,
-        field="etcd",
-    ),
-    Option(
-        "cluster",
-        "Cluster",
-        "With --etcd: the cluster's name; every member of one cluster uses the same name and etcd.",
-        default="jesync",
-        field="cluster",
-    ),
-    Option(
-        "lease-ttl",
-        "Cluster",
-        "With --etcd: seconds the leader's election lease lasts without a keep-alive; a standby takes over "
-        "within this plus 2 seconds of the leader's death (2 at least: etcd's own minimum).",
-        parser=int,
-        default=5,
-        field="lease_ttl",
-    ),
-    # Operations
-    Option(
-        "state-dir",
-        "Operations",
-        "A directory the server may write to (systemd's StateDirectory=): it keeps a high-water mark of "
-        "fencing tokens there, so that tokens keep increasing across restarts even if the clock goes back.",
-        field="state_dir",
-    ),
-    Option(
-        "keepalive",
-        "Operations",
-        "Seconds of silence before TCP keepalive probes a client, and between probes; "
-        "4 unanswered probes drop it (0: the system's settings).",
-        parser=seconds,
-        default=60.0,
-        shown=seconds_text,
-        field="keepalive",
-        setting=none_if_zero,
-    ),
-    Option(
-        "shutdown-grace",
-        "Operations",
-        "Seconds a stopping server, or a closing connection, waits for clients to take their last replies "
-        "before dropping them.",
-        parser=seconds,
-        default=5.0,
-        shown=seconds_text,
-        field="shutdown_grace",
-    ),
-    Option(
-        "verbose",
-        "Operations",
-        "Log every command and reply (at debug level).",
-        kind=FLAG,
-        short="v",
-        field="verbose",
-        setting=bool,
-    ),
+# The options that set no settings field: what Options itself does and exits.
+ACTIONS: Sequence[Option] = (
     Option("version", "Operations", None, kind=ACTION),
     Option("help", "Operations", None, kind=ACTION),
 )
 
-BY_NAME: Dict[str, Option] = {option.name: option for option in OPTIONS}
+
+def option(
+    name: str,
+    group: str,
+    help: str,
+    *,
+    kind: str = VALUE,
+    parser: Optional[Callable[[str], Any]] = None,
+    default: Any = None,
+    short: Optional[str] = None,
+    shown: Callable[[Any], str] = str,
+    setting: Callable[[Any], Any] = _same,
+    logged: int = 0,
+) -> Any:
+    """
+    A settings field that option C{--name} sets (L{Option}'s attributes;
+    its C{field} is the field's name): the field's default is the
+    option's, as the field holds it, and the option rides in the field's
+    metadata, where L{options_of} finds it.  (Typed C{Any}, as
+    C{dataclasses.field} is, so that the field's annotation is its type.)
+    """
+    declared = Option(name, group, help, kind, parser, default, short, shown, None, setting, logged)
+    metadata = {_OPTION: declared}
+    if kind == MANY:
+        initial = [] if default is None else [default]
+        return field(default_factory=lambda: list(initial), metadata=metadata)
+    return field(default=setting(declared.default_value()), metadata=metadata)
 
 
-def help_groups() -> List[Tuple[str, List[str]]]:
+def read_into(*options: Option, default_factory: Callable[[], Any]) -> Any:
+    """
+    A settings field that L{jesync.tap.Options} reads from C{options}
+    together (as C{tls} is from C{--tls-ciphers} and C{--tls-min-version}):
+    they are declared here, in the table's order, and set no field of
+    their own.
+    """
+    return field(default_factory=default_factory, metadata={_READ_INTO: options})
+
+
+_OPTION = "jesync.option"
+_READ_INTO = "jesync.options read into"
+
+
+@lru_cache(maxsize=None)
+def options_of(settings: type) -> Tuple[Option, ...]:
+    """
+    The table: every option of C{settings}' fields (a dataclass, such as
+    L{jesync.server.ServerSettings}), in the fields' order, then the
+    L{ACTIONS}.
+    """
+    table: List[Option] = []
+    for declared in fields(settings):
+        if _OPTION in declared.metadata:
+            table.append(replace(declared.metadata[_OPTION], field=declared.name))
+        table.extend(declared.metadata.get(_READ_INTO, ()))
+    return (*table, *ACTIONS)
+
+
+def help_groups(options: Sequence[Option]) -> List[Tuple[str, List[str]]]:
     """The C{--help} groups, each with its options' names, in the table's order."""
     grouped: Dict[str, List[str]] = {}
-    for option in OPTIONS:
-        grouped.setdefault(option.group, []).append(option.name)
+    for each in options:
+        grouped.setdefault(each.group, []).append(each.name)
     return list(grouped.items())
 
 
-def setting_default(name: str) -> Any:
-    """
-    The default of the L{jesync.server.ServerSettings} field option C{name}
-    sets: its default as that field holds it (for a L{MANY} option, a
-    dataclass field whose every instance gets a list of its own).
-    """
-    option = BY_NAME[name]
-    if option.kind == MANY:
-        initial = [] if option.default is None else [option.default]
-        return field(default_factory=lambda: list(initial))
-    return option.setting(option.default_value())
+def listeners(options: Sequence[Option]) -> List[Option]:
+    """The options that say where to listen (each a list of endpoint descriptions), in the table's order."""
+    return [each for each in options if each.kind == MANY and each.parser is listen_endpoint]

@@ -1,7 +1,8 @@
 """
 The composition root: a whole lock server from its settings.
-L{ServerSettings} is everything C{twistd jesync} can be told (one field per
-option of L{jesync.options.OPTIONS}, which C{twistd jesync} fills);
+L{ServerSettings} is everything C{twistd jesync} can be told: each option
+is declared once, as the field it sets (L{jesync.options.option}), and
+C{twistd jesync} reads its options from those declarations;
 L{build_server} turns settings into a running-ready Twisted service, for
 C{twistd jesync}, a C{.tac} file, or an application embedding it: a
 L{LockServer} (L{build_lock_server}) or, with etcd, a cluster member
@@ -16,10 +17,11 @@ L{jesync.lock_server}, L{jesync.metrics_connections}, L{jesync.process}).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import TYPE_CHECKING, Any, List, Optional, Union
 
+from jesync.connections.listings import DEFAULT_LIMIT as DEFAULT_LISTING_LIMIT
 from jesync.connections.listings import ListingBudget
 from jesync.connections.policy import ConnectionPolicy, Connections
 from jesync.errors import show_number
@@ -27,13 +29,35 @@ from jesync.fencing import TokenMark, TokenMarkService
 from jesync.listening import DEFAULT_TLS_CIPHERS, ListenFailed, TLSPolicy, public_endpoint
 from jesync.lock_server import LockServer, MemberTokens, TokenFile
 from jesync.metrics_connections import CountedFactory, scraper_authorized
-from jesync.options import DEFAULT_PORT, setting_default
+from jesync.options import (
+    DEFAULT_PORT,
+    FLAG,
+    MANY,
+    Option,
+    etcd_url,
+    endpoint_type,
+    limit,
+    listen_endpoint,
+    listeners,
+    none_if_zero,
+    on_off,
+    option,
+    options_of,
+    read_into,
+    seconds,
+    seconds_text,
+    size,
+    size_text,
+    tls_version,
+    whole_number,
+)
 from jesync.protocols.admin import AdminFactory
 from jesync.protocols.dlock import DlockFactory
 from jesync.protocols.elock import ELockFactory
 from jesync.protocols.jesync import JESyncFactory
 from jesync.protocols.memcache import MemcacheFactory
 from jesync.service import LockService
+from jesync.sessions import DEFAULT_MAX_SESSIONS
 from jesync.store import ObjectStore, SweepService
 
 if TYPE_CHECKING:
@@ -59,78 +83,347 @@ METRICS_CONNECTIONS = 16
 class ServerSettings:
     """
     Everything C{twistd jesync} can be told.  Limits are None for "no
-    limit"; endpoints are Twisted endpoint descriptions.  Each field set by
-    an option has that option's default (L{jesync.options.OPTIONS}, where
-    every option is declared); the tokens and the TLS policy are read from
-    options (their files, C{--tls-ciphers} and C{--tls-min-version}).
+    limit"; endpoints are Twisted endpoint descriptions.  A field set by an
+    option is that option's declaration (L{jesync.options.option}: its
+    name, group, help, parser, default...), and its default is the
+    option's; the fields' order is C{--help}'s.  The tokens are read from
+    their files and the TLS policy from the options declared in it
+    (L{jesync.options.read_into}); the tokens are plain fields.
     """
 
-    ports: List[str] = setting_default("port")
-    elock_ports: List[str] = setting_default("elock-port")
-    dlock_ports: List[str] = setting_default("dlock-port")
-    memcache_ports: List[str] = setting_default("memcache-port")
-    metrics_ports: List[str] = setting_default("metrics")
-    admin_ports: List[str] = setting_default("admin-port")
-    max_connections: Optional[int] = setting_default("max-connections")
-    max_keys: Optional[int] = setting_default("max-keys")
-    max_waiters: Optional[int] = setting_default("max-waiters")
-    max_total_waits: Optional[int] = setting_default("max-total-waits")
-    max_held: Optional[int] = setting_default("max-held")
-    max_sessions: Optional[int] = setting_default("max-sessions")
-    # Seconds: the longest grace period an elock session may ask for (None: no bound).
-    max_session_grace: Optional[float] = setting_default("max-session-grace")
-    max_key_length: Optional[int] = setting_default("max-key-length")
-    max_unsent: Optional[int] = setting_default("max-unsent")
-    # Bytes all pending listings' snapshots may hold together (jesync.connections.listings).
-    max_listing_memory: int = setting_default("max-listing-memory")
-    keepalive: Optional[float] = setting_default("keepalive")
+    ports: List[str] = option(
+        "port",
+        "Listeners",
+        "Where to listen for JESync clients: a port number or a Twisted endpoint description "
+        "(tcp:7777:interface=127.0.0.1, unix:/run/jesync.sock, ssl:11443:privateKey=key.pem:certKey=cert.pem; "
+        "ssl: needs pip install 'jesync[tls]'). May be given more than once. [default: 11400]",
+        kind=MANY,
+        parser=listen_endpoint,
+        default=DEFAULT_PORT,
+        short="p",
+    )
+    elock_ports: List[str] = option(
+        "elock-port",
+        "Listeners",
+        "Where to listen for elock clients (a port number or an endpoint description, as for --port); "
+        "may be given more than once. Off unless given; 11401 is suggested (elock's own default is JESync's 11400).",
+        kind=MANY,
+        parser=listen_endpoint,
+    )
+    dlock_ports: List[str] = option(
+        "dlock-port",
+        "Listeners",
+        "Where to listen for dlock clients (length-prefixed protocol buffers; a port number or an endpoint "
+        "description, as for --port); may be given more than once. Off unless given; 11402 is suggested.",
+        kind=MANY,
+        parser=listen_endpoint,
+    )
+    memcache_ports: List[str] = option(
+        "memcache-port",
+        "Listeners",
+        "Where to listen for memcached clients (text and binary protocols, with yrmcds's object locks; "
+        "a port number or an endpoint description, as for --port); may be given more than once. "
+        "Off unless given; 11211 is suggested.",
+        kind=MANY,
+        parser=listen_endpoint,
+    )
+    admin_ports: List[str] = option(
+        "admin-port",
+        "Listeners",
+        "Where to listen for the operator: the JESync protocol plus force-release <key> and end-session <id> "
+        "(a port number or an endpoint description, as for --port; e.g. unix:/run/jesync/admin.sock "
+        "with mode=600); may be given more than once. Off unless given.",
+        kind=MANY,
+        parser=listen_endpoint,
+    )
+    metrics_ports: List[str] = option(
+        "metrics",
+        "Listeners",
+        "Serve Prometheus metrics (/metrics) and a health check (/health) over HTTP, unauthenticated: "
+        "a port number or an endpoint description, as for --port (e.g. tcp:9400:interface=127.0.0.1). "
+        "Off unless given. Needs pip install 'jesync[metrics]'.",
+        kind=MANY,
+        parser=listen_endpoint,
+    )
+    max_connections: Optional[int] = option(
+        "max-connections",
+        "Limits",
+        "Most client connections open at once, all protocols together.",
+        parser=limit,
+        default=10_000,
+        logged=1,
+    )
+    max_keys: Optional[int] = option(
+        "max-keys",
+        "Limits",
+        "Most distinct keys in use (held or waited for) at once.",
+        parser=limit,
+        default=1_000_000,
+        logged=2,
+    )
+    max_waiters: Optional[int] = option(
+        "max-waiters",
+        "Limits",
+        "Most requests waiting for one key.",
+        parser=limit,
+        default=10_000,
+        logged=3,
+    )
+    max_total_waits: Optional[int] = option(
+        "max-total-waits",
+        "Limits",
+        "Most requests waiting at once, all keys and connections together.",
+        parser=limit,
+        default=100_000,
+        logged=4,
+    )
+    max_held: Optional[int] = option(
+        "max-held",
+        "Limits",
+        "Most grants plus waits one connection (elock: one session) may have.",
+        parser=limit,
+        default=10_000,
+        logged=5,
+    )
+    max_sessions: Optional[int] = option(
+        "max-sessions",
+        "Limits",
+        "Most elock sessions in their grace period (detached) at once; while there are that many, "
+        "no new session starts.",
+        parser=limit,
+        default=DEFAULT_MAX_SESSIONS,
+        logged=6,
+    )
+    max_session_grace: Optional[float] = option(
+        "max-session-grace",
+        "Limits",
+        "Longest grace period, in seconds, an elock session may ask for with set_timeout "
+        "(a longer one is cut to it); a session holding nothing ends when its connection goes.",
+        parser=seconds,
+        default=300.0,
+        shown=seconds_text,
+        setting=none_if_zero,
+        logged=7,
+    )
+    max_key_length: Optional[int] = option(
+        "max-key-length",
+        "Limits",
+        "Longest key accepted, in bytes.",
+        parser=limit,
+        default=1024,
+        logged=8,
+    )
+    max_unsent: Optional[int] = option(
+        "max-unsent",
+        "Limits",
+        "Bytes of replies a client that stopped reading may fall behind by before it is disconnected "
+        "(counted from the first reactor turn after its transport's buffer passed 64 KiB).",
+        parser=limit,
+        default=4 * 1024 * 1024,
+        logged=9,
+    )
+    max_listing_memory: int = option(
+        "max-listing-memory",
+        "Limits",
+        "Most memory the snapshots of listings being sent hold together, in bytes or with a unit (64m, 1g); "
+        "past it, a listing that needs a new snapshot is refused (one is always admitted when no other is being sent).",
+        parser=size,
+        default=DEFAULT_LISTING_LIMIT,
+        shown=size_text,
+        logged=10,
+    )
+    idle_timeout: Optional[float] = option(
+        "idle-timeout",
+        "Limits",
+        "Seconds after which a connection that has sent nothing, and holds and waits for nothing, "
+        "is closed (0: never).",
+        parser=seconds,
+        default=0.0,
+        shown=seconds_text,
+        setting=none_if_zero,
+        logged=12,
+    )
+    dlock_max_message: int = option(
+        "dlock-max-message",
+        "Limits",
+        "Longest dlock message, in bytes; a longer one closes its connection.",
+        parser=whole_number,
+        default=16384,
+    )
+    dlock_max_keys: int = option(
+        "dlock-max-keys",
+        "Limits",
+        "Most keys one dlock request may name (more: TooManyKeys).",
+        parser=whole_number,
+        default=1000,
+    )
+    dlock_idle_timeout: Optional[float] = option(
+        "dlock-idle-timeout",
+        "Limits",
+        "Seconds after which a dlock connection that has sent nothing (not even a Ping) is closed, "
+        "releasing the locks it holds until disconnect (0: never). Governs dlock connections instead "
+        "of --idle-timeout.",
+        parser=seconds,
+        default=60.0,
+        shown=seconds_text,
+        setting=none_if_zero,
+    )
+    memcache_memory: int = option(
+        "memcache-memory",
+        "Limits",
+        "Most memory the memcached store's items take (keys, values and 320 bytes each), in bytes or with "
+        "a unit (64m, 1g); past it, least recently used unlocked items are evicted.",
+        parser=size,
+        default=64 * 1024**2,
+        shown=size_text,
+    )
+    memcache_max_item: int = option(
+        "memcache-max-item",
+        "Limits",
+        "Longest value the memcached store takes (bytes, or 512k, 1m...); a longer one is refused "
+        "with memcached's 'object too large' error.",
+        parser=size,
+        default=1024**2,
+        shown=size_text,
+    )
+    # The token, read from --auth-token-file (read again on SIGHUP).
     auth_token: Optional[bytes] = None
-    # The file the token came from: read again on SIGHUP (None: never).
-    auth_token_file: Optional[str] = setting_default("auth-token-file")
-    auth_token_grace: float = setting_default("auth-token-grace")
-    # The admin listener's own token, and its file (read again on SIGHUP):
-    # with it, the admin listener takes this token and not auth_token.
+    auth_token_file: Optional[str] = option(
+        "auth-token-file",
+        "Security",
+        "A file holding a token (one line): every connection must send 'auth <token>' first.",
+    )
+    auth_token_grace: float = option(
+        "auth-token-grace",
+        "Security",
+        "Seconds the previous token is still accepted after the token file is read again (on SIGHUP), "
+        "so that clients can be given the new one without a restart.",
+        parser=seconds,
+        default=300.0,
+        shown=seconds_text,
+    )
+    # The admin listener's own token, read from --admin-token-file (read again
+    # on SIGHUP): with it, the admin listener takes this token and not auth_token.
     admin_token: Optional[bytes] = None
-    admin_token_file: Optional[str] = setting_default("admin-token-file")
-    # Serve /metrics without the token even when one is set.
-    metrics_public: bool = setting_default("metrics-public")
-    protected_mode: bool = setting_default("protected-mode")
-    # What ssl: endpoints accept (--tls-ciphers, --tls-min-version).
-    tls: TLSPolicy = field(default_factory=lambda: TLSPolicy())
-    auth_timeout: Optional[float] = setting_default("auth-timeout")
-    idle_timeout: Optional[float] = setting_default("idle-timeout")
-    shutdown_grace: float = setting_default("shutdown-grace")
-    dlock_max_message: int = setting_default("dlock-max-message")
-    dlock_max_keys: int = setting_default("dlock-max-keys")
-    dlock_idle_timeout: Optional[float] = setting_default("dlock-idle-timeout")
-    memcache_memory: int = setting_default("memcache-memory")
-    memcache_max_item: int = setting_default("memcache-max-item")
-    state_dir: Optional[str] = setting_default("state-dir")
-    # Cluster mode (jesync.cluster): etcd's client URLs (none: a single process).
-    etcd: List[str] = setting_default("etcd")
-    cluster: str = setting_default("cluster")
-    lease_ttl: int = setting_default("lease-ttl")
-    verbose: bool = setting_default("verbose")
+    admin_token_file: Optional[str] = option(
+        "admin-token-file",
+        "Security",
+        "A file holding the admin listener's own token (one line): --admin-port then accepts "
+        "'auth <this token>' alone (not --auth-token-file's), and this token opens no other listener. "
+        "Read again on SIGHUP, as --auth-token-file is.",
+    )
+    auth_timeout: Optional[float] = option(
+        "auth-timeout",
+        "Security",
+        "Seconds a connection may take to send a valid 'auth <token>' (with --auth-token-file) "
+        "before it is closed (0: no limit).",
+        parser=seconds,
+        default=10.0,
+        shown=seconds_text,
+        setting=none_if_zero,
+        logged=11,
+    )
+    protected_mode: bool = option(
+        "protected-mode",
+        "Security",
+        "on: while no --auth-token-file is set, only clients on loopback or a UNIX socket are served, "
+        "others get an error saying how to let them in; off: serve everyone (a trusted network).",
+        parser=on_off,
+        default="on",
+    )
+    # What ssl: endpoints accept, read from --tls-ciphers and --tls-min-version.
+    tls: TLSPolicy = read_into(
+        Option(
+            "tls-ciphers",
+            "Security",
+            "The TLS 1.2 cipher suites ssl: listeners accept, as an OpenSSL cipher string "
+            "(forward-secret AEAD suites only by default; TLS 1.3's are OpenSSL's, all of that kind).",
+            default=DEFAULT_TLS_CIPHERS,
+        ),
+        Option(
+            "tls-min-version",
+            "Security",
+            "The oldest TLS version ssl: listeners accept: 1.2 or 1.3.",
+            parser=tls_version,
+            default="1.2",
+        ),
+        default_factory=TLSPolicy,
+    )
+    metrics_public: bool = option(
+        "metrics-public",
+        "Security",
+        "Serve /metrics to anyone even with --auth-token-file (without it, a scrape must send "
+        "'Authorization: Bearer <token>'; /health is always open).",
+        kind=FLAG,
+        setting=bool,
+    )
+    etcd: List[str] = option(
+        "etcd",
+        "Cluster",
+        "Run as a member of a cluster whose state lives in etcd: an etcd client URL (http://127.0.0.1:2379); "
+        "give each member of an etcd cluster, one --etcd each. One member of the cluster (--cluster) is "
+        "leader and serves every listener; the others stand by, listening on nothing but --metrics, and take "
+        "over if it dies. Needs pip install 'jesync[cluster]'.",
+        kind=MANY,
+        parser=etcd_url,
+    )
+    cluster: str = option(
+        "cluster",
+        "Cluster",
+        "With --etcd: the cluster's name; every member of one cluster uses the same name and etcd.",
+        default="jesync",
+    )
+    lease_ttl: int = option(
+        "lease-ttl",
+        "Cluster",
+        "With --etcd: seconds the leader's election lease lasts without a keep-alive; a standby takes over "
+        "within this plus 2 seconds of the leader's death (2 at least: etcd's own minimum).",
+        parser=int,
+        default=5,
+    )
+    state_dir: Optional[str] = option(
+        "state-dir",
+        "Operations",
+        "A directory the server may write to (systemd's StateDirectory=): it keeps a high-water mark of "
+        "fencing tokens there, so that tokens keep increasing across restarts even if the clock goes back.",
+    )
+    keepalive: Optional[float] = option(
+        "keepalive",
+        "Operations",
+        "Seconds of silence before TCP keepalive probes a client, and between probes; "
+        "4 unanswered probes drop it (0: the system's settings).",
+        parser=seconds,
+        default=60.0,
+        shown=seconds_text,
+        setting=none_if_zero,
+    )
+    shutdown_grace: float = option(
+        "shutdown-grace",
+        "Operations",
+        "Seconds a stopping server, or a closing connection, waits for clients to take their last replies "
+        "before dropping them.",
+        parser=seconds,
+        default=5.0,
+        shown=seconds_text,
+    )
+    verbose: bool = option(
+        "verbose",
+        "Operations",
+        "Log every command and reply (at debug level).",
+        kind=FLAG,
+        short="v",
+        setting=bool,
+    )
+
 
     def summary(self) -> str:
         """
         One line for the log: endpoints (as L{public_endpoint} shows them:
-        never a TLS key's or certificate's path) and limits (never the token).
+        never a TLS key's or certificate's path) and limits (never the token):
+        the options declared with C{logged}, in its order.
         """
-        limits = {
-            "max-connections": self.max_connections,
-            "max-keys": self.max_keys,
-            "max-waiters": self.max_waiters,
-            "max-total-waits": self.max_total_waits,
-            "max-held": self.max_held,
-            "max-sessions": self.max_sessions,
-            "max-session-grace": self.max_session_grace,
-            "max-key-length": self.max_key_length,
-            "max-unsent": self.max_unsent,
-            "max-listing-memory": self.max_listing_memory,
-            "auth-timeout": self.auth_timeout,
-            "idle-timeout": self.idle_timeout,
-        }
+        logged = sorted((each for each in options_of(ServerSettings) if each.logged), key=lambda each: each.logged)
+        limits = {each.name: getattr(self, str(each.field)) for each in logged}
 
         def shown(descriptions: List[str]) -> str:
             return ", ".join(public_endpoint(description) for description in descriptions)
@@ -166,10 +459,9 @@ class ServerSettings:
 
     def tls_summary(self) -> str:
         """What the ssl: listeners accept, for the summary (nothing without one)."""
-        listeners = (
-            self.ports + self.elock_ports + self.dlock_ports + self.memcache_ports + self.metrics_ports + self.admin_ports
-        )
-        if not any(description.split(":", 1)[0].strip().lower() == "ssl" for description in listeners):
+        listening = listeners(options_of(ServerSettings))
+        descriptions = [description for listener in listening for description in getattr(self, str(listener.field))]
+        if not any(endpoint_type(description) == "ssl" for description in descriptions):
             return ""
         ciphers = "" if self.tls.ciphers == DEFAULT_TLS_CIPHERS else f", TLS 1.2 ciphers {self.tls.ciphers}"
         return f"; TLS {self.tls.min_version}+{ciphers}"

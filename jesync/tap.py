@@ -7,7 +7,8 @@ refusal names the options that were probably meant.  C{--help} shows the
 options in the groups the README uses, listeners first, each default written
 as it can be typed back (C{64m}, not C{67108864}).
 
-Every option is declared once, in L{jesync.options.OPTIONS}: L{Options}
+Every option is declared once, as the L{ServerSettings} field it sets
+(L{jesync.options}), and L{OPTIONS} is that table: L{Options}
 and L{settings_from} are read from that table, and hold only what concerns
 options together (the checks across options in C{postOptions}, the token
 files, the TLS policy).  Then L{makeService} builds the server the settings
@@ -37,20 +38,23 @@ from jesync.connections.policy import read_token_file
 from jesync.fencing import TokenMark
 from jesync.listening import TLSPolicy, public_endpoint
 from jesync.options import (
-    BY_NAME,
     FLAG,
     MANY,
-    OPTIONS,
     VALUE,
     Option,
     _ParseOnly,
     endpoint_type,
     help_groups,
-    listen_endpoint,
+    listeners,
+    options_of,
 )
 from jesync.options import limit, seconds, seconds_text, size, size_text  # noqa: F401 (tap.size etc., as before)
 from jesync.process import exit_if_not_listening
 from jesync.server import ServerSettings, build_server
+
+# Every option, declared as the ServerSettings field it sets (jesync.options).
+OPTIONS: Sequence[Option] = options_of(ServerSettings)
+BY_NAME: Dict[str, Option] = {option.name: option for option in OPTIONS}
 
 # elock's own default, 11400, is JESync's: elock listeners are off unless asked for.
 SUGGESTED_ELOCK_PORT = 11401
@@ -139,7 +143,7 @@ class Options(usage.Options):
         if option.kind == VALUE
     ]
     # --help shows the options in these groups, in this order (README's).
-    groups: Sequence[Tuple[str, Sequence[str]]] = help_groups()
+    groups: Sequence[Tuple[str, Sequence[str]]] = help_groups(OPTIONS)
 
     def __init__(self) -> None:
         super().__init__()
@@ -307,9 +311,8 @@ class Options(usage.Options):
     def _tls_policy(self) -> TLSPolicy:
         """What the ssl: listeners accept, checked against every ssl: endpoint given (if any)."""
         tls = TLSPolicy(self["tls-ciphers"], self["tls-min-version"])
-        listeners = [option for option in OPTIONS if option.kind == MANY and option.parser is listen_endpoint]
         checked = False
-        for listener in listeners:
+        for listener in listeners(OPTIONS):
             option = listener.name
             for description in self[listener.key]:
                 if endpoint_type(description) != "ssl":

@@ -1,10 +1,11 @@
 """
-README's "Adding an option" works as written: its three code blocks (the
-table entry, the settings field, the code that uses it), put where the
-README says into a copy of jesync, make an option that C{twistd jesync
---help} lists in its group, that the whole-name check knows, and that
-C{settings_from} turns into the settings field, with nothing else edited;
-and the table and C{ServerSettings} agree field for field.
+README's "Adding an option" works as written: its two code blocks (the
+option, declared as its settings field, and the code that uses it), put
+where the README says into a copy of jesync, make an option that
+C{twistd jesync --help} lists in its group, that the whole-name check
+knows, and that C{settings_from} turns into the settings field, with
+nothing else edited; and the table read back from C{ServerSettings} is
+its fields, each with its option's default.
 """
 
 from __future__ import annotations
@@ -21,11 +22,10 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from tests.test_docs import ROOT, readme_blocks
 
-# Where the README puts each block: the entry at the end of its group
-# ("Operations", before --version), the field beside the others, and the
-# use in place of the startup line's first part.
-ENTRY_BEFORE = '    Option("version", "Operations", None, kind=ACTION),\n'
-FIELD_AFTER = '    state_dir: Optional[str] = setting_default("state-dir")\n'
+# Where the README puts each block: the declaration at the end of its
+# group ("Operations", after --verbose's, so before --version), and the use
+# in place of the startup line's first part.
+FIELD_AFTER = '        short="v",\n        setting=bool,\n    )\n'
 USE_REPLACES = '            f"JESync on {shown(self.ports)}"\n'
 
 CHECK = """
@@ -67,12 +67,11 @@ def insert(path: Path, anchor: str, text: str, where: str) -> None:
 
 class AddingAnOptionTests(SynchronousTestCase):
     def setUp(self) -> None:
-        entry, field, use = readme_blocks("python", "Adding an option")
+        field, use = readme_blocks("python", "Adding an option")
         self.copy = Path(tempfile.mkdtemp())
         self.addCleanup(shutil.rmtree, self.copy)
         for name in ("jesync", "twisted"):
             shutil.copytree(ROOT / name, self.copy / name, ignore=shutil.ignore_patterns("__pycache__"))
-        insert(self.copy / "jesync" / "options.py", ENTRY_BEFORE, entry, "before")
         insert(self.copy / "jesync" / "server.py", FIELD_AFTER, field, "after")
         insert(self.copy / "jesync" / "server.py", USE_REPLACES, use, "instead")
 
@@ -125,23 +124,45 @@ class AddingAnOptionTests(SynchronousTestCase):
 class TableTests(SynchronousTestCase):
     def test_settings_fields_are_the_tables(self) -> None:
         """
-        Every ServerSettings field is set by one option of the table, but
-        those read from other options (the tokens from their files, the TLS
-        policy from two options); every option's field is a ServerSettings
-        field, whose default is the option's.
+        Every ServerSettings field is an option's declaration, but those
+        read from other options (the tokens from their files, the TLS
+        policy from the two options declared in it); the table read back
+        is those options in the fields' order, each naming its field, then
+        --version and --help; every field's default is its option's.
         """
         import dataclasses
 
-        from jesync.options import OPTIONS, setting_default
+        from jesync.options import ACTION, MANY, options_of
         from jesync.server import ServerSettings
 
-        fields = {field.name: field for field in dataclasses.fields(ServerSettings)}
-        by_field = {option.field: option for option in OPTIONS if option.field is not None}
-        self.assertEqual(len(by_field), len([option for option in OPTIONS if option.field is not None]))
-        self.assertEqual(sorted(set(fields) - set(by_field)), ["admin_token", "auth_token", "tls"])
-        self.assertEqual(sorted(set(by_field) - set(fields)), [])
+        table = options_of(ServerSettings)
+        fields = [field.name for field in dataclasses.fields(ServerSettings)]
+        by_field = [option.field for option in table if option.field is not None]
+        self.assertEqual(by_field, [name for name in fields if name not in ("admin_token", "auth_token", "tls")])
+        self.assertEqual(
+            [option.name for option in table if option.field is None],
+            ["tls-ciphers", "tls-min-version", "version", "help"],
+        )
+        self.assertEqual([option.name for option in table if option.kind == ACTION], ["version", "help"])
+        self.assertEqual(len({option.name for option in table}), len(table))
         defaults = ServerSettings()
-        for name, option in by_field.items():
-            declared = setting_default(option.name)
-            expected = declared.default_factory() if isinstance(declared, dataclasses.Field) else declared
-            self.assertEqual(getattr(defaults, name), expected, name)
+        for option in table:
+            if option.field is None:
+                continue
+            if option.kind == MANY:
+                expected = [] if option.default is None else [option.default]
+            else:
+                expected = option.setting(option.default_value())
+            self.assertEqual(getattr(defaults, option.field), expected, option.field)
+        # (A list default is each instance's own.)
+        self.assertIsNot(ServerSettings().ports, defaults.ports)
+
+    def test_startup_line_limits_are_the_logged_options(self) -> None:
+        """The startup line's limits are the options declared with logged=, in its order, each shown once."""
+        from jesync.options import options_of
+        from jesync.server import ServerSettings
+
+        logged = sorted((option for option in options_of(ServerSettings) if option.logged), key=lambda o: o.logged)
+        self.assertEqual(len({option.logged for option in logged}), len(logged))
+        limits = ServerSettings().summary().split("; limits: ", 1)[1].split("; ", 1)[0]
+        self.assertEqual([shown.split("=")[0] for shown in limits.split(", ")], [option.name for option in logged])

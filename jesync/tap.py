@@ -132,7 +132,7 @@ class Options(usage.Options):
         "  twistd -n jesync --metrics tcp:9400:interface=127.0.0.1\n"
         "  twistd -n jesync --etcd http://127.0.0.1:2379 --cluster locks   a cluster member (one of several)\n"
     )
-    # From the table (jesync.options.OPTIONS): usage.Options' own rows, and a
+    # From the table (OPTIONS, above): usage.Options' own rows, and a
     # method for each option given more than once (below the class).  A
     # parameter's errors name it (usage.Options' own say only "Parameter
     # type enforcement failed").

@@ -24,7 +24,9 @@ under the client's lock, never blocking its I/O).  A request interrupted by
 the failover is settled by L{jesync.client.elock_wire.after_resume}.
 The session's id, connection and member change only along its declared
 failover machine (L{jesync.client.elock_session}: unattached, attached,
-resuming, ended).
+resuming, ended).  The session keeps the bookkeeping (its heartbeat's
+liveness, the handles it holds and which are lost); this module is its I/O:
+the connection, the thread, the request queue and driving the failover.
 
 Nothing here needs the Twisted reactor.
 """

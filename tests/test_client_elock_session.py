@@ -1,14 +1,19 @@
 """
-The elock client's failover machine (jesync.client.elock_session): one test
-per transition, and the inputs each state refuses.
+The elock client's session (jesync.client.elock_session): its failover
+machine (one test per transition, and the inputs each state refuses), its
+heartbeat's liveness, and its handles' bookkeeping (ELockHolds), all
+without I/O.
 """
 
 from __future__ import annotations
 
+from typing import Optional
+
 from automat import NoTransition
 from twisted.trial.unittest import SynchronousTestCase
 
-from jesync.client.elock_session import ELockSession
+from jesync.client.elock_session import ELockHandle, ELockHolds, ELockSession, Lost
+from jesync.client.errors import KeyBusy, LockLost
 
 
 class FakeConnection:
@@ -115,3 +120,163 @@ class TransitionTests(SynchronousTestCase):
         h.now = 120.0
         h.session.heard()
         self.assertEqual(h.session.heard_at, 120.0)
+
+    def test_heartbeat_due_in(self) -> None:
+        h = Harness()
+        session = ELockSession(lambda: h.now, heartbeat=4.0)
+        self.assertEqual(session.heartbeat_due_in(), 4.0)
+        h.now = 103.0
+        self.assertEqual(session.heartbeat_due_in(), 1.0)
+        h.now = 104.5
+        self.assertEqual(session.heartbeat_due_in(), -0.5)  # due: the client pings
+        session.heard()
+        self.assertEqual(session.heartbeat_due_in(), 4.0)  # an answer starts the quiet again
+
+
+class FakeOwner:
+    """The client side of a handle: records what the handle asks it."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[str, str]] = []
+
+    def unlock(self, key: str) -> bool:
+        self.asked.append(("unlock", key))
+        return True
+
+    def owned(self, key: str) -> bool:
+        self.asked.append(("owned", key))
+        return True
+
+
+class HoldsTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.reported: Lost = []
+        self.holds = ELockHolds(self.reported.extend)
+        self.owner = FakeOwner()
+
+    def grant(self, key: str, token: Optional[int] = None) -> ELockHandle:
+        self.holds.ask(key)
+        handle = self.holds.granted(self.owner, key, token)
+        self.holds.asked(key)
+        return handle
+
+    def test_granted_is_held(self) -> None:
+        a = self.grant("a", 7)
+        self.assertEqual((a.key, a.token, a.held, a.lost, a.released), ("a", 7, True, False, False))
+        self.assertEqual(self.holds.held(), [a])
+        self.assertEqual(self.holds.held_keys(), ["a"])
+
+    def test_ask_refuses_a_held_key_and_one_being_asked_for(self) -> None:
+        self.grant("a")
+        self.assertRaises(KeyBusy, self.holds.ask, "a")
+        self.holds.ask("b")
+        self.assertRaises(KeyBusy, self.holds.ask, "b")
+        self.holds.asked("b")  # not granted: it can be asked for again
+        self.holds.ask("b")
+
+    def test_released(self) -> None:
+        a = self.grant("a")
+        self.holds.released("a")
+        self.assertTrue(a.released)
+        self.assertEqual(self.holds.held(), [])
+        self.holds.ask("a")  # free to be locked again
+        self.holds.released("never")  # nothing to release: nothing happens
+        self.assertEqual(self.reported, [])
+
+    def test_release_all(self) -> None:
+        a, b = self.grant("a"), self.grant("b")
+        self.holds.release_all()
+        self.assertEqual((a.released, b.released, self.holds.held()), (True, True, []))
+        self.assertEqual(self.reported, [])
+
+    def test_owned_not_held_is_lost_and_reported_with_its_callbacks(self) -> None:
+        a = self.grant("a")
+        calls: list[LockLost] = []
+        a.on_lost(calls.append)
+        self.holds.owned("a", False, None)
+        self.assertTrue(a.lost)
+        assert a.lost_reason is not None
+        self.assertEqual(a.lost_reason.key, "a")
+        self.assertIn("the server says the session does not hold it", str(a.lost_reason))
+        self.assertEqual(self.reported, [(a, [calls.append])])
+        self.assertEqual(calls, [])  # the reporter calls them, not the bookkeeping
+        self.assertFalse(self.holds.released_or_lost("a"))  # it left: no handle for the key
+        self.assertEqual(self.holds.held(), [])
+
+    def test_owned_held_takes_the_token(self) -> None:
+        a = self.grant("a", 1)
+        self.holds.owned("a", True, None)
+        self.assertEqual(a.token, 1)  # no token said: kept
+        self.holds.owned("a", True, 5)
+        self.assertEqual((a.token, a.held, self.reported), (5, True, []))
+
+    def test_keep_only(self) -> None:
+        a, b, c, d = self.grant("a", 1), self.grant("b", 2), self.grant("c", 3), self.grant("d", 4)
+        self.holds.keep_only({"a": 10, "b": None}, "gone", spare=["c"])
+        self.assertEqual((a.token, b.token), (10, 2))
+        self.assertEqual((a.held, b.held, c.held, d.lost), (True, True, True, True))
+        self.assertEqual(self.reported, [(d, [])])
+        assert d.lost_reason is not None
+        self.assertEqual(d.lost_reason.reason, "gone")
+        self.assertEqual(self.holds.held_keys(), ["a", "b", "c"])
+
+    def test_lose_all(self) -> None:
+        a, b = self.grant("a"), self.grant("b")
+        self.holds.lose_all("the grace period ran out")
+        self.assertEqual((a.lost, b.lost, self.holds.held()), (True, True, []))
+        self.assertEqual([handle for handle, _ in self.reported], [a, b])
+
+    def test_nothing_lost_reports_nothing(self) -> None:
+        self.holds.lose_all("no handles")
+        self.holds.keep_only({}, "no handles")
+        self.assertEqual(self.reported, [])
+
+    def test_a_lost_or_released_handle_is_lost_or_released_once(self) -> None:
+        a = self.grant("a")
+        a.on_lost(lambda error: None)
+        self.holds.lose_all("first")
+        self.assertEqual(a._set_lost("again"), [])  # its callbacks are handed over once
+        a._set_released()
+        self.assertTrue(a.lost)
+
+    def test_handle_asks_its_owner_while_held(self) -> None:
+        a = self.grant("a")
+        self.assertTrue(a.owned())
+        self.assertTrue(a.release())
+        self.holds.released("a")
+        self.assertFalse(a.release())  # released: nothing asked
+        self.assertFalse(a.owned())
+        self.assertEqual(self.owner.asked, [("owned", "a"), ("unlock", "a")])
+
+    def test_on_lost_after_the_loss_calls_at_once(self) -> None:
+        a = self.grant("a")
+        self.holds.lose_all("gone")
+        calls: list[LockLost] = []
+        a.on_lost(calls.append)
+        self.assertEqual(calls, [a.lost_reason])
+
+    def test_released_or_lost(self) -> None:
+        self.grant("a")
+        self.assertFalse(self.holds.released_or_lost("a"))
+        self.assertFalse(self.holds.released_or_lost("never"))
+
+
+class SessionHoldsTests(SynchronousTestCase):
+    def test_the_session_reports_its_lost_handles_through_its_reporter(self) -> None:
+        reported: Lost = []
+        session = ELockSession(report_lost=reported.extend)
+        handle = session.holds.granted(FakeOwner(), "a", None)
+        session.holds.lose_all("gone")
+        self.assertEqual(reported, [(handle, [])])
+
+    def test_by_default_callbacks_are_called_at_once(self) -> None:
+        session = ELockSession()
+        handle = session.holds.granted(FakeOwner(), "a", None)
+        calls: list[LockLost] = []
+        handle.on_lost(calls.append)
+        handle.on_lost(lambda error: 1 / 0)  # a failing callback is logged, the others still called
+        handle.on_lost(calls.append)
+        with self.assertLogs("jesync.client.elock", "ERROR") as logged:
+            session.holds.lose_all("gone")
+        self.assertEqual(calls, [handle.lost_reason, handle.lost_reason])
+        self.assertEqual([record.getMessage() for record in logged.records], ["a lost-lock callback failed"])

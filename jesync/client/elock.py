@@ -24,7 +24,9 @@ under the client's lock, never blocking its I/O).  A request interrupted by
 the failover is settled by L{jesync.client.elock_wire.after_resume}.
 The session's id, connection and member change only along its declared
 failover machine (L{jesync.client.elock_session}: unattached, attached,
-resuming, ended).
+resuming, ended).  The session keeps the bookkeeping (its heartbeat's
+liveness, the handles it holds and which are lost); this module is its I/O:
+the connection, the thread, the request queue and driving the failover.
 
 Nothing here needs the Twisted reactor.
 """
@@ -38,13 +40,13 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Future
-from typing import TYPE_CHECKING, Any, Callable, Deque, Mapping, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Deque, Mapping, Optional, Sequence, Union
 
 import jesync.client.elock_wire as elock_wire
 from jesync.client.address import Address, Member
 from jesync.client.blocking import open_connection, start_background
 from jesync.client.config import Backoff, ConnectKeywords, ConnectOptions, client_options
-from jesync.client.elock_session import ELockSession
+from jesync.client.elock_session import ELockHandle, ELockSession, Lost, LostCallback, call_quietly
 from jesync.client.elock_wire import AGAIN, ELockReply, Owned, Request
 from jesync.client.errors import (
     AccessRefused,
@@ -52,7 +54,6 @@ from jesync.client.errors import (
     ClientError,
     ConnectFailed,
     ConnectionLost,
-    KeyBusy,
     LockLost,
     ServerError,
     describe,
@@ -72,9 +73,6 @@ MAX_FAILOVERS_PER_REQUEST = 3
 OWNED_BATCH = 128
 #: The longest pause between heartbeats (a shorter grace period pings more often).
 HEARTBEAT_MAX = 5.0
-
-LostCallback = Callable[[LockLost], object]
-
 
 class _Broken(Exception):
     """
@@ -98,106 +96,6 @@ class _AuthRefused(Exception):
 
 class _Refused(Exception):
     """A member answered but cannot take the session back now (C{403 cannot set conn id})."""
-
-
-class ELockHandle:
-    """
-    A lock an L{ELockClient}'s session holds on C{key}.  Use it as a context
-    manager (released when the block ends), or call L{release}.
-
-    It stays held across failovers the session survives.  If the session
-    loses it (the resume found it not held), C{lost} becomes true,
-    C{lost_reason} says why (a L{LockLost}), the callbacks given to
-    L{on_lost} are called once with that error, and leaving a C{with} block
-    raises it.
-
-    @ivar key: the key.
-    @ivar token: the grant's fencing token (None from a server without
-        fencing tokens).
-    """
-
-    def __init__(self, client: ELockClient, key: str, token: Optional[int]) -> None:
-        self.key = key
-        self.token = token
-        self.lost_reason: Optional[LockLost] = None
-        self._client = client
-        self._state = "held"
-        self._callbacks: list[LostCallback] = []
-        self._mutex = threading.Lock()
-
-    def __repr__(self) -> str:
-        return f"<ELockHandle {self.key!r} {self._state}>"
-
-    @property
-    def held(self) -> bool:
-        return self._state == "held"
-
-    @property
-    def lost(self) -> bool:
-        return self._state == "lost"
-
-    @property
-    def released(self) -> bool:
-        return self._state == "released"
-
-    def on_lost(self, callback: LostCallback) -> None:
-        """
-        Call C{callback(error)} (a L{LockLost}) once if the lock is lost: at
-        once if it already is, else from a background thread when it is.
-        """
-        with self._mutex:
-            if self._state != "lost":
-                self._callbacks.append(callback)
-                return
-        assert self.lost_reason is not None
-        _call_quietly(callback, self.lost_reason)
-
-    def release(self) -> bool:
-        """True if the session held the lock until now; False if it had been lost or released."""
-        if not self.held:
-            return False
-        return self._client.unlock(self.key)
-
-    def owned(self) -> bool:
-        """
-        Ask the server whether the session still holds the lock (False once
-        released or lost); if it says no, the lock is lost (its callbacks are
-        called).
-        """
-        if not self.held:
-            return False
-        return self._client.owned(self.key)
-
-    def __enter__(self) -> ELockHandle:
-        return self
-
-    def __exit__(self, kind: Any, error: Any, traceback: Any) -> None:
-        if not self.release() and kind is None and self.lost_reason is not None:
-            raise self.lost_reason
-
-    # -- the client's side -----------------------------------------------
-
-    def _set_released(self) -> None:
-        with self._mutex:
-            if self._state == "held":
-                self._state = "released"
-
-    def _set_lost(self, reason: str) -> list[LostCallback]:
-        """Mark it lost; the callbacks to call (outside every lock), once."""
-        with self._mutex:
-            if self._state != "held":
-                return []
-            self._state = "lost"
-            self.lost_reason = LockLost(self.key, reason)
-            callbacks, self._callbacks = self._callbacks, []
-        return callbacks
-
-
-def _call_quietly(callback: LostCallback, error: LockLost) -> None:
-    try:
-        callback(error)
-    except Exception:
-        log.exception("a lost-lock callback failed")
 
 
 class _Pending:
@@ -403,14 +301,13 @@ class ELockClient:
             raise ValueError(f"heartbeat must be a number of seconds, more than 0, not {heartbeat!r}")
         self.heartbeat = float(heartbeat)
 
-        self._mutex = threading.Lock()
+        self._mutex = threading.Lock()  # guards the queue and closing
         self._queue: Deque[_Pending] = deque()
-        self._handles: dict[str, ELockHandle] = {}
-        self._asking: set[str] = set()
         self._closing = False
         self._stopped = threading.Event()
-        # the session's id, connection and member, changed only along its failover machine
-        self._session = ELockSession()
+        # the session's id, connection and member, changed only along its failover machine;
+        # its heartbeat's liveness, and the handles it holds
+        self._session = ELockSession(heartbeat=self.heartbeat, report_lost=self._tell_lost)
         self._fencing = True
         self._wake_reader, self._wake_writer = socket.socketpair()
         self._wake_reader.setblocking(False)
@@ -453,13 +350,8 @@ class ELockClient:
         request = Request("lock", key)
         request.line()  # check the key now
         seconds = elock_wire.wait_seconds(wait)
-        with self._mutex:
-            held = self._handles.get(key)
-            if held is not None and held.held:
-                raise KeyBusy(key, "this client holds it already")
-            if key in self._asking:
-                raise KeyBusy(key, "this client is asking for it already")
-            self._asking.add(key)
+        holds = self._session.holds
+        holds.ask(key)
         pending = _Pending(request, seconds)
         try:
             return self._call(pending)
@@ -469,8 +361,7 @@ class ELockClient:
                 pending.future.add_done_callback(self._unlock_unwanted)
             raise
         finally:
-            with self._mutex:
-                self._asking.discard(key)
+            holds.asked(key)
 
     def unlock(self, key: str) -> bool:
         """
@@ -478,9 +369,7 @@ class ELockClient:
         (never held, released already, or lost: that raises nothing).
         """
         Request("unlock", key).line()
-        with self._mutex:
-            handle = self._handles.get(key)
-        if handle is not None and not handle.held:
+        if self._session.holds.released_or_lost(key):
             return False
         result: bool = self._call(_Pending(Request("unlock", key)))
         return result
@@ -501,8 +390,7 @@ class ELockClient:
 
     def held(self) -> list[ELockHandle]:
         """The handles the session holds, as far as this client knows."""
-        with self._mutex:
-            return [handle for handle in self._handles.values() if handle.held]
+        return self._session.holds.held()
 
     def close(self) -> None:
         """
@@ -592,11 +480,11 @@ class ELockClient:
                     selector.register(self._wake_reader, selectors.EVENT_READ)
                     selector.select()
                 continue
-            quiet = time.monotonic() - self._session.heard_at
-            if quiet >= self.heartbeat:
+            due_in = self._session.heartbeat_due_in()
+            if due_in <= 0:
                 return _Pending(Request("ping"))
             try:
-                connection.watch(self.heartbeat - quiet, self._wake_reader)
+                connection.watch(due_in, self._wake_reader)
             except _Broken as broken:
                 try:
                     self._fail_over(str(broken), None)
@@ -658,39 +546,24 @@ class ELockClient:
         return self._done(request, None)  # quit: the server closes the connection
 
     def _done(self, request: Request, outcome: Any) -> Any:
-        """Bring the handles up to date with a request's outcome; the caller's result."""
+        """Bring the session's handles up to date with a request's outcome; the caller's result."""
         key = request.key or ""
-        lost: list[tuple[ELockHandle, list[LostCallback]]] = []
-        with self._mutex:
-            if request.kind == "lock":
-                granted = ELockHandle(self, key, outcome)
-                self._handles[key] = granted
-                return granted
-            if request.kind == "unlock":
-                released = self._handles.pop(key, None)
-                if released is not None:
-                    released._set_released()
-                return outcome
-            if request.kind == "owned":
-                assert isinstance(outcome, Owned)
-                handle = self._handles.get(key)
-                if handle is not None and not outcome.held:
-                    self._handles.pop(key)
-                    lost.append((handle, handle._set_lost("the server says the session does not hold it")))
-                elif handle is not None and outcome.token is not None:
-                    handle.token = outcome.token
-                result = outcome.held
-            elif request.kind in ("unlock_all", "quit"):
-                for handle in self._handles.values():
-                    handle._set_released()
-                self._handles.clear()
-                if request.kind == "quit":
-                    self._session.end()
-                return None
-            else:
-                return outcome
-        self._tell_lost(lost)
-        return result
+        holds = self._session.holds
+        if request.kind == "lock":
+            return holds.granted(self, key, outcome)
+        if request.kind == "unlock":
+            holds.released(key)
+            return outcome
+        if request.kind == "owned":
+            assert isinstance(outcome, Owned)
+            holds.owned(key, outcome.held, outcome.token)
+            return outcome.held
+        if request.kind in ("unlock_all", "quit"):
+            holds.release_all()
+            if request.kind == "quit":
+                self._session.end()
+            return None
+        return outcome
 
     # -- sessions -------------------------------------------------------------
 
@@ -792,8 +665,7 @@ class ELockClient:
         failed = self._connection.address if self._connection is not None else self.address
         self._session.broke()
         log.info("elock session %s: connection to %s failed (%s); resuming it", self._session.id, failed, reason)
-        with self._mutex:
-            keys = elock_wire.keys_to_check((key for key, handle in self._handles.items() if handle.held), request)
+        keys = elock_wire.keys_to_check(self._session.holds.held_keys(), request)
         quitting = request is not None and request.kind == "quit"
         retries = 0 if quitting else 1 + int(self.grace / max(self.options.retry_backoff, 0.01))
         backoff = Backoff(
@@ -835,7 +707,7 @@ class ELockClient:
         if request is not None and request.kind == "quit":
             self._done(request, None)  # it was ending anyway: its locks end with the grace period
         else:
-            self._lose_all(f"no member took the session back within its grace period ({self.grace:g} s)")
+            self._session.holds.lose_all(f"no member took the session back within its grace period ({self.grace:g} s)")
         raise ConnectionLost(_names(self.members), "; ".join(failures[-len(self.members) - 1 :]))
 
     def _resume(self, address: Member, keys: list[str]) -> Optional[dict[str, Optional[int]]]:
@@ -886,34 +758,17 @@ class ELockClient:
         (but not those an interrupted C{unlock}, C{unlock_all} or C{quit}
         was giving back: they are released).
         """
+        if request is not None and request.kind in ("unlock_all", "quit"):
+            return
         reason = (
             f"{address} cannot say whether the session kept it (no owned command), so it was released"
             if held is None
             else f"the session no longer held it when resumed through {address}"
         )
-        lost = []
-        holds = held or {}
-        with self._mutex:
-            for key, handle in list(self._handles.items()):
-                if not handle.held or (request is not None and request.kind in ("unlock_all", "quit")):
-                    continue
-                if request is not None and request.kind == "unlock" and key == request.key:
-                    continue
-                if key in holds:
-                    if holds[key] is not None:
-                        handle.token = holds[key]
-                    continue
-                del self._handles[key]
-                lost.append((handle, handle._set_lost(reason)))
-        self._tell_lost(lost)
+        spare = [request.key or ""] if request is not None and request.kind == "unlock" else []
+        self._session.holds.keep_only(held or {}, reason, spare)
 
-    def _lose_all(self, reason: str) -> None:
-        with self._mutex:
-            lost = [(handle, handle._set_lost(reason)) for handle in self._handles.values()]
-            self._handles.clear()
-        self._tell_lost(lost)
-
-    def _tell_lost(self, lost: list[tuple[ELockHandle, list[LostCallback]]]) -> None:
+    def _tell_lost(self, lost: Lost) -> None:
         """Call the lost callbacks from a thread of their own (a callback may use this client)."""
         calls = [(callback, handle.lost_reason) for handle, callbacks in lost for callback in callbacks]
         for handle, _ in lost:
@@ -928,9 +783,7 @@ class ELockClient:
             self._closing = True
             queued = list(self._queue)
             self._queue.clear()
-            for handle in self._handles.values():
-                handle._set_released()
-            self._handles.clear()
+        self._session.holds.release_all()
         for pending in queued:
             if pending.request.kind == "quit":
                 pending.future.set_result(None)
@@ -942,7 +795,7 @@ class ELockClient:
 
 def _call_all(calls: list[tuple[LostCallback, LockLost]]) -> None:
     for callback, error in calls:
-        _call_quietly(callback, error)
+        call_quietly(callback, error)
 
 
 def _names(members: Sequence[Member]) -> str:

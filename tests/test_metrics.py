@@ -257,6 +257,37 @@ class MemcacheMetricsTests(MetricsTestCase):
         self.assertIsNone(self.metrics.registry.get_sample_value("jesync_memcache_items"))  # only when served
 
 
+@inlineCallbacks
+def served_over_http(test, resource):
+    """
+    C{resource} served over real HTTP on 127.0.0.1 until C{test} ends: a
+    function that GETs a path (with C{headers}), firing with the response
+    and its body.
+    """
+    site = Site(resource)
+    site.noisy = False
+    port = yield serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(site)
+    test.addCleanup(port.stopListening)
+    base = f"http://127.0.0.1:{port.getHost().port}".encode("ascii")
+    pool = HTTPConnectionPool(reactor, persistent=False)
+    test.addCleanup(pool.closeCachedConnections)
+    agent = Agent(reactor, connectTimeout=TIMEOUT, pool=pool)
+
+    @inlineCallbacks
+    def get(path: bytes, headers=None):
+        request = agent.request(b"GET", base + path, headers)
+        request.addTimeout(TIMEOUT, reactor)
+        response = yield request
+        with warnings.catch_warnings():
+            # Agent's response transport has no abortConnection (twisted#8227).
+            warnings.filterwarnings("ignore", "Using readBody", DeprecationWarning)
+            body = readBody(response)
+        body.addTimeout(TIMEOUT, reactor)
+        return response, (yield body)
+
+    return get
+
+
 class HTTPTests(TestCase):
     """The metrics resource over real HTTP on 127.0.0.1."""
 
@@ -270,27 +301,12 @@ class HTTPTests(TestCase):
         self.metrics = LockMetrics(self.service, self.connections)
         self.service.observer = self.metrics
         self.serving = True
-        site = Site(metrics_resource(self.metrics, lambda: self.serving))
-        site.noisy = False
-        port = yield serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(site)
-        self.addCleanup(port.stopListening)
-        self.base = f"http://127.0.0.1:{port.getHost().port}".encode("ascii")
-        pool = HTTPConnectionPool(reactor, persistent=False)
-        self.addCleanup(pool.closeCachedConnections)
-        self.agent = Agent(reactor, connectTimeout=TIMEOUT, pool=pool)
+        self.fetch = yield served_over_http(self, metrics_resource(self.metrics, lambda: self.serving))
 
     @inlineCallbacks
     def get(self, path: bytes):
         """GET C{path}: (status code, content type, body)."""
-        request = self.agent.request(b"GET", self.base + path)
-        request.addTimeout(TIMEOUT, reactor)
-        response = yield request
-        with warnings.catch_warnings():
-            # Agent's response transport has no abortConnection (twisted#8227).
-            warnings.filterwarnings("ignore", "Using readBody", DeprecationWarning)
-            body = readBody(response)
-        body.addTimeout(TIMEOUT, reactor)
-        body = yield body
+        response, body = yield self.fetch(path)
         content_type = response.headers.getRawHeaders(b"content-type", [b""])[0]
         return response.code, content_type.decode("ascii"), body
 
@@ -552,16 +568,9 @@ class BearerTokenTests(TestCase):
         self.service = LockService(self.clock)
         self.metrics = LockMetrics(self.service, [])
         self.service.observer = self.metrics
-        site = Site(
-            metrics_resource(self.metrics, accepts=lambda token: self.policy.accepts(token, self.clock.seconds()))
+        self.fetch = yield served_over_http(
+            self, metrics_resource(self.metrics, accepts=lambda token: self.policy.accepts(token, self.clock.seconds()))
         )
-        site.noisy = False
-        port = yield serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(site)
-        self.addCleanup(port.stopListening)
-        self.base = f"http://127.0.0.1:{port.getHost().port}".encode("ascii")
-        pool = HTTPConnectionPool(reactor, persistent=False)
-        self.addCleanup(pool.closeCachedConnections)
-        self.agent = Agent(reactor, connectTimeout=TIMEOUT, pool=pool)
 
     @inlineCallbacks
     def get(self, path: bytes, authorization: bytes | None = None):
@@ -569,14 +578,7 @@ class BearerTokenTests(TestCase):
         from twisted.web.http_headers import Headers
 
         headers = Headers({b"Authorization": [authorization]} if authorization is not None else {})
-        request = self.agent.request(b"GET", self.base + path, headers)
-        request.addTimeout(TIMEOUT, reactor)
-        response = yield request
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "Using readBody", DeprecationWarning)
-            body = readBody(response)
-        body.addTimeout(TIMEOUT, reactor)
-        body = yield body
+        response, body = yield self.fetch(path, headers)
         challenge = response.headers.getRawHeaders(b"www-authenticate", [None])[0]
         return response.code, challenge, body
 

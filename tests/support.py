@@ -122,13 +122,18 @@ class UnitServer:
         self._next_port += 1
         if peer is None:
             peer = IPv4Address("TCP", "127.0.0.1", self._next_port)
-        if transport is None:
-            transport = StringTransport(peerAddress=peer)
-        else:
-            transport.peerAddr = peer
-        protocol = factory.buildProtocol(peer)
-        protocol.makeConnection(transport)
-        return UnitClient(protocol, transport)
+        return connect_unit(factory, peer, transport)
+
+
+def connect_unit(factory, peer, transport: StringTransport | None = None) -> UnitClient:
+    """A connection from C{peer} to C{factory}'s protocol, over C{transport} (a new StringTransport if None)."""
+    if transport is None:
+        transport = StringTransport(peerAddress=peer)
+    else:
+        transport.peerAddr = peer
+    protocol = factory.buildProtocol(peer)
+    protocol.makeConnection(transport)
+    return UnitClient(protocol, transport)
 
 
 # -- integration: a real server and line clients -------------------------------

@@ -23,7 +23,7 @@ from jesync.protocols.jesync import JESyncFactory
 from jesync.protocols.memcache import MemcacheFactory
 from jesync.service import LockService
 from jesync.store import ObjectStore
-from tests.support import UnitClient
+from tests.support import UnitClient, connect_unit
 
 REMOTE = IPv4Address("TCP", "192.0.2.7", 50000)
 MESSAGE = ProtectedMode.MESSAGE.encode()
@@ -63,10 +63,7 @@ class RefusalTests(SynchronousTestCase):
         self.policy = ConnectionPolicy(protected=True, connections=self.connections)
 
     def connect(self, factory, peer=REMOTE) -> UnitClient:
-        transport = StringTransport(peerAddress=peer)
-        protocol = factory.buildProtocol(peer)
-        protocol.makeConnection(transport)
-        return UnitClient(protocol, transport)
+        return connect_unit(factory, peer)
 
     def assertRefused(self, factory, expected: bytes) -> None:
         client = self.connect(factory)
@@ -133,11 +130,7 @@ class TokenRotationTests(SynchronousTestCase):
         policy.rotate(b"new", clock.seconds(), 30)
 
         def ask(factory, data: bytes, port: int) -> bytes:
-            peer = IPv4Address("TCP", "127.0.0.1", port)
-            transport = StringTransport(peerAddress=peer)
-            protocol = factory.buildProtocol(peer)
-            protocol.makeConnection(transport)
-            return UnitClient(protocol, transport).ask(data)
+            return connect_unit(factory, IPv4Address("TCP", "127.0.0.1", port)).ask(data)
 
         self.assertEqual(ask(jesync, b"auth old\nstatus k\n", 1), b"OK\nSTATUS 0 0 k\n")
         self.assertEqual(ask(jesync, b"auth new\nstatus k\n", 2), b"OK\nSTATUS 0 0 k\n")
@@ -182,11 +175,7 @@ class RotatedOutTests(SynchronousTestCase):
 
     def connect(self, factory) -> UnitClient:
         self._port += 1
-        peer = IPv4Address("TCP", "127.0.0.1", self._port)
-        transport = StringTransport(peerAddress=peer)
-        protocol = factory.buildProtocol(peer)
-        protocol.makeConnection(transport)
-        return UnitClient(protocol, transport)
+        return connect_unit(factory, IPv4Address("TCP", "127.0.0.1", self._port))
 
     def test_every_protocol_closes_them_at_the_end_of_the_grace_period(self) -> None:
         from tests.test_dlock import dlock_frame, lock, parse_responses, ping

@@ -17,12 +17,11 @@ from types import SimpleNamespace
 from twisted.application.service import MultiService
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.lock_server import MemberTokens, TokenFile
 from jesync.server import ServerSettings, build_lock_server
-from tests.support import UnitClient
+from tests.support import UnitClient, connect_unit
 
 GRACE = 30.0
 
@@ -81,11 +80,7 @@ class TokensAcrossTermsTests(SynchronousTestCase):
 
     def connect(self, factory) -> UnitClient:
         self._port += 1
-        peer = IPv4Address("TCP", "127.0.0.1", self._port)
-        transport = StringTransport(peerAddress=peer)
-        protocol = factory.buildProtocol(peer)
-        protocol.makeConnection(transport)
-        return UnitClient(protocol, transport)
+        return connect_unit(factory, IPv4Address("TCP", "127.0.0.1", self._port))
 
     def accepted(self, policy) -> list:
         now = self.clock.seconds()

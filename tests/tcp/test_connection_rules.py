@@ -1,0 +1,468 @@
+"""
+The rules the connection layer (L{jesync.connections}) holds every protocol
+to, each through a real listening server and real TCP clients (the server
+C{twistd jesync} builds, in this process), or, where time is the point, a
+L{Clock}:
+
+ - a FIN ends the connection's waits with the protocol's not-granted reply;
+   what can be answered at once still is; then the connection closes;
+ - a closing connection is never granted anything;
+ - a client that reads is never dropped for what one reactor turn wrote,
+   however much; a large reply is streamed, so a client that does not read
+   is neither dropped for it nor makes the server buffer it;
+ - --auth-timeout, --idle-timeout, --max-total-waits and --max-sessions;
+ - numbers have at most 10 digits; a CR inside a line is no separator.
+
+Nothing sleeps: every step waits for a reply, a close, or the server seeing
+one, with a bounded timeout.
+"""
+
+from __future__ import annotations
+
+from socket import SO_RCVBUF, SO_SNDBUF, SOL_SOCKET
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.error import ConnectionDone
+from twisted.internet.testing import StringTransport
+from twisted.python.failure import Failure
+from twisted.trial.unittest import SynchronousTestCase
+
+from jesync.connections.connection import STREAM_TURN
+from jesync.connections.policy import ConnectionPolicy
+from jesync.interfaces import KeyStatus, Totals
+from tests.support import TIMEOUT, UnitServer, unsent_bytes
+from tests.tcp.test_operations import TOKEN, Server, ServerTestCase, write_file
+
+
+def wait_until(predicate, timeout: float = TIMEOUT):
+    """A Deferred that fires once C{predicate()} is true (checked every millisecond), or fails after C{timeout}."""
+    done: Deferred = Deferred()
+    deadline = reactor.seconds() + timeout
+
+    def check() -> None:
+        if predicate():
+            done.callback(None)
+        elif reactor.seconds() > deadline:
+            done.errback(AssertionError(f"not true within {timeout} s: {predicate}"))
+        else:
+            reactor.callLater(0.001, check)
+
+    check()
+    return done
+
+
+@inlineCallbacks
+def hold_keys(client, keys: list[bytes], batch: int):
+    """C{client} takes every key in C{keys} for good (never expiring), C{batch} requests at a time."""
+    for start in range(0, len(keys), batch):
+        some = keys[start : start + batch]
+        replies = yield client.ask(b"".join(b"lock %s 1 -1 0\n" % key for key in some), len(some))
+        assert replies == b"".join(b"GRANTED 1 0 %s 0\n" % key for key in some), replies[:200]
+
+
+class HalfCloseTests(ServerTestCase):
+    """A FIN from the peer: its waits end not granted, the rest is answered, then the close."""
+
+    @inlineCallbacks
+    def test_nc_N_gets_its_lock(self):
+        """C{printf 'lock k\\n' | nc -N}: the free key is granted; then the close releases it."""
+        server = yield Server.start(self, elock=False)
+        client, other = yield server.connect_many(2)
+        client.send(b"lock k\n")
+        client.transport.loseWriteConnection()
+        self.assertEqual((yield client.read_line()), b"GRANTED 1 0 k 120\n")
+        self.assertIsInstance((yield client.wait_closed()), ConnectionDone)
+        yield server.wait_lost(client)
+        self.assertEqual((yield other.ask(b"status k\n")), b"STATUS 0 0 k\n")
+
+    @inlineCallbacks
+    def test_jesync_waits_end_at_the_fin(self):
+        server = yield Server.start(self, elock=False)
+        client, other = yield server.connect_many(2)
+        yield other.ask(b"lock held\n")
+        client.send(b"lock held\nlock free\nstatus held\n")
+        client.transport.loseWriteConnection()
+        replies = yield client.read_lines(3)
+        self.assertEqual(replies, [b"GRANTED 1 0 free 120\n", b"STATUS 1 1 held\n", b"TIMEOUT 1 0 held\n"])
+        self.assertIsInstance((yield client.wait_closed()), ConnectionDone)
+        yield server.wait_lost(client)
+        # Nothing was granted to it: the holder's release frees the key.
+        self.assertEqual((yield other.ask(b"release held\nstatus free\n", 2)), b"RELEASED 0 0 held\nSTATUS 0 0 free\n")
+
+    @inlineCallbacks
+    def test_elock_waits_end_at_the_fin(self):
+        """
+        The waiting lock is answered 409 at the FIN; the lines behind it are
+        answered, and one that would wait gets 409 at once.  The session
+        detaches with what it holds, and no wait.
+        """
+        server = yield Server.start(self)
+        holder = yield server.jesync()
+        client = yield server.elock()
+        yield holder.ask(b"lock held\n")
+        client.send(b"lock held 30\r\nlock free\r\nlock held 30\r\nstats\r\n")
+        client.transport.loseWriteConnection()
+        replies = yield client.read_lines(8)
+        self.assertEqual(
+            replies,
+            [
+                b"409 Unavailable\r\n",
+                b"200 Acquired\r\n",
+                b"409 Unavailable\r\n",
+                b"200 STATS\r\n",
+                b"STAT clients 1\r\n",
+                b"STAT locks 2\r\n",
+                b"STAT monitoring 0\r\n",
+                b"END\r\n",
+            ],
+        )
+        self.assertIsInstance((yield client.wait_closed()), ConnectionDone)
+        yield server.wait_lost(client)
+        self.assertEqual(server.factories["elock"].sessions.detached_count(), 1)
+        self.assertEqual(server.locks.totals(), Totals(2, 2, 0))
+        self.assertEqual((yield holder.ask(b"status free\n")), b"STATUS 1 0 free\n")
+        server.factories["elock"].sessions.end_detached()
+
+    @inlineCallbacks
+    def test_many_replies_owed(self):
+        """A FIN behind 20,000 pipelined requests: every one is answered, then the close."""
+        server = yield Server.start(self, elock=False)
+        client = yield server.jesync()
+        client.transport.getHandle().setsockopt(SOL_SOCKET, SO_RCVBUF, 8192)
+        client.send(b"lock k\n" + b"status k\n" * 20000 + b"release k\n")
+        client.transport.loseWriteConnection()
+        replies = yield client.read_lines(20002, timeout=20)
+        self.assertEqual(replies[0], b"GRANTED 1 0 k 120\n")
+        self.assertEqual(set(replies[1:-1]), {b"STATUS 1 0 k\n"})
+        self.assertEqual(replies[-1], b"RELEASED 0 0 k\n")
+        self.assertIsInstance((yield client.wait_closed()), ConnectionDone)
+
+
+class ClosingTests(ServerTestCase):
+    @inlineCallbacks
+    def test_nothing_granted_after_quit(self):
+        """C{quit} cancels the connection's waits at once: a release then grants nobody."""
+        server = yield Server.start(self, elock=False)
+        client, other = yield server.connect_many(2)
+        yield other.ask(b"lock k\n")
+        client.send(b"lock k\nquit\n")
+        self.assertIsInstance((yield client.wait_closed()), ConnectionDone)
+        self.assertEqual(client.unread(), b"")
+        self.assertEqual((yield other.ask(b"release k\n")), b"RELEASED 0 0 k\n")
+
+
+class BigOutputTests(ServerTestCase):
+    @inlineCallbacks
+    def test_reading_client_gets_over_4_mib_from_one_turn(self):
+        """
+        One release grants a client 4,200 waits at once: over 4 MiB of
+        replies written in one reactor turn, 64 times --max-unsent.  It reads
+        them all and is not dropped.
+        """
+        server = yield Server.start(self, "--max-unsent", "65536", elock=False)
+        holder, reader = yield server.connect_many(2)
+        keys = [b"%04d-%s" % (n, b"x" * 1000) for n in range(4200)]
+        yield hold_keys(holder, keys, 500)
+        reader.send(b"".join(b"lock %s\n" % key for key in keys))
+        self.assertEqual((yield reader.ask(b"status %s\n" % keys[-1])), b"STATUS 1 1 %s\n" % keys[-1])
+        yield server.drop(holder)  # its connection's end releases all 4,200 at once
+        replies = yield reader.read_lines(len(keys), timeout=20)
+        self.assertGreater(sum(map(len, replies)), 4 * 2**20)
+        self.assertEqual(replies, [b"GRANTED 1 0 %s 120\n" % key for key in keys])
+        self.assertEqual((yield reader.ask(b"status %s\n" % keys[0])), b"STATUS 1 0 %s\n" % keys[0])
+        self.assertEqual(len(server.policy.connections), 1)
+
+    @inlineCallbacks
+    def test_listing_to_a_client_that_does_not_read(self):
+        """
+        A client that reads nothing asks for a listing far bigger than
+        --max-unsent and every buffer: it is not dropped, the server holds
+        only a bounded part of the listing in its transport, others are
+        served, and once it reads it gets the whole listing, then the reply
+        to what it asked next.
+        """
+        server = yield Server.start(self, "--max-unsent", "4096", "--max-held", "0", elock=False)
+        holder, slow, other = yield server.connect_many(3)
+        keys = [b"key-%06d-%s" % (n, b"x" * 20) for n in range(40000)]
+        yield hold_keys(holder, keys, 5000)
+        listing = [b"STATUS 1 0 %s\n" % key for key in keys] + [b"END\n"]
+        self.assertGreater(sum(map(len, listing)), 1_000_000)
+        slow.served.transport.getHandle().setsockopt(SOL_SOCKET, SO_SNDBUF, 8192)
+        slow.transport.pauseProducing()
+        slow.send(b"status-by-key\nstatus key-000000-xxxxxxxxxxxxxxxxxxxx\n")
+        yield wait_until(lambda: slow.served.paused)
+        for _ in range(3):
+            self.assertEqual((yield other.ask(b"status %s\n" % keys[1])), b"STATUS 1 0 %s\n" % keys[1])
+        # What the server has buffered for it is bounded by the stream's pieces.
+        self.assertLessEqual(unsent_bytes(slow.served.transport), slow.served.transport.bufferSize + STREAM_TURN)
+        self.assertEqual(len(server.policy.connections), 3)
+        # It reads at last (with a send buffer big enough for it not to crawl).
+        slow.served.transport.getHandle().setsockopt(SOL_SOCKET, SO_SNDBUF, 2**20)
+        slow.transport.resumeProducing()
+        replies = yield slow.read_lines(len(listing) + 1, timeout=20)
+        self.assertEqual(replies, listing + [b"STATUS 1 0 %s\n" % keys[0]])
+
+    @inlineCallbacks
+    def test_listing_in_pieces_with_others_answered_between(self):
+        """
+        A big listing goes out a piece per reactor turn: a request from
+        another client that arrives meanwhile is answered before its end.
+        """
+        server = yield Server.start(self, "--max-held", "0", elock=False)
+        holder, lister, other = yield server.connect_many(3)
+        keys = [b"k%06d" % n for n in range(60000)]
+        yield hold_keys(holder, keys, 10000)
+        writes: list[tuple[str, int]] = []
+        # The listing's pieces go to the transport; a short reply may go
+        # straight to the socket, so the other's is seen where it is made.
+        for name, owner in (("lister", lister.served.transport), ("other", other.served)):
+            real_write = owner.write
+
+            def write(data, name=name, real_write=real_write):
+                writes.append((name, len(data)))
+                real_write(data)
+
+            owner.write = write
+            self.addCleanup(delattr, owner, "write")
+        lister.send(b"status-by-key\n")
+        other.send(b"status k000001\n")
+        self.assertEqual((yield other.read_line()), b"STATUS 1 0 k000001\n")
+        replies = yield lister.read_lines(len(keys) + 1, timeout=20)
+        self.assertEqual(replies[-1], b"END\n")
+        names = [name for name, size in writes]
+        pieces = [size for name, size in writes if name == "lister"]
+        self.assertGreater(len(pieces), 10)
+        self.assertLessEqual(max(pieces), STREAM_TURN)
+        self.assertLess(names.index("lister"), names.index("other"))
+        self.assertLess(names.index("other"), len(names) - 1 - names[::-1].index("lister"))
+
+
+class TotalWaitsTests(ServerTestCase):
+    @inlineCallbacks
+    def test_capped_across_keys_connections_and_protocols(self):
+        server = yield Server.start(self, "--max-total-waits", "2")
+        holder, first, second, third = yield server.connect_many(4)
+        elock = yield server.elock()
+        yield holder.ask(b"lock a\nlock b\n", 2)
+        first.send(b"lock a\n")
+        second.send(b"lock b\n")
+        yield wait_until(lambda: server.locks.totals().waiting == 2)
+        refused = b"INVALID_PARAMETER: max-total-waits exceeded (2)\n"
+        self.assertEqual((yield third.ask(b"lock a\nlock c\n", 2)), refused + b"GRANTED 1 0 c 120\n")
+        # A lock that would not wait is never refused for it.
+        self.assertEqual((yield third.ask(b"lock a 1 0\n")), b"TIMEOUT 1 1 a\n")
+        self.assertEqual((yield elock.ask(b"lock b 5\r\n")), b"503 max-total-waits exceeded (2)\r\n")
+        yield holder.ask(b"release a\n")
+        self.assertEqual((yield first.read_line()), b"GRANTED 1 0 a 120\n")
+        self.assertEqual((yield elock.ask(b"lock a 0\r\n")), b"409 Unavailable\r\n")
+        elock.send(b"lock a 30\r\n")
+        yield wait_until(lambda: server.locks.totals().waiting == 2)
+
+
+class SessionCapTests(ServerTestCase):
+    @inlineCallbacks
+    def test_detached_sessions_capped_over_many_cycles(self):
+        """
+        Connect, set a long grace period, take a lock, disconnect, over and
+        over: once 3 sessions are in their grace period, no new session
+        starts (503), but a detached one can still be resumed.  (A session
+        holding nothing ends when its connection goes, so it takes a lock.)
+        """
+        server = yield Server.start(self, "--max-sessions", "3")
+        table = server.factories["elock"].sessions
+        ids = []
+        for cycle in range(12):
+            client = yield server.elock()
+            reply = yield client.ask(b"set_timeout 300000\r\n")
+            if cycle < 3:
+                self.assertEqual(reply, b"200 timeout set\r\n")
+                self.assertEqual((yield client.ask(b"lock k%d\r\n" % cycle)), b"200 Acquired\r\n")
+                ids.append((yield client.ask(b"conn_id\r\n"))[4:-2])
+            else:
+                self.assertEqual(reply, b"503 max-sessions exceeded (3)\r\n")
+                self.assertEqual((yield client.ask(b"conn_id guessed-%d\r\n" % cycle)), b"503 max-sessions exceeded (3)\r\n")
+            yield server.drop(client)
+            self.assertEqual(table.detached_count(), min(cycle + 1, 3))
+        self.assertEqual(len(table), 3)
+        client = yield server.elock()
+        self.assertEqual((yield client.ask(b"conn_id %s\r\nlock k0\r\n" % ids[0], 2)), b"200 conn id set\r\n200 Acquired\r\n")
+        self.assertEqual(table.detached_count(), 2)
+        table.end_detached()
+
+
+class AuthTimeoutTests(ServerTestCase):
+    @inlineCallbacks
+    def test_unauthenticated_connection_is_closed(self):
+        path = write_file(self, TOKEN + b"\n")
+        server = yield Server.start(self, "--auth-token-file", path, "--auth-timeout", "0.2")
+        silent = yield server.jesync()
+        elock = yield server.elock()
+        authenticated = yield server.jesync()
+        self.assertEqual((yield authenticated.ask(b"auth %s\nlock k\n" % TOKEN, 2)), b"OK\nGRANTED 1 0 k 120\n")
+        self.assertIsInstance((yield silent.wait_closed()), ConnectionDone)
+        self.assertEqual(silent.unread(), b"INVALID_PARAMETER: auth-timeout exceeded (0.2)\n")
+        self.assertIsInstance((yield elock.wait_closed()), ConnectionDone)
+        self.assertEqual(elock.unread(), b"503 auth-timeout exceeded (0.2)\r\n")
+        self.assertEqual((yield authenticated.ask(b"status k\n")), b"STATUS 1 0 k\n")
+
+
+class TimeoutUnitTests(SynchronousTestCase):
+    """The auth and idle timeouts, on a L{Clock}."""
+
+    def server(self, **policy) -> UnitServer:
+        server = UnitServer()
+        server.policy = ConnectionPolicy(**policy)
+        server.factory.policy = server.elock_factory.policy = server.policy
+        return server
+
+    def test_auth_timeout(self) -> None:
+        server = self.server(auth_token=b"t", auth_timeout=10.0)
+        late, prompt, elock = server.connect(), server.connect(), server.connect_elock()
+        self.assertEqual(prompt.ask(b"auth t\n"), b"OK\n")
+        server.clock.advance(9.99)
+        self.assertFalse(late.closing or elock.closing)
+        server.clock.advance(0.01)
+        self.assertEqual(late.take(), b"INVALID_PARAMETER: auth-timeout exceeded (10)\n")
+        self.assertEqual(elock.take(), b"503 auth-timeout exceeded (10)\r\n")
+        self.assertTrue(late.closing and elock.closing)
+        self.assertFalse(prompt.closing)
+        for client in (late, prompt, elock):
+            client.lose()
+        self.assertEqual(server.clock.getDelayedCalls(), [])
+
+    def test_idle_timeout(self) -> None:
+        server = self.server(idle_timeout=30.0)
+        holder, waiter, idle, chatty = server.connect(), server.connect(), server.connect(), server.connect()
+        session_holder, session_idle = server.connect_elock(), server.connect_elock()
+        self.assertEqual(holder.ask(b"lock k 1 -1 0\n"), b"GRANTED 1 0 k 0\n")
+        self.assertEqual(waiter.ask(b"lock k\n"), b"")
+        self.assertEqual(session_holder.ask(b"lock e\r\n"), b"200 Acquired\r\n")
+        self.assertEqual(session_idle.ask(b"lock f\r\nunlock f\r\n"), b"200 Acquired\r\n200 Unlocked\r\n")
+        for _ in range(5):
+            server.clock.advance(20)
+            self.assertEqual(chatty.ask(b"status k\n"), b"STATUS 1 1 k\n")
+        # 100 s on: the idle ones are closed, those that hold, wait or talk are not.
+        self.assertEqual(idle.take(), b"INVALID_PARAMETER: idle-timeout exceeded (30)\n")
+        self.assertEqual(session_idle.take(), b"503 idle-timeout exceeded (30)\r\n")
+        self.assertEqual(
+            [client.closing for client in (holder, waiter, idle, chatty, session_holder, session_idle)],
+            [False, False, True, False, False, True],
+        )
+        self.assertEqual(server.service.status("k"), KeyStatus("k", 1, 1))
+        server.clock.advance(29)
+        self.assertFalse(chatty.closing)
+        server.clock.advance(1)
+        self.assertTrue(chatty.closing)
+
+
+class NumberAndFieldRulesTests(SynchronousTestCase):
+    def test_at_most_ten_digits(self) -> None:
+        client = UnitServer().connect()
+        self.assertEqual(client.ask(b"lock k 0000000001 00000000 0000000000\n"), b"GRANTED 1 0 k 0\n")
+        for line, name in [
+            (b"lock j 00000000001\n", b"max_concurrent"),
+            (b"lock j 1 -00000000001\n", b"timeout"),
+            (b"lock j 1 1 00000000120\n", b"expires"),
+        ]:
+            self.assertEqual(client.ask(line), b"INVALID_PARAMETER: %s is out of range\n" % name)
+        elock = UnitServer().connect_elock()
+        self.assertEqual(elock.ask(b"lock k 00000000005\r\n"), b"400 wait is out of range\r\n")
+        self.assertEqual(elock.ask(b"set_timeout 00000000001000\r\n"), b"400 timeout is out of range\r\n")
+
+    def test_carriage_return_inside_a_line(self) -> None:
+        server = UnitServer()
+        client, elock = server.connect(), server.connect_elock()
+        refused = b"INVALID_PARAMETER: a key cannot contain a carriage return\n"
+        self.assertEqual(client.ask(b"status a\rb\n"), refused)
+        self.assertEqual(client.ask(b"lock a\rb\r\n"), refused)
+        self.assertEqual(client.ask(b"lock a 1\r5\n"), b"INVALID_PARAMETER: max_concurrent is not an integer\n")
+        self.assertEqual(client.ask(b"\rstatus a\n"), b"INVALID_COMMAND\n")
+        # One CR before the LF ends the line, as ever.
+        self.assertEqual(client.ask(b"status a\r\n"), b"STATUS 0 0 a\n")
+        self.assertEqual(elock.ask(b"unlock a\rb\r\n"), b"400 a key cannot contain a carriage return\r\n")
+        self.assertEqual(elock.ask(b"conn_id a\rb\r\n"), b"400 a conn id cannot contain a carriage return\r\n")
+        self.assertEqual(server.service.listing(), [])
+
+
+class MetricsConnectionCapTests(SynchronousTestCase):
+    def test_own_cap(self) -> None:
+        """The metrics endpoint counts its connections in a registry of its own, with its own cap."""
+        from twisted.internet.protocol import Factory, Protocol
+
+        from jesync.connections.policy import Connections
+        from jesync.metrics_connections import CountedFactory
+
+        registry = Connections(2)
+        counted = CountedFactory(Factory.forProtocol(Protocol), registry)
+        transports = [StringTransport() for _ in range(3)]
+        protocols = [counted.buildProtocol(None) for _ in transports]
+        for protocol, transport in zip(protocols, transports):
+            protocol.makeConnection(transport)
+        self.assertEqual(len(registry), 2)
+        self.assertTrue(transports[2].disconnecting)
+        self.assertTrue(transports[2].value().startswith(b"HTTP/1.1 503 "))
+        self.assertEqual([t.disconnecting for t in transports[:2]], [False, False])
+        for protocol in protocols:
+            protocol.connectionLost(Failure(ConnectionDone()))
+        self.assertEqual(len(registry), 0)
+
+
+class ReviewRegressionTests(ServerTestCase):
+    @inlineCallbacks
+    def test_fin_before_auth_closes(self):
+        """A client that closes before it authenticates does not keep its connection slot."""
+        path = write_file(self, TOKEN + b"\n")
+        server = yield Server.start(self, "--auth-token-file", path, "--max-connections", "1", elock=False)
+        first = yield server.jesync()
+        first.transport.loseWriteConnection()
+        self.assertIsInstance((yield first.wait_closed()), ConnectionDone)
+        yield server.wait_lost(first)
+        second = yield server.jesync()
+        self.assertEqual((yield second.ask(b"auth %s\n" % TOKEN)), b"OK\n")
+
+    @inlineCallbacks
+    def test_closing_client_that_does_not_read_is_dropped(self):
+        """An idle-timed-out client that takes none of its last replies is dropped after the grace."""
+        server = yield Server.start(self, "--idle-timeout", "0.2", "--shutdown-grace", "0.3", elock=False)
+        slow = yield server.jesync()
+        yield server.fill(slow)
+        yield server.wait_lost(slow)
+        self.assertEqual(len(server.policy.connections), 0)
+
+    def test_pieces_are_bounded_in_bytes(self) -> None:
+        """A listing of long keys still goes out in pieces of about 16 KiB."""
+        from jesync.connections.grammar import PIECE
+
+        server = UnitServer()
+        server.service.max_held = None
+        holder = server.connect()
+        keys = [b"%04d-%s" % (n, b"x" * 1000) for n in range(300)]
+        holder.ask(b"".join(b"lock %s 1 -1 0\n" % key for key in keys))
+        writes: list[int] = []
+        real_write = holder.transport.write
+        holder.transport.write = lambda data: writes.append(len(data)) or real_write(data)
+        holder.send(b"status-by-key\n")
+        while server.clock.getDelayedCalls():
+            server.clock.advance(0)
+        self.assertLessEqual(max(writes), PIECE + 1100)
+        self.assertGreater(len(writes), 10)
+
+
+class AfterFinUnitTests(SynchronousTestCase):
+    def test_would_wait_is_not_granted_whatever_the_limits(self) -> None:
+        """
+        After a FIN, a request held back behind a wait that would wait is
+        answered not-granted, not with the limit waiting would have met.
+        """
+        server = UnitServer()
+        holder, waiter, client = server.connect(), server.connect(), server.connect_elock()
+        holder.ask(b"lock a\nlock k\n")
+        self.assertEqual(waiter.ask(b"lock k\n"), b"")
+        self.assertEqual(client.ask(b"lock a 5\r\nlock k 5\r\n"), b"")
+        server.service.max_total_waits = 1
+        client.protocol.readConnectionLost()
+        server.clock.advance(0)
+        self.assertEqual(client.take(), b"409 Unavailable\r\n409 Unavailable\r\n")
+        self.assertTrue(client.closing)
+        self.assertEqual(server.service.status("k"), KeyStatus("k", 1, 1))

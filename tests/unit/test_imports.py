@@ -1,0 +1,371 @@
+"""
+What importing a part of jesync drags in, each in a fresh interpreter: the
+clients and the command line never import the server (nor install a
+reactor), L{jesync.wire} imports nothing from Twisted, and the package's
+embedding API (C{from jesync import LockService, ...}) still works, loaded
+lazily.
+
+And how jesync's modules import each other, read from their source
+(L{ImportGraphTests}): every import points down.  No two modules import each
+other, through any chain; the lock service and the connection layer name
+none of the layers built on them (the protocols, cluster mode, the
+composition root, the clients).  Every import counts, wherever it is: at
+module level, inside a function, under C{if TYPE_CHECKING:} (a cycle that
+only the type checker sees is still two modules that cannot be read, or
+changed, one without the other).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Dict, Iterator, List, Mapping, Set
+
+from twisted.trial.unittest import SynchronousTestCase
+
+import jesync
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# The server's modules, and the reactor (installed by importing it).
+SERVER_MODULES = (
+    "jesync.protocols",
+    "jesync.service",
+    "jesync.connections",
+    "jesync.server",
+    # (what jesync.server held before it was split)
+    "jesync.listening",
+    "jesync.lock_server",
+    "jesync.metrics_connections",
+    "jesync.process",
+    "jesync.options",
+    "twisted.internet.reactor",
+)
+
+
+def run_python(code: str) -> Any:
+    """
+    Run C{code} in a fresh interpreter that imports this checkout's jesync
+    (as L{tests.servers.environment} arranges, without importing the server
+    here) and return what it printed, as JSON.
+    """
+    path = os.environ.get("PYTHONPATH")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + (os.pathsep + path if path else ""))
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"the subprocess failed ({result.returncode}):\n{result.stderr}")
+    return json.loads(result.stdout)
+
+
+def loaded_after(statement: str, prefixes: tuple[str, ...]) -> dict[str, Any]:
+    """
+    After running C{statement} in a fresh interpreter: the modules loaded
+    that are, or are inside, one of C{prefixes}; and where jesync came from.
+    """
+    code = (
+        "import json, sys\n"
+        f"{statement}\n"
+        "import jesync\n"
+        f"prefixes = {prefixes!r}\n"
+        "loaded = sorted(m for m in sys.modules if any(m == p or m.startswith(p + '.') for p in prefixes))\n"
+        "print(json.dumps({'loaded': loaded, 'jesync': jesync.__file__}))\n"
+    )
+    return run_python(code)
+
+
+class ImportTests(SynchronousTestCase):
+    def assertFromCheckout(self, found: dict[str, Any]) -> None:
+        self.assertEqual(Path(found["jesync"]).resolve(), ROOT / "jesync" / "__init__.py")
+
+    def test_clients_do_not_import_the_server(self) -> None:
+        """The clients and the command line load none of the server's modules, nor the reactor."""
+        found = loaded_after("import jesync.client, jesync.cli", SERVER_MODULES)
+        self.assertFromCheckout(found)
+        self.assertEqual(found["loaded"], [])
+
+    def test_clients_import_no_twisted(self) -> None:
+        """
+        C{jesync.client}, the blocking and asyncio clients and the command
+        line load no Twisted module at all; the Twisted client loads Twisted
+        when it is asked for.
+        """
+        found = loaded_after("import jesync.client, jesync.client.blocking, jesync.client.aio, jesync.cli", ("twisted",))
+        self.assertFromCheckout(found)
+        self.assertEqual(found["loaded"], [])
+        twisted = loaded_after("from jesync.client import TwistedClient", ("twisted",))
+        self.assertIn("twisted.internet.defer", twisted["loaded"])
+
+    def test_wire_imports_no_twisted(self) -> None:
+        """L{jesync.wire}, the rules shared with the clients, loads no Twisted module at all."""
+        found = loaded_after("import jesync.wire", ("twisted",))
+        self.assertFromCheckout(found)
+        self.assertEqual(found["loaded"], [])
+
+    def test_embedding_api(self) -> None:
+        """C{from jesync import ...} still gives the server's classes, importing them when asked."""
+        found = run_python(
+            "import json, sys\n"
+            "import jesync\n"
+            "before = 'jesync.service' in sys.modules\n"
+            "from jesync import LockService, JESyncFactory\n"
+            "print(json.dumps([before, LockService.__module__, LockService.__name__,\n"
+            "                  JESyncFactory.__module__, JESyncFactory.__name__]))\n"
+        )
+        before, service_module, service_name, factory_module, factory_name = found
+        self.assertFalse(before, "importing jesync imported the server")
+        self.assertEqual(service_name, "LockService")
+        self.assertTrue(service_module.startswith("jesync."), service_module)
+        self.assertEqual(factory_name, "JESyncFactory")
+        self.assertTrue(factory_module.startswith("jesync."), factory_module)
+
+    def test_every_public_name_resolves(self) -> None:
+        """Every name in C{jesync.__all__} loads, is listed by C{dir()}, and nothing else is invented."""
+        for name in jesync.__all__:
+            self.assertIsNotNone(getattr(jesync, name))
+        self.assertTrue(set(jesync.__all__) <= set(dir(jesync)))
+        self.assertRaises(AttributeError, getattr, jesync, "NoSuchName")
+        self.assertEqual(
+            sorted(jesync.__all__),
+            sorted(
+                [
+                    "AlreadyWaiting",
+                    "ELockFactory",
+                    "ELockProtocol",
+                    "Grant",
+                    "IGrant",
+                    "ILockService",
+                    "JESyncFactory",
+                    "JESyncProtocol",
+                    "KeyStatus",
+                    "LockService",
+                    "LockTimeout",
+                ]
+            ),
+        )
+
+    def test_single_process_needs_no_cluster_code(self) -> None:
+        """
+        A server without --etcd (every listener, metrics included) starts,
+        serves and stops without loading cluster mode, its etcd client or
+        treq: single-process mode needs neither etcd nor the cluster extra.
+        """
+        found = loaded_after(
+            "from twisted.internet import reactor\n"
+            "from jesync.server import ServerSettings, build_server\n"
+            "settings = ServerSettings(ports=['tcp:0:interface=127.0.0.1'], elock_ports=['tcp:0:interface=127.0.0.1'],\n"
+            "                          dlock_ports=['tcp:0:interface=127.0.0.1'], metrics_ports=['tcp:0:interface=127.0.0.1'])\n"
+            "server = build_server(reactor, settings)\n"
+            "server.startService()\n"
+            "assert server.listeners() and all(listener.port for listener in server.listeners())\n"
+            "server.stopService()",
+            ("jesync.cluster", "treq"),
+        )
+        self.assertEqual(found["loaded"], [])
+
+
+# -- the import graph, read from the source ------------------------------------
+
+#: The modules the lock service and the connection layer are built under:
+#: what they may never import, directly or through another module.
+UPPER_LAYERS = ("jesync.protocols", "jesync.cluster", "jesync.server", "jesync.tap", "jesync.client")
+#: The lowest serving layers.
+LOWER_LAYERS = ("jesync.connections", "jesync.service", "jesync.sessions")
+
+
+
+def modules_of(package: Path) -> Dict[str, Path]:
+    """Every module of the package at C{package}, by dotted name (a package by its own name)."""
+    modules = {}
+    for path in sorted(package.rglob("*.py")):
+        parts = list(path.relative_to(package.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def imports_of(name: str, path: Path, modules: Mapping[str, Path]) -> Set[str]:
+    """
+    The modules of C{modules} that module C{name} imports, at any level of
+    its source.  C{import a.b} imports C{a.b}; C{from a import b} imports
+    C{a}, and C{a.b} too if that is a module (a package's face is run, and
+    its submodule loaded).
+    """
+
+    def known(dotted: str) -> Iterator[str]:
+        while dotted and dotted not in modules:
+            dotted = dotted.rpartition(".")[0]
+        if dotted:
+            yield dotted
+
+    found: Set[str] = set()
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.update(known(alias.name))
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = name.split(".") if is_package else name.split(".")[:-1]
+                base = base[: len(base) - node.level + 1]
+                source = ".".join(base + ([node.module] if node.module else []))
+            else:
+                source = node.module or ""
+            found.update(known(source))
+            for alias in node.names:
+                if f"{source}.{alias.name}" in modules:
+                    found.add(f"{source}.{alias.name}")
+    found.discard(name)
+    return found
+
+
+def import_graph(package: Path) -> Dict[str, Set[str]]:
+    """Each module of the package at C{package}, and the package's modules it imports."""
+    modules = modules_of(package)
+    return {name: imports_of(name, path, modules) for name, path in modules.items()}
+
+
+def cycles_of(graph: Mapping[str, Set[str]]) -> List[List[str]]:
+    """
+    The import cycles of C{graph}: each group of modules that reach each
+    other (a strongly connected component of two or more), as one cycle
+    through them, its first module repeated at its end.
+    """
+    order: Dict[str, int] = {}
+    low: Dict[str, int] = {}
+    stack: List[str] = []
+    on_stack: Set[str] = set()
+    groups: List[Set[str]] = []
+
+    def visit(module: str) -> None:  # (Tarjan's algorithm; the graph is a few dozen modules deep at most)
+        order[module] = low[module] = len(order)
+        stack.append(module)
+        on_stack.add(module)
+        for imported in sorted(graph[module]):
+            if imported not in order:
+                visit(imported)
+                low[module] = min(low[module], low[imported])
+            elif imported in on_stack:
+                low[module] = min(low[module], order[imported])
+        if low[module] == order[module]:
+            group = set()
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.add(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                groups.append(group)
+
+    for module in sorted(graph):
+        if module not in order:
+            visit(module)
+    return [cycle_through(graph, group) for group in groups]
+
+
+def cycle_through(graph: Mapping[str, Set[str]], group: Set[str]) -> List[str]:
+    """One cycle inside C{group} (modules that all reach each other), from its first module back to it."""
+    start = min(group)
+    paths = {start: [start]}
+    frontier = [start]
+    while frontier:  # breadth first, so the cycle printed is a shortest one
+        following = []
+        for module in frontier:
+            for imported in sorted(graph[module] & group):
+                if imported == start:
+                    return paths[module] + [start]
+                if imported not in paths:
+                    paths[imported] = paths[module] + [imported]
+                    following.append(imported)
+        frontier = following
+    raise AssertionError(f"not a cycle: {sorted(group)}")
+
+
+def reachable(graph: Mapping[str, Set[str]], module: str) -> Dict[str, List[str]]:
+    """Every module C{module} imports, directly or not, with the chain of imports that reaches it."""
+    chains = {module: [module]}
+    frontier = [module]
+    while frontier:
+        following = []
+        for current in frontier:
+            for imported in sorted(graph[current]):
+                if imported not in chains:
+                    chains[imported] = chains[current] + [imported]
+                    following.append(imported)
+        frontier = following
+    del chains[module]
+    return chains
+
+
+def within(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == prefix or module.startswith(prefix + ".") for prefix in prefixes)
+
+
+class ImportGraphTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.graph = import_graph(ROOT / "jesync")
+
+    def test_no_import_cycle(self) -> None:
+        """No module of jesync imports itself back, through any chain of imports."""
+        cycles = list(cycles_of(self.graph))
+        self.assertEqual(cycles, [], "import cycles:\n" + "\n".join(" -> ".join(cycle) for cycle in cycles))
+
+    def test_the_lower_layers_import_nothing_above_them(self) -> None:
+        """
+        The connection layer, the lock service and its sessions import
+        nothing, directly or not, from the protocols, cluster mode, the
+        composition root or the clients.
+        """
+        lower = [module for module in self.graph if within(module, LOWER_LAYERS)]
+        self.assertIn("jesync.connections.connection", lower)
+        self.assertIn("jesync.service", lower)
+        upward = [
+            " -> ".join(chain)
+            for module in lower
+            for imported, chain in reachable(self.graph, module).items()
+            if within(imported, UPPER_LAYERS)
+        ]
+        self.assertEqual(upward, [], "imports that point up:\n" + "\n".join(upward))
+
+    def test_the_walk_sees_every_kind_of_import(self) -> None:
+        """
+        The walk finds a cycle however it is made: through a function's
+        import, a TYPE_CHECKING import, a relative import, or a package's
+        face imported back by its own submodule.
+        """
+        sources = {
+            "top/__init__.py": "from top.sub import Thing\n",
+            "top/sub.py": "from top import helper\n",
+            "top/helper.py": "def f():\n    from . import late\n",
+            "top/late.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import top.lower.deep\n",
+            "top/lower/__init__.py": "",
+            "top/lower/deep.py": "from ..late import x\n",
+            "top/alone.py": "import top.lower\n",
+        }
+        with tempfile.TemporaryDirectory() as directory:
+            for name, source in sources.items():
+                path = Path(directory, name)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_text(source)
+            graph = import_graph(Path(directory, "top"))
+        self.assertEqual(graph["top.sub"], {"top", "top.helper"})
+        self.assertEqual(graph["top.helper"], {"top", "top.late"})
+        self.assertEqual(graph["top.late"], {"top.lower.deep"})
+        self.assertEqual(graph["top.lower.deep"], {"top.late"})
+        self.assertEqual(
+            sorted(cycles_of(graph)),
+            [["top", "top.sub", "top"], ["top.late", "top.lower.deep", "top.late"]],
+        )
+        self.assertEqual(reachable(graph, "top.alone"), {"top.lower": ["top.alone", "top.lower"]})

@@ -648,6 +648,6 @@ class AuthTests(ELockServerTestCase):
 class ImportTests(SynchronousTestCase):
     def test_no_server_and_no_twisted(self) -> None:
         """The elock client, like the others, loads neither the server's modules nor Twisted."""
-        from tests.unit.test_imports import SERVER_MODULES, loaded_after
+        from tests.process.test_import_isolation import SERVER_MODULES, loaded_after
 
         self.assertEqual(loaded_after("import jesync.client.elock", SERVER_MODULES + ("twisted",))["loaded"], [])

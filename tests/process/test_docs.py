@@ -294,3 +294,11 @@ class LinkTests(SynchronousTestCase):
         )
         self.assertEqual(github_anchor("Fencing tokens (every protocol)"), "fencing-tokens-every-protocol")
         self.assertEqual(anchors("## Framing\n## Framing\n```\n# not a heading\n```\n"), {"framing", "framing-1"})
+
+
+class SiteTests(SynchronousTestCase):
+    def test_nav_lists_every_page(self) -> None:
+        """mkdocs.yml's nav lists every page under docs/, once, and no page that is not there."""
+        listed = re.findall(r"^\s+- [^:]+: (\S+\.md)$", (ROOT / "mkdocs.yml").read_text(encoding="utf-8"), re.M)
+        pages = sorted(page[len("docs/"):] for page in PAGES if page.startswith("docs/"))
+        self.assertEqual(sorted(listed), pages)

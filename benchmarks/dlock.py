@@ -39,7 +39,7 @@ free, take it, answer; find it held, free it, answer.  (jesync is not sent
 release_micro 1: it would expire the grant by a timer within the round trip,
 so its ``Unlock`` would find nothing to do.)  The reference also forgets a
 client once its last key is gone (every later ``Lock`` on that connection
-fails with ``LockWaitAbort``; PROTOCOL.md lists this bug), so each
+fails with ``LockWaitAbort``; docs/protocols/dlock.md lists this bug), so each
 connection of a lock workload first takes an *anchor* key it keeps, on
 both servers alike.  Before measuring, a self-test runs each lock workload's
 cycle once on each server and checks that another connection can then take

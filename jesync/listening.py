@@ -84,7 +84,7 @@ class ListenFailed(Exception):
     tcp:11400: address already in use}).
 
     Its public name is C{jesync.server.ListenFailed} (the embedding API
-    README documents, which re-exports it), and that is the name tracebacks
+    docs/embedding.md documents, which re-exports it), and that is the name tracebacks
     show: twistd, when it daemonizes, tells the starting process the
     exception's qualified name and message in 100 bytes, so a longer module
     name would cut the reason short.

@@ -1,5 +1,5 @@
 """
-The three orders of a status listing (PROTOCOL.md), in one place for the
+The three orders of a status listing (docs/protocols/jesync.md), in one place for the
 server that sorts its listing and the clients that merge several servers'.
 """
 

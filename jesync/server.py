@@ -63,7 +63,7 @@ from jesync.store import ObjectStore, SweepService
 if TYPE_CHECKING:
     from jesync.cluster.member import ClusterMember, Leadership
 
-# What embedders import from here (README, "Embedding it"): the settings,
+# What embedders import from here (docs/embedding.md): the settings,
 # the builder, and what starting the built server may raise.
 __all__ = [
     "DEFAULT_PORT",

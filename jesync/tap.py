@@ -4,7 +4,7 @@ C{twistd jesync}: the command-line options and the service they build.
 An option is taken by its whole name only (getopt would take C{--por} for
 C{--port}, and read a mistyped C{--prot 7777} as C{--protected-mode}); a
 refusal names the options that were probably meant.  C{--help} shows the
-options in the groups the README uses, listeners first, each default written
+options in the groups docs/operating.md uses, listeners first, each default written
 as it can be typed back (C{64m}, not C{67108864}).
 
 Every option is declared once, as the L{ServerSettings} field it sets
@@ -142,7 +142,7 @@ class Options(usage.Options):
         for option in OPTIONS
         if option.kind == VALUE
     ]
-    # --help shows the options in these groups, in this order (README's).
+    # --help shows the options in these groups, in this order (docs/operating.md's).
     groups: Sequence[Tuple[str, Sequence[str]]] = help_groups(OPTIONS)
 
     def __init__(self) -> None:

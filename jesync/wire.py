@@ -4,7 +4,7 @@ how a line splits into fields, what a key and a number may be, and the
 JESync reply lines.  No I/O and nothing from Twisted: the clients import this
 module, never the server's.
 
-The rules (PROTOCOL.md says them to users):
+The rules (docs/protocols/index.md says them to users):
 
  - A line is at most L{MAX_LINE} bytes, not counting its C{\\n} and one
    C{\\r} before it.

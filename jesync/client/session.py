@@ -18,7 +18,7 @@ consistent.
    lost.
 
 The server's last words: a server that closes a connection on its own says
-why first, in one line (PROTOCOL.md: protected mode, max-connections, auth,
+why first, in one line (docs/protocols/index.md: protected mode, max-connections, auth,
 auth-timeout, idle-timeout).  Whatever the order in which that line, the
 client's first requests and the close cross on the wire, the client reports
 that line, never a bare "closed" or "Broken pipe":
@@ -60,7 +60,7 @@ from jesync.errors import LockTimeout
 from jesync.wire import ListingOrder
 
 #: How a server begins the line it sends before closing a connection on its
-#: own (a limit's reply: PROTOCOL.md): an error reply that answered a request
+#: own (a limit's reply: docs/protocols/): an error reply that answered a request
 #: is the closing reason only if it starts so.
 CLOSING_REPLY = "INVALID_PARAMETER: "
 

@@ -1,6 +1,6 @@
 """
 The dlock wire protocol (temoto/dlock, API version 2, with the changes
-PROTOCOL.md lists): its grammar, served by L{DlockFactory}.
+docs/protocols/dlock.md lists): its grammar, served by L{DlockFactory}.
 
 Every message is a 4-byte big-endian length and a protocol buffer
 (L{jesync.protocols.dlock_pb2}, generated from C{dlock.proto} beside it).

@@ -1,5 +1,5 @@
 """
-The JESync wire protocol (JESync 0.8.1, with the changes PROTOCOL.md lists):
+The JESync wire protocol (JESync 0.8.1, with the changes docs/protocols/jesync.md lists):
 its grammar, served by L{JESyncFactory}.
 
 One command per line; every reply is one line (listings: several, then END)

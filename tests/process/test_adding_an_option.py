@@ -1,7 +1,7 @@
 """
-README's "Adding an option" works as written: its two code blocks (the
+docs/development.md's "Adding an option" works as written: its two code blocks (the
 option, declared as its settings field, and the code that uses it), put
-where the README says into a copy of jesync, make an option that
+where the page says into a copy of jesync, make an option that
 C{twistd jesync --help} lists in its group, that the whole-name check
 knows, and that C{settings_from} turns into the settings field, with
 nothing else edited; and the table read back from C{ServerSettings} is
@@ -20,9 +20,9 @@ from pathlib import Path
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.process.test_docs import ROOT, readme_blocks
+from tests.process.test_docs import ROOT, page_blocks
 
-# Where the README puts each block: the declaration at the end of its
+# Where the page puts each block: the declaration at the end of its
 # group ("Operations", after --verbose's, so before --version), and the use
 # in place of the startup line's first part.
 FIELD_AFTER = '        short="v",\n        setting=bool,\n    )\n'
@@ -60,14 +60,14 @@ def insert(path: Path, anchor: str, text: str, where: str) -> None:
     """Put C{text} before or after C{anchor} (or in its place) in C{path}, where the anchor is once."""
     source = path.read_text(encoding="utf-8")
     if source.count(anchor) != 1:
-        raise AssertionError(f"{path.name}: the README's place for the example is not there once: {anchor!r}")
+        raise AssertionError(f"{path.name}: the page's place for the example is not there once: {anchor!r}")
     new = {"before": text + anchor, "after": anchor + text, "instead": text}[where]
     path.write_text(source.replace(anchor, new), encoding="utf-8")
 
 
 class AddingAnOptionTests(SynchronousTestCase):
     def setUp(self) -> None:
-        field, use = readme_blocks("python", "Adding an option")
+        field, use = page_blocks("docs/development.md", "python", "Adding an option")
         self.copy = Path(tempfile.mkdtemp())
         self.addCleanup(shutil.rmtree, self.copy)
         for name in ("jesync", "twisted"):
@@ -113,7 +113,7 @@ class AddingAnOptionTests(SynchronousTestCase):
         self.assertIsNone(found["default"])
 
     def test_not_in_the_code_itself(self) -> None:
-        """The example is the README's: jesync itself has no --server-name (so the tests above add it)."""
+        """The example is the page's: jesync itself has no --server-name (so the tests above add it)."""
         from jesync import tap
         from jesync.server import ServerSettings
 

@@ -185,7 +185,7 @@ class AdminTokenOptionTests(SynchronousTestCase):
 
 
 class ReadmeAdminTokenTests(SynchronousTestCase):
-    """README's example of an admin listener with its own token starts the server it describes."""
+    """docs/operating.md's example of an admin listener with its own token starts the server it describes."""
 
     def test_readme_example(self) -> None:
         import re
@@ -194,7 +194,7 @@ class ReadmeAdminTokenTests(SynchronousTestCase):
 
         from jesync import tap
 
-        text = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+        text = (Path(__file__).resolve().parents[2] / "docs" / "operating.md").read_text(encoding="utf-8")
         blocks = [block for block in re.findall(r"```sh\n(.*?)```", text, re.DOTALL) if "--admin-token-file" in block]
         self.assertEqual(len(blocks), 1)
         argv = shlex.split(blocks[0].replace("\\\n", " "))

@@ -1,7 +1,8 @@
 """
-The README's "Using it from Python" and "Using it from the shell" examples
-work as written, against a real server (the only change: the addresses
-127.0.0.1:11400 and, for elock, 127.0.0.1:11401 become the test server's).
+The examples of docs/clients.md ("Using it from Python", "Using it from the
+shell", "A tooz backend") work as written, against a real server (the only
+change: the addresses 127.0.0.1:11400 and, for elock, 127.0.0.1:11401
+become the test server's).
 """
 
 from __future__ import annotations
@@ -18,27 +19,18 @@ from unittest import SkipTest
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.process.test_docs import blocks, section
 from tests.servers import ROOT, environment, free_port, start_server
 
-README = ROOT / "README.md"
+CLIENTS_PAGE = ROOT / "docs" / "clients.md"
 DEFAULT_ADDRESS = "127.0.0.1:11400"
 DEFAULT_ELOCK_ADDRESS = "127.0.0.1:11401"
 
 
-def section(text: str, title: str) -> str | None:
-    """The text of the README section C{## title}, or None if there is none."""
-    match = re.search(rf"^## {re.escape(title)}\n(.*?)(?=^## |\Z)", text, re.S | re.M)
-    return match.group(1) if match else None
-
-
-def blocks(text: str, language: str) -> list[str]:
-    return re.findall(rf"^```{language}\n(.*?)^```", text, re.S | re.M)
-
-
-def readme_section(title: str) -> str:
-    found = section(README.read_text(encoding="utf-8"), title)
+def clients_section(title: str) -> str:
+    found = section(CLIENTS_PAGE.read_text(encoding="utf-8"), title)
     if found is None:
-        raise SkipTest(f"README.md has no {title!r} section")
+        raise SkipTest(f"docs/clients.md has no {title!r} section")
     return found
 
 
@@ -94,9 +86,27 @@ class PythonExamples:
             self.assertEqual(result.returncode, 0, f"{line}\n{result.stdout}{result.stderr}")
 
 
-class ReadmeExamplesTests(PythonExamples, SynchronousTestCase):
+class ClientsPageExamplesTests(PythonExamples, SynchronousTestCase):
     def test_python_examples(self) -> None:
-        self.check_python_section(readme_section("Using it from Python"))
+        self.check_python_section(clients_section("Using it from Python"))
 
     def test_shell_examples(self) -> None:
-        self.check_shell_section(readme_section("Using it from the shell"))
+        self.check_shell_section(clients_section("Using it from the shell"))
+
+    def test_tooz_example(self) -> None:
+        """The tooz example takes and releases its lock against a real server, and prints the lock's name."""
+        try:
+            import tooz  # noqa: F401
+        except ImportError:
+            raise SkipTest("tooz is not installed (the test extra installs it under CPython)")
+        server = start_server(self)
+        [example] = blocks(clients_section("A tooz backend"), "python")
+        result = subprocess.run(
+            [sys.executable, "-c", example.replace(DEFAULT_ADDRESS, server.address)],
+            env=environment(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        self.assertEqual(result.returncode, 0, f"{example}\n{result.stderr}")
+        self.assertEqual(result.stdout, "holding b'volume-17'\n")

@@ -315,10 +315,10 @@ class WholeNameTests(SynchronousTestCase):
 
 
 class ReadmeTests(SynchronousTestCase):
-    """What README's "Running it" says twistd jesync prints is what it prints."""
+    """What docs/operating.md's "Running it" says twistd jesync prints is what it prints."""
 
     def setUp(self) -> None:
-        with open(os.path.join(REPOSITORY, "README.md"), encoding="utf-8") as file:
+        with open(os.path.join(REPOSITORY, "docs", "operating.md"), encoding="utf-8") as file:
             self.text = " ".join(file.read().split())
 
     def test_refusal(self) -> None:

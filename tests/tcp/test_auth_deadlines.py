@@ -1,5 +1,5 @@
 """
-The one authentication deadline of every listener (PROTOCOL.md, Lifecycle):
+The one authentication deadline of every listener (docs/protocols/index.md, Lifecycle):
 with a token, a connection that has not completed a request carrying (or
 preceded by) a right token within --auth-timeout is closed, with its
 protocol's limit reply, however recently it sent a byte.  JESync, elock,

@@ -479,7 +479,7 @@ class ClockTests(SynchronousTestCase):
     def test_half_close_answers_the_waiting_lock_and_what_follows(self) -> None:
         """
         A FIN while a Lock waits ends the wait with the protocol's not-granted
-        reply (AcquireTimeout, PROTOCOL.md "Half-close"), and the requests
+        reply (AcquireTimeout, docs/protocols/index.md "Half-close"), and the requests
         behind it are answered in order; then the connection closes.
         """
         unit = UnitDlock()

@@ -1157,7 +1157,7 @@ class TextLockTests(MemcacheTestCase):
         self.assertEqual(other.get(key), b"END\r\n")
 
     def test_an_object_stored_after_the_flush_stays(self) -> None:
-        # (PROTOCOL.md: unlike yrmcds, only the object that was there at the flush goes at the unlock)
+        # (docs/protocols/memcached.md: unlike yrmcds, only the object that was there at the flush goes at the unlock)
         owner, other = self.text(), self.text()
         key = self.key()
         owner.store(key, b"old")

@@ -67,7 +67,7 @@ def half_close(client):
     C{client}'s socket sends FIN (beneath TLS too: no TLS close), once all it
     sent is in the server's receive buffer: a FIN queued behind bytes the
     server's kernel has no room for cannot arrive until the server reads
-    (the case PROTOCOL.md says is seen late), which is not what these tests
+    (the case docs/protocols/index.md says is seen late), which is not what these tests
     are about.
     """
     sock = socket_of(client.transport)

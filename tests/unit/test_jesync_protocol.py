@@ -125,7 +125,7 @@ class LockTests(ServerTestCase):
         self.assertEqual(second.ask(b"lock k 5\nstatus k\n"), b"STATUS 1 1 k\n")
 
     def test_less_strict_request_passes_stricter_one(self) -> None:
-        """PROTOCOL.md's grant rule: a waiting lock k 1 stays queued while a later lock k 3 is granted."""
+        """docs/protocols/jesync.md's grant rule: a waiting lock k 1 stays queued while a later lock k 3 is granted."""
         holder, strict, loose = self.connect(), self.connect(), self.connect()
         self.assertEqual(holder.ask(b"lock k 3\n"), b"GRANTED 1 0 k 120\n")
         self.assertEqual(strict.ask(b"lock k 1\nstatus k\n"), b"STATUS 1 1 k\n")

@@ -155,8 +155,14 @@ class BlockingFailoverTests(SynchronousTestCase):
         """After a failover, new connections go to the member that answered, even once the first is back."""
         first, second = serve_in_thread(self), serve_in_thread(self)
         client = self.client(f"{first.address}|{second.address}")
-        self.assertEqual(client.lock("a").server, first.address)
+        a = client.lock("a")
+        self.assertEqual(a.server, first.address)
+        lost = threading.Event()
+        a.add_lost_callback(lambda error: lost.set())
         first.kill()
+        # Once the client has seen the connection close: a lock sent before that
+        # is in flight when it closes, and fails with ConnectionLost instead.
+        self.assertTrue(lost.wait(WITHIN))
         self.assertEqual(client.lock("b").server, second.address)
         first.start()  # back, on the same port
         client.close()  # the next request connects again

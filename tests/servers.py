@@ -361,8 +361,16 @@ class ServerThread:
     def pause(self) -> None:
         """SIGSTOP: the server's thread answers nothing (the kernel still accepts connections) until L{resume}."""
         if self._paused is None:
-            self._paused = threading.Event()
-            self.reactor.callFromThread(self._paused.wait)
+            self._paused = paused = threading.Event()
+            held = threading.Event()
+
+            def hold() -> None:
+                held.set()
+                paused.wait()
+
+            # Return once the thread is held: until then it would still answer what comes in.
+            self.reactor.callFromThread(hold)
+            held.wait(READY_WITHIN)
 
     def resume(self) -> None:
         """SIGCONT."""

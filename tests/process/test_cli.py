@@ -1,6 +1,8 @@
 """
 The C{jesync} command line, run as a subprocess (C{python -m jesync.cli})
-against real C{twistd jesync} servers: exit statuses, renewal, signals, a
+against real servers (the composition root's, on a reactor of its own in a
+thread of the test's process: L{serve_in_thread}; C{kill} closes its
+connections as a dead process's): exit statuses, renewal, signals, a
 server killed under a running command, the read-only commands, and what
 it shares with flock(1) (--nonblock, -c) and etcdctl lock (the key in
 $JESYNC_KEY).
@@ -8,10 +10,7 @@ $JESYNC_KEY).
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
-import os
 import shutil
 import signal
 import subprocess
@@ -34,12 +33,9 @@ from jesync.cli import (
     EXIT_UNAVAILABLE,
     FENCING_TOKEN_VARIABLE,
     KEY_VARIABLE,
-    build_parser,
-    main,
-    parse_arguments,
 )
 from jesync.client import Client, KeyStatus
-from tests.servers import environment, fake_server, free_port, start_server
+from tests.servers import environment, fake_server, free_port, serve_in_thread
 
 WITHIN = 10.0
 
@@ -69,7 +65,7 @@ class CLITestCase(SynchronousTestCase):
         self.addCleanup(shutil.rmtree, self.directory, True)
 
     def start_server(self) -> str:
-        self.server = start_server(self)
+        self.server = serve_in_thread(self)
         return self.server.address
 
     def client(self, address: str) -> Client:
@@ -413,7 +409,7 @@ class ReadingCommandTests(CLITestCase):
 
     def test_several_servers(self) -> None:
         """Listing merges every server's keys; ping reports each, and exits 69 if one is down."""
-        first, second = start_server(self).address, start_server(self).address
+        first, second = serve_in_thread(self).address, serve_in_thread(self).address
         Client(first).lock("on-first")
         Client(second).lock("on-second")
         down = f"127.0.0.1:{free_port()}"
@@ -440,95 +436,29 @@ class ReadingCommandTests(CLITestCase):
             self.assertEqual(result.returncode, EXIT_UNAVAILABLE, command)
 
 
-def run_in_process(*argv: str) -> tuple[int, str, str]:
-    """Run C{main} here (fast, for what needs no server): its exit status, stdout and stderr."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            status = main(list(argv))
-        except SystemExit as exit:
-            status = exit.code if isinstance(exit.code, int) else 1
-    return status, out.getvalue(), err.getvalue()
+class InstalledCommandTests(SynchronousTestCase):
+    """
+    The command line's help, version and usage errors as it runs installed
+    (a process: C{python -m jesync.cli}); the rest of its argument handling
+    is checked in this process, in tests/unit/test_cli_arguments.py.
+    """
 
-
-class ArgumentTests(SynchronousTestCase):
     def test_help_everywhere(self) -> None:
         """Every command has --help with examples; the main help documents the exit statuses."""
         result = jesync("--help")
         self.assertEqual(result.returncode, 0)
         for text in ["examples:", "exit status:", str(EXIT_TIMEOUT), str(EXIT_LOCK_LOST), str(EXIT_UNAVAILABLE)]:
             self.assertIn(text, result.stdout)
-        for command in ("lock", "status", "list", "ping"):
-            status, out, _ = run_in_process(command, "--help")
-            self.assertEqual(status, 0, command)
-            self.assertIn("examples:", out, command)
-        lock_help = run_in_process("lock", "--help")[1]
-        for text in ["--terminate-on-loss", "--nonblock", "-c STRING", "JESYNC_KEY", "flock"]:
-            self.assertIn(text, lock_help)
-        # How it differs from flock(1): its -n, and its exit statuses.
-        self.assertRegex(" ".join(lock_help.split()), r"Compared with flock\(1\): -n here is --max-concurrent")
 
     def test_version(self) -> None:
         """jesync --version prints the package's version and exits 0."""
         result = jesync("--version")
         self.assertEqual((result.returncode, result.stdout, result.stderr), (0, f"jesync {__version__}\n", ""))
 
-    def test_command_after_double_dash(self) -> None:
-        """Everything after -- is COMMAND, its own options included."""
-        args = parse_arguments(["lock", "k", "--wait", "5", "--", "ls", "-l", "--", "x"])
-        self.assertEqual((args.key, args.wait, args.command), ("k", 5.0, ["ls", "-l", "--", "x"]))
-        self.assertEqual(parse_arguments(["lock", "k", "make"]).command, ["make"])
-
-    def test_shell_command(self) -> None:
-        """-c STRING (--command) is /bin/sh -c STRING, before or after KEY."""
-        for argv in (["lock", "k", "-c", "a | b"], ["lock", "--command", "a | b", "k"]):
-            args = parse_arguments(argv)
-            self.assertEqual((args.key, args.command), ("k", ["/bin/sh", "-c", "a | b"]), argv)
-
-    def test_nonblock_and_conflict_exit_code(self) -> None:
-        """--nonblock's conflict status is flock's 1, a timed-out --wait's 75; -E sets either."""
-        for argv, nonblock, status in (
-            (["lock", "k", "x"], False, EXIT_TIMEOUT),
-            (["lock", "--wait", "3", "k", "x"], False, EXIT_TIMEOUT),
-            (["lock", "--nonblock", "k", "x"], True, EXIT_BUSY),
-            (["lock", "--nonblock", "-E", "0", "k", "x"], True, 0),
-            (["lock", "-w", "0", "-E", "3", "k", "x"], False, 3),
-        ):
-            args = parse_arguments(argv)
-            self.assertEqual((args.nonblock, args.conflict_exit_code), (nonblock, status), argv)
-
-    def test_servers(self) -> None:
-        """--server before or after the command, repeated or comma-separated; else JESYNC_SERVERS; else the default."""
-        previous = os.environ.pop("JESYNC_SERVERS", None)
-        self.addCleanup(lambda: previous is None or os.environ.__setitem__("JESYNC_SERVERS", previous))
-        self.assertEqual([str(s) for s in parse_arguments(["ping"]).servers], ["127.0.0.1:11400"])
-        os.environ["JESYNC_SERVERS"] = "a:1 b:2"
-        self.assertEqual([str(s) for s in parse_arguments(["ping"]).servers], ["a:1", "b:2"])
-        args = parse_arguments(["-s", "c", "ping", "--server", "d,[::1]:5"])
-        self.assertEqual([str(s) for s in args.servers], ["d:11400", "[::1]:5"])
-        args = parse_arguments(["--server", "c", "--placement", "php", "ping"])
-        self.assertEqual(([str(s) for s in args.servers], args.placement), (["c:11400"], "php"))
-        del os.environ["JESYNC_SERVERS"]
-
     def test_bad_arguments(self) -> None:
         result = jesync("lock", "k")
         self.assertEqual(result.returncode, 2)
         self.assertIn("a COMMAND to run is needed", result.stderr)
-        for argv in (
-            ["lock", "two words", "--", "true"],
-            ["lock", "k", "--wait", "-1", "--", "true"],
-            ["lock", "k", "--wait", "soon", "--", "true"],
-            ["lock", "k", "--max-concurrent", "0", "--", "true"],
-            ["lock", "k", "--conflict-exit-code", "256", "--", "true"],
-            ["status"],
-            ["status", "k", "--", "x"],
-            ["--server", "host:99999", "ping"],
-            ["list", "--by", "size"],
-            [],
-        ):
-            status, _, err = run_in_process(*argv)
-            self.assertEqual(status, 2, argv)
-            self.assertIn("usage:", err, argv)
 
     def test_usage_errors_show_the_command_usage(self) -> None:
         """
@@ -536,69 +466,6 @@ class ArgumentTests(SynchronousTestCase):
         usage and the error, status 2; one before the command, jesync's.
         """
         lock_usage = "usage: jesync lock [options] KEY -- COMMAND [ARGS...]\n       jesync lock [options] KEY -c STRING\n"
-        for argv, error in (
-            (["lock"], "the following arguments are required: KEY"),
-            (["lock", "k"], "a COMMAND to run is needed"),
-            (["lock", "--bogus", "k", "--", "true"], "unrecognized arguments: --bogus"),
-            (["lock", "k", "--", "true", "--server", "x"], None),  # after --: COMMAND's own
-            (["lock", "two words", "--", "true"], "a key cannot contain whitespace"),
-            (["lock", "k", "--wait", "soon", "--", "true"], "argument --wait/-w"),
-            (["lock", "k", "-E", "300", "--", "true"], "argument --conflict-exit-code/-E"),
-            (["lock", "--nonblock", "--wait", "1", "k", "--", "true"], "not allowed with argument"),
-            (["lock", "k", "-c", "echo", "--", "true"], "give -c STRING or a COMMAND after KEY, not both"),
-            (["lock", "-c", "echo", "k", "true"], "give -c STRING or a COMMAND after KEY, not both"),
-            (["lock", "k", "-c", "echo", "true"], "unrecognized arguments: true"),
-            (["lock", "k", "-c"], "argument -c/--command: expected one argument"),
-            (["lock", "k", "--server", "host:99999", "--", "true"], "host:99999"),
-        ):
-            if error is None:
-                self.assertEqual(parse_arguments(argv).command, ["true", "--server", "x"])
-                continue
-            status, out, err = run_in_process(*argv)
-            self.assertEqual((status, out), (2, ""), argv)
-            self.assertTrue(err.startswith(lock_usage), (argv, err))
-            self.assertIn("jesync lock: error: ", err, argv)
-            self.assertIn(error, err, argv)
-        status, _, err = run_in_process("status", "k", "--bogus")
-        self.assertEqual(status, 2)
-        self.assertTrue(err.startswith("usage: jesync status "), err)
-        self.assertIn("jesync status: error: unrecognized arguments: --bogus", err)
-        status, _, err = run_in_process("--bogus", "lock", "k", "--", "true")
-        self.assertEqual(status, 2)
-        self.assertTrue(err.startswith("usage: jesync [-h]"), err)
-        self.assertIn("jesync: error: unrecognized arguments: --bogus", err)
         result = jesync("lock", "--bogus", "k", "--", "true")  # the installed way: the same
         self.assertEqual(result.returncode, 2)
         self.assertTrue(result.stderr.startswith(lock_usage), result.stderr)
-
-    def test_whole_option_names_only(self) -> None:
-        """
-        An option is taken by its whole name only: an abbreviation (which
-        argparse would expand) is a usage error, in the usage of the command
-        it is in, naming the option meant; after --, it is COMMAND's own.
-        """
-        lock_usage = "usage: jesync lock [options] KEY -- COMMAND [ARGS...]"
-        for argv, usage, meant in (
-            (["--serv", "db1", "status", "k"], "usage: jesync [-h]", "--server"),
-            (["status", "--serv=db1", "k"], "usage: jesync status ", "--server"),
-            (["status", "k", "--js"], "usage: jesync status ", "--json"),
-            (["lock", "--wai", "3", "k", "--", "true"], lock_usage, "--wait"),
-            (["lock", "--no-term", "k", "--", "true"], lock_usage, "--no-terminate-on-loss"),
-            (["--conn", "3", "ping"], "usage: jesync [-h]", "--connect-timeout"),
-            (["list", "--b", "requests"], "usage: jesync list ", "--by"),
-            (["--vers"], "usage: jesync [-h]", "--version"),
-        ):
-            status, out, err = run_in_process(*argv)
-            self.assertEqual((status, out), (2, ""), argv)
-            self.assertTrue(err.startswith(usage), (argv, err))
-            name = next(word for word in argv if word.startswith("--")).split("=")[0]
-            self.assertIn(f"unrecognized arguments: {name} (", err, argv)
-            self.assertIn(f"did you mean {meant}?", err, argv)
-        self.assertEqual(parse_arguments(["lock", "k", "--", "true", "--wai"]).command, ["true", "--wai"])
-        for parser in [build_parser(), *build_parser().commands.values()]:
-            self.assertFalse(parser.allow_abbrev, parser.prog)
-
-    def test_exit_statuses_distinct(self) -> None:
-        statuses = [EXIT_UNAVAILABLE, EXIT_LOCK_LOST, EXIT_TIMEOUT, EXIT_REFUSED, EXIT_CANNOT_RUN, EXIT_NOT_FOUND, 2]
-        statuses.append(EXIT_BUSY)
-        self.assertEqual(len(set(statuses)), len(statuses))

@@ -96,6 +96,10 @@ class ImportTests(SynchronousTestCase):
         twisted = loaded_after("from jesync.client import TwistedClient", ("twisted",))
         self.assertIn("twisted.internet.defer", twisted["loaded"])
 
+    def test_elock_client_imports_no_server_and_no_twisted(self) -> None:
+        """The elock client, like the others, loads neither the server's modules nor Twisted."""
+        self.assertEqual(loaded_after("import jesync.client.elock", SERVER_MODULES + ("twisted",))["loaded"], [])
+
     def test_wire_imports_no_twisted(self) -> None:
         """L{jesync.wire}, the rules shared with the clients, loads no Twisted module at all."""
         found = loaded_after("import jesync.wire", ("twisted",))

@@ -1,9 +1,12 @@
 """
-The elock client: its sans-I/O rules (L{jesync.client.elock_wire}), then
-L{ELockClient} against real C{twistd jesync --elock-port} servers, with a
-TCP proxy the tests can cut or stall between the client and a server, to
-drop its connection, or to make it notice a drop only after the server's
-grace period for its session is over.
+L{ELockClient} against real servers with an elock listener (the
+composition root's, on a reactor of its own in a thread: L{serve_in_thread}),
+with a TCP proxy the tests can cut or stall between the client and a
+server, to drop its connection, or to make it notice a drop only after the
+server's grace period for its session is over.  A server's C{kill} is a
+process dying (its connections closed, its table gone), its C{pause} a
+SIGSTOP (connections accepted, nothing answered).  The client's sans-I/O
+rules are in tests/unit/test_client_elock_wire.py.
 """
 
 from __future__ import annotations
@@ -17,8 +20,6 @@ import threading
 import time
 from typing import Any, Optional
 
-from twisted.trial.unittest import SynchronousTestCase
-
 from jesync.client import (
     AuthFailed,
     Client,
@@ -30,123 +31,9 @@ from jesync.client import (
     LockTimeout,
     ServerError,
 )
-from jesync.client.address import ClusterAddress, TCPAddress, UNIXAddress
 from jesync.client.elock import ELockClient, ELockHandle
-from jesync.client.elock_wire import (
-    AGAIN,
-    DEFAULT_ELOCK_PORT,
-    ELockReply,
-    Owned,
-    Request,
-    acquired,
-    after_resume,
-    grace_milliseconds,
-    keys_to_check,
-    owned,
-    parse_members,
-    parse_reply,
-    session_id,
-    unlocked,
-)
-from jesync.client.wire import UnexpectedReply
-from tests.servers import fake_server, free_port, start_server
+from tests.servers import fake_server, free_port, serve_in_thread
 from tests.process.test_client_blocking import WITHIN, ClientTestCase
-
-
-class MembersTests(SynchronousTestCase):
-    def test_a_host_alone_gets_the_elock_port(self) -> None:
-        self.assertEqual(parse_members("db1"), (TCPAddress("db1", DEFAULT_ELOCK_PORT),))
-        self.assertEqual(parse_members("[::1]"), (TCPAddress("::1", 11401),))
-        self.assertEqual(parse_members("::1"), (TCPAddress("::1", 11401),))
-        self.assertEqual(DEFAULT_ELOCK_PORT, 11401)
-
-    def test_an_explicit_port_is_kept(self) -> None:
-        self.assertEqual(parse_members("db1:7"), (TCPAddress("db1", 7),))
-        self.assertEqual(parse_members("[::1]:11400"), (TCPAddress("::1", 11400),))
-        self.assertEqual(parse_members("unix:/run/e.sock"), (UNIXAddress("/run/e.sock"),))
-
-    def test_a_cluster(self) -> None:
-        expected = (TCPAddress("a", 11401), TCPAddress("b", 9), UNIXAddress("/s"))
-        self.assertEqual(parse_members("a|b:9|unix:/s"), expected)
-        self.assertEqual(parse_members(ClusterAddress(expected)), expected)
-        self.assertEqual(parse_members(["a", TCPAddress("b", 9), "unix:/s"]), expected)
-        self.assertEqual(parse_members(TCPAddress("a", 1)), (TCPAddress("a", 1),))
-
-    def test_refused(self) -> None:
-        bad: list[Any] = ["a,b", "a b", "a||b", "|a", "a|a:11401", "", "a:0", []]
-        for servers in bad:
-            self.assertRaises(ValueError, parse_members, servers)
-        self.assertRaises(TypeError, parse_members, [7])
-
-
-class RepliesTests(SynchronousTestCase):
-    def test_parse(self) -> None:
-        self.assertEqual(parse_reply(b"200 Acquired\r"), ELockReply(200, "Acquired"))
-        self.assertEqual(parse_reply(b"409 Unavailable"), ELockReply(409, "Unavailable"))
-        for line in (b"", b"OK", b"20 x", b"2000 x", b"abc def"):
-            self.assertRaises(UnexpectedReply, parse_reply, line)
-
-    def test_acquired(self) -> None:
-        self.assertIsNone(acquired(ELockReply(200, "Acquired"), "k", 0))
-        self.assertEqual(acquired(ELockReply(200, "Acquired 17"), "k", 0), 17)
-        self.assertRaises(UnexpectedReply, acquired, ELockReply(200, "Acquired x"), "k", 0)
-        busy = self.assertRaises(LockTimeout, acquired, ELockReply(409, "Unavailable"), "k", 0)
-        self.assertEqual((busy.key, str(busy)), ("k", "'k' is held by another session"))
-        late = self.assertRaises(LockTimeout, acquired, ELockReply(409, "Unavailable"), "k", 3)
-        self.assertEqual(str(late), "'k' was not granted within 3 s")
-        refused = self.assertRaises(ServerError, acquired, ELockReply(503, "max-keys exceeded (1)"), "k", 0)
-        self.assertEqual(refused.message, "503 max-keys exceeded (1)")
-
-    def test_unlocked_owned_session_id(self) -> None:
-        self.assertTrue(unlocked(ELockReply(200, "Unlocked")))
-        self.assertFalse(unlocked(ELockReply(403, "not_yours")))
-        self.assertFalse(unlocked(ELockReply(403, "not_locked")))
-        self.assertEqual(owned(ELockReply(200, "owned")), Owned(True, None))
-        self.assertEqual(owned(ELockReply(200, "owned 5")), Owned(True, 5))
-        self.assertEqual(owned(ELockReply(404, "not_owned")), Owned(False))
-        self.assertRaises(ServerError, owned, ELockReply(400, 'Unknown command: "owned"'))
-        self.assertEqual(session_id(ELockReply(200, "3q2-kYc1T0iFqR2m8dJx5A")), "3q2-kYc1T0iFqR2m8dJx5A")
-        self.assertRaises(UnexpectedReply, session_id, ELockReply(403, "cannot set conn id"))
-
-    def test_requests(self) -> None:
-        self.assertEqual(Request("lock", "k").line(5), b"lock k 5\r\n")
-        self.assertEqual(Request("unlock", "k").line(), b"unlock k\r\n")
-        self.assertEqual(Request("owned", "k").line(), b"owned k\r\n")
-        self.assertEqual(Request("ping").line(), b"conn_id\r\n")
-        for key in ("", "a b", "a\rb"):
-            self.assertRaises(ValueError, Request("lock", key).line)
-
-    def test_grace(self) -> None:
-        self.assertEqual(grace_milliseconds(30), 30000)
-        self.assertEqual(grace_milliseconds(0.25), 250)
-        self.assertRaises(ValueError, grace_milliseconds, -1)
-        self.assertRaises(ValueError, grace_milliseconds, 3e6)
-        self.assertRaises(TypeError, grace_milliseconds, "30")
-
-
-class AfterResumeTests(SynchronousTestCase):
-    """What becomes of a request a failover interrupted, from what the resumed session holds."""
-
-    def test_lock(self) -> None:
-        self.assertEqual(after_resume(Request("lock", "k"), {"k": 9}), 9)  # it was granted before the drop
-        self.assertIs(after_resume(Request("lock", "k"), {}), AGAIN)
-        self.assertIs(after_resume(Request("lock", "k"), None), AGAIN)
-
-    def test_unlock(self) -> None:
-        self.assertIs(after_resume(Request("unlock", "k"), {"k": None}), AGAIN)
-        self.assertIs(after_resume(Request("unlock", "k"), {}), True)
-
-    def test_others(self) -> None:
-        self.assertEqual(after_resume(Request("owned", "k"), {"k": 4}), Owned(True, 4))
-        self.assertEqual(after_resume(Request("owned", "k"), {}), Owned(False, None))
-        self.assertIsNone(after_resume(Request("ping"), {}))
-        self.assertIs(after_resume(Request("unlock_all"), {}), AGAIN)
-        self.assertIs(after_resume(Request("quit"), None), AGAIN)
-
-    def test_keys_to_check(self) -> None:
-        self.assertEqual(keys_to_check(["a", "b"], Request("lock", "c")), ["a", "b", "c"])
-        self.assertEqual(keys_to_check(["a", "b"], Request("unlock", "a")), ["a", "b"])
-        self.assertEqual(keys_to_check(["a"], None), ["a"])
 
 
 class Proxy:
@@ -263,10 +150,10 @@ def raw_elock(address: str, *lines: bytes) -> list[bytes]:
 
 class ELockServerTestCase(ClientTestCase):
     def elock_server(self, *extra_args: str, **kwargs: Any) -> Any:
-        """A C{twistd jesync} with an elock listener, whose address is its C{elock_address}."""
+        """A server with an elock listener, whose address is its C{elock_address}."""
         port = free_port()
         args = ["--elock-port", f"tcp:{port}:interface=127.0.0.1", *extra_args]
-        server: Any = start_server(self, extra_args=args, **kwargs)
+        server: Any = serve_in_thread(self, extra_args=args, **kwargs)
         server.elock_address = f"127.0.0.1:{port}"
         return server
 
@@ -428,7 +315,9 @@ class ResumeTests(ELockServerTestCase):
         session, and the lock is reported lost.
         """
         proxy = self.proxy(self.address)
-        client = self.elock(proxy.address, grace=1, heartbeat=0.2, read_timeout=4)
+        # The server's grace (1 s) is over before the client's reply timeout (2 s);
+        # and the stalled proxy forwards nothing before resume() all the same.
+        client = self.elock(proxy.address, grace=1, heartbeat=0.2, read_timeout=2)
         handle = client.lock("k")
         lost = self.record_lost(handle)
         proxy.stall()
@@ -474,7 +363,9 @@ class ResumeTests(ELockServerTestCase):
     def test_lost_callback_may_use_the_client(self) -> None:
         """Lost callbacks run outside the client's I/O: one may lock again."""
         proxy = self.proxy(self.address)
-        client = self.elock(proxy.address, grace=1, heartbeat=0.2, read_timeout=4)
+        # The server's grace (1 s) is over before the client's reply timeout (2 s);
+        # and the stalled proxy forwards nothing before resume() all the same.
+        client = self.elock(proxy.address, grace=1, heartbeat=0.2, read_timeout=2)
         handle = client.lock("k")
         relocked: list[Any] = []
         handle.on_lost(lambda error: relocked.append(client.lock("k", wait=5)))
@@ -516,52 +407,41 @@ class FailoverTests(ELockServerTestCase):
 
     def test_paused_leader(self) -> None:
         """A SIGSTOPped leader accepts connections but never answers: the heartbeat times out, and the client moves on."""
-        client = self.elock(self.members, grace=5, heartbeat=0.2, read_timeout=1)
+        client = self.elock(self.members, grace=5, heartbeat=0.2, read_timeout=0.5)
         handle = client.lock("k")
         lost = self.record_lost(handle)
-        self.pause(self.leader)
+        self.leader.pause()
         start = time.monotonic()
         self.wait_for(lambda: len(lost) == 1, within=10)
         # heartbeat + its reply timeout, then one more reply timeout trying the paused leader again
-        self.assertLess(time.monotonic() - start, 0.2 + 1 + 1 + 3)
+        self.assertLess(time.monotonic() - start, 0.2 + 0.5 + 0.5 + 3)
         self.assertEqual(str(client.address), self.standin.elock_address)
         self.assertTrue(client.lock("k").owned())
 
     def test_request_during_pause(self) -> None:
         """A lock sent to a paused leader is sent again to the member that answers."""
-        client = self.elock(self.members, grace=5, heartbeat=60, read_timeout=1)
-        self.pause(self.leader)
+        client = self.elock(self.members, grace=5, heartbeat=60, read_timeout=0.5)
+        self.leader.pause()
         handle = client.lock("k")
         self.assertEqual(str(client.address), self.standin.elock_address)
         self.assertTrue(handle.owned())
 
     def test_paused_only_member_fails_within_bounds(self) -> None:
-        client = self.elock(self.leader.elock_address, grace=1, heartbeat=60, read_timeout=0.5)
+        client = self.elock(self.leader.elock_address, grace=0.5, heartbeat=60, read_timeout=0.5)
         handle = client.lock("k")
-        self.pause(self.leader)
+        self.leader.pause()
         start = time.monotonic()
         error = self.assertRaises(ConnectionLost, client.lock, "j")
-        self.assertLess(time.monotonic() - start, 0.5 + 1 + 0.5 + 3)
+        self.assertLess(time.monotonic() - start, 0.5 + 0.5 + 0.5 + 3)
         self.assertIn("no reply within", str(error))
         self.assertTrue(handle.lost)
         self.assertIsNone(client.session_id)
         # The leader comes back: the next request starts a new session.  (The
         # paused leader now reads the "lock j" sent to it and grants it to the
-        # old session, which keeps it for its grace period, 1 s.)
-        os.kill(self.leader.process.pid, signal.SIGCONT)
+        # old session, which keeps it for its grace period, 0.5 s.)
+        self.leader.resume()
         client.lock("j", wait=5)
         self.assertIsNotNone(client.session_id)
-
-    def pause(self, server: Any) -> None:
-        """SIGSTOP C{server} (SIGCONT when the test ends, before it is killed)."""
-        pid = server.process.pid
-
-        def resume() -> None:
-            if server.process.poll() is None:
-                os.kill(pid, signal.SIGCONT)
-
-        self.addCleanup(resume)
-        os.kill(pid, signal.SIGSTOP)
 
 
 class ServerWithoutOwnedTests(ELockServerTestCase):
@@ -643,11 +523,3 @@ class AuthTests(ELockServerTestCase):
         self.assertIn("refused the auth token", str(refused))
         missing = self.assertRaises(AuthFailed, ELockClient, server.elock_address, environ={})
         self.assertIn("needs an auth token", str(missing))
-
-
-class ImportTests(SynchronousTestCase):
-    def test_no_server_and_no_twisted(self) -> None:
-        """The elock client, like the others, loads neither the server's modules nor Twisted."""
-        from tests.process.test_import_isolation import SERVER_MODULES, loaded_after
-
-        self.assertEqual(loaded_after("import jesync.client.elock", SERVER_MODULES + ("twisted",))["loaded"], [])

@@ -2,18 +2,19 @@
 The dlock listener (L{jesync.protocols.dlock}) over real TCP: length-prefixed
 protocol buffers (L{jesync.protocols.dlock_pb2}), requests answered in
 request order, all-or-nothing multi-key locks held until disconnect or for a
-time, fencing tokens, access tokens, the idle timeout, and a client of the
-reference that reads each response with one C{Read}.
+time, fencing tokens, access tokens, and a client of the reference that
+reads each response with one C{Read}.
 
 The tests run C{twistd jesync}'s service in this process
 (L{tests.tcp.test_operations.Server}, started with C{dlock=True}; the old
 client's, L{tests.servers.serve_in_thread}) and talk to it over real TCP
 with L{tests.support.DlockClient}, alongside JESync and elock clients on the
 same lock table.  Where time is the point (wait_micro, release_micro, the
-idle timeout) the factory runs on a L{Clock} over a L{StringTransport}
-instead: L{tests.unit.test_dlock}; C{twistd} itself is
-L{tests.process.test_dlock_twistd}.  The message helpers here (L{lock},
-L{ping}, L{parse_responses}, ...) serve those and other tests too.
+idle and auth timeouts) the factory, or the server twistd builds, runs on a
+L{Clock} over a L{StringTransport} instead: L{tests.unit.test_dlock};
+C{twistd} itself is L{tests.process.test_dlock_twistd}.  The message
+helpers here (L{lock}, L{ping}, L{parse_responses}, ...) serve those and
+other tests too.
 
 Nothing sleeps: every step waits for a response, a close, or the server
 having read what was sent, with a bounded timeout.
@@ -28,7 +29,7 @@ import warnings
 from collections import Counter
 
 from google.protobuf.message import DecodeError
-from twisted.internet import reactor, task
+from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.error import ConnectionDone
 from twisted.trial.unittest import SynchronousTestCase
@@ -259,44 +260,8 @@ class OrderTests(DlockTestCase):
         self.assertEqual([outcome(r) for r in responses], [("Ok", 10, []), ("Ok", 11, [])])
         self.assertEqual(len(responses[0].fencing_tokens), 1)
 
-    @inlineCallbacks
-    def test_a_ping_behind_a_lock_that_times_out(self):
-        server = yield self.start()
-        holder = yield server.dlock()
-        client = yield server.dlock()
-        yield holder.ask(lock(["k"]))
-        sent = time.time_ns()
-        responses = yield client.ask(lock(["k"], id=20, wait_micro=200_000, fencing_tokens=True), ping(id=21))
-        self.assertEqual([outcome(r) for r in responses], [("AcquireTimeout", 20, ["k"]), ("Ok", 21, [])])
-        self.assertEqual((responses[0].error_text, list(responses[0].fencing_tokens)), ("", []))
-        # The Ping was answered once the Lock's wait was over, not when it arrived.
-        self.assertGreaterEqual(responses[1].server_unix_time - sent, 150_000_000)
-        self.assertEqual(server.factories["dlock"].timeouts, 1)
-
 
 class LockTests(DlockTestCase):
-    @inlineCallbacks
-    def test_all_or_nothing_across_protocols(self):
-        """
-        A JESync holder of K: a dlock Lock of [L, K, M] takes nothing (L and M
-        have no holder; as documented, it keeps its place in their queues
-        while it waits), times out naming K only, and then L and M are free:
-        a JESync waiter queued behind it for L gets L at once.
-        """
-        server = yield self.start()
-        jesync, other = yield server.connect_many(2)
-        client = yield server.dlock()
-        self.assertEqual((yield jesync.ask(b"lock K\n")), b"GRANTED 1 0 K 120\n")
-        yield server.send(client, dlock_frame(lock(["L", "K", "M"], id=1, wait_micro=500_000, fencing_tokens=True)))
-        yield self.assertStatus(other, b"L", 0, 1)
-        yield self.assertStatus(other, b"K", 1, 1)
-        other.send(b"lock L 1 5\n")
-        response = yield client.read_line()
-        self.assertEqual(outcome(response), ("AcquireTimeout", 1, ["K"]))
-        self.assertEqual(list(response.fencing_tokens), [])
-        self.assertEqual((yield other.read_line()), b"GRANTED 1 0 L 120\n")
-        yield self.assertStatus(other, b"M", 0, 0)
-        yield self.assertStatus(other, b"K", 1, 0)
 
     @inlineCallbacks
     def test_wait_micro_0_is_granted_when_the_holder_disconnects(self):
@@ -309,42 +274,6 @@ class LockTests(DlockTestCase):
         granted = yield client.read_line()
         self.assertEqual(outcome(granted), ("Ok", 3, []))
         self.assertGreater(granted.fencing_tokens[0], max(first.fencing_tokens))
-
-    @inlineCallbacks
-    def test_release_micro_grant_outlives_its_connection(self):
-        server = yield self.start()
-        jesync = yield server.jesync()
-        holder = yield server.dlock()
-        granted_at = time.monotonic()
-        self.assertEqual(outcome((yield holder.ask(lock(["k"], release_micro=500_000)))), ("Ok", 1, []))
-        yield server.drop(holder)
-        yield self.assertStatus(jesync, b"k", 1, 0)
-        holders = yield jesync.ask(b"holders k\n", 2)
-        self.assertRegex(holders, rb"^HOLDER k 127\.0\.0\.1:\d+\(timed\) 0 0 \d+\nEND\n$")
-        waiter = yield server.dlock()
-        self.assertEqual(outcome((yield waiter.ask(lock(["k"], id=2, wait_micro=5_000_000)))), ("Ok", 2, []))
-        self.assertGreaterEqual(time.monotonic() - granted_at, 0.45)
-
-    @inlineCallbacks
-    def test_relock_switches_between_timed_and_until_disconnect(self):
-        server = yield self.start()
-        jesync = yield server.jesync()
-        # Timed, then until disconnect: the close frees it.
-        client = yield server.dlock()
-        timed = yield client.ask(lock(["k"], release_micro=60_000_000, fencing_tokens=True))
-        bound = yield client.ask(lock(["k"], id=2, fencing_tokens=True))
-        self.assertEqual(outcome(bound), ("Ok", 2, []))
-        self.assertEqual(list(bound.fencing_tokens), list(timed.fencing_tokens))
-        yield server.drop(client)
-        yield self.assertStatus(jesync, b"k", 0, 0)
-        # Until disconnect, then timed: it outlives the close, until its time runs out.
-        client = yield server.dlock()
-        bound = yield client.ask(lock(["k"], fencing_tokens=True))
-        timed = yield client.ask(lock(["k"], id=2, release_micro=500_000, fencing_tokens=True))
-        self.assertEqual(list(timed.fencing_tokens), list(bound.fencing_tokens))
-        yield server.drop(client)
-        self.assertEqual((yield jesync.ask(b"lock k 1 0\n")), b"TIMEOUT 1 0 k\n")
-        self.assertEqual((yield jesync.ask(b"lock k 1 5\n")), b"GRANTED 1 0 k 120\n")
 
     @inlineCallbacks
     def test_keys_refused(self):
@@ -477,87 +406,11 @@ class AccessTokenTests(DlockTestCase):
         self.assertEqual(outcome((yield good.ask(ping(id=5, access_token=token)))), ("Ok", 5, []))
 
     @inlineCallbacks
-    def test_a_trickling_client_without_the_token_is_closed_after_the_auth_timeout(self):
-        """
-        Connections that send a length prefix, then a byte now and then,
-        never complete a request: they are closed after --auth-timeout and
-        give back their connection slots; one that sent a request with the
-        token is not closed.
-        """
-        path = write_file(self, TOKEN + b"\n")
-        server = yield self.start("--auth-token-file", path, "--auth-timeout", "1", "--max-connections", "3")
-        good = yield server.dlock()
-        self.assertEqual(outcome((yield good.ask(ping(id=9, access_token=TOKEN.decode())))), ("Ok", 9, []))
-        trickling = []
-        for _ in range(2):
-            trickling.append((yield server.dlock()))
-        full = yield server.jesync()
-        self.assertEqual((yield full.read_line()), b"INVALID_PARAMETER: max-connections exceeded (3)\n")
-        for client in trickling:
-            client.send((1000).to_bytes(4, "big"))
-
-        def trickle() -> None:
-            for client in trickling:
-                if client.lost_reason is None:
-                    client.send(b"\x08")
-
-        ticker = task.LoopingCall(trickle)
-        ticker.start(0.2, now=False)
-        self.addCleanup(lambda: ticker.running and ticker.stop())
-        for client in trickling:
-            self.assertIsInstance((yield client.wait_closed()), ConnectionDone)
-            (last,) = client.unread()
-            self.assertEqual((outcome(last), last.error_text), (("General", 0, []), "auth-timeout exceeded (1)"))
-            yield server.wait_lost(client)
-        # Their slots are free: a JESync client connects and is served.
-        jesync = yield server.jesync()
-        self.assertEqual((yield jesync.ask(b"auth %s\nstatus k\n" % TOKEN, count=2)), b"OK\nSTATUS 0 0 k\n")
-        self.assertIsNone(good.lost_reason)
-        self.assertEqual(outcome((yield good.ask(ping(id=10, access_token=TOKEN.decode())))), ("Ok", 10, []))
-
-    @inlineCallbacks
     def test_without_a_token_file_any_token_is_accepted(self):
         server = yield self.start()
         client = yield server.dlock()
         responses = yield client.ask(ping(access_token="anything"), lock(["k"], id=2, access_token="\u00e9t\u00e9"))
         self.assertEqual([outcome(r) for r in responses], [("Ok", 1, []), ("Ok", 2, [])])
-
-
-class IdleTimeoutTests(DlockTestCase):
-    @inlineCallbacks
-    def test_a_silent_holder_is_closed_and_its_bound_locks_released(self):
-        server = yield self.start("--dlock-idle-timeout", "0.5")
-        jesync = yield server.jesync()
-        client = yield server.dlock()
-        yield client.ask(lock(["bound"]), lock(["timed"], id=2, release_micro=60_000_000))
-        last = yield self.assertClosedWith(client, ("General", 0, []))
-        self.assertEqual(last.error_text, "idle-timeout exceeded (0.5)")
-        yield server.wait_lost(client)
-        yield self.assertStatus(jesync, b"bound", 0, 0)
-        yield self.assertStatus(jesync, b"timed", 1, 0)
-        self.release_timed(server, "timed")
-
-    @inlineCallbacks
-    def test_a_waiting_lock_is_answered_before_the_close(self):
-        server = yield self.start("--dlock-idle-timeout", "0.5")
-        jesync = yield server.jesync()
-        self.assertEqual((yield jesync.ask(b"lock k\n")), b"GRANTED 1 0 k 120\n")
-        client = yield server.dlock()
-        client.send_requests(lock(["k"], id=31), ping(id=32))
-        last = yield self.assertClosedWith(client, ("General", 31, []))
-        self.assertIn("idle-timeout", last.error_text)
-        yield server.wait_lost(client)
-        yield self.assertStatus(jesync, b"k", 1, 0)
-
-    @inlineCallbacks
-    def test_the_general_idle_timeout_does_not_govern_dlock(self):
-        server = yield self.start("--idle-timeout", "0.2", "--dlock-idle-timeout", "0")
-        client = yield server.dlock()
-        jesync = yield server.jesync()
-        self.assertIsInstance((yield jesync.wait_closed()), ConnectionDone)
-        self.assertEqual(jesync.unread(), b"INVALID_PARAMETER: idle-timeout exceeded (0.2)\n")
-        self.assertIsNone(client.lost_reason)
-        self.assertEqual(outcome((yield client.ask(ping(id=3)))), ("Ok", 3, []))
 
 
 class CrossProtocolTests(DlockTestCase):

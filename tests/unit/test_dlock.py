@@ -4,8 +4,12 @@ its options: the factory on a L{Clock} over a L{StringTransport} (wait_micro,
 release_micro, the idle timeout: never before their time, at most one tick
 after it), the reference's reply fields (fencing tokens only to a C{Lock}
 that asks), and --dlock-max-message, --dlock-max-keys, --dlock-idle-timeout
-as makeService builds them.  The messages and their parsing are
-L{tests.tcp.test_dlock}'s, where the listener is spoken to over real TCP.
+as makeService builds them.  And the server twistd builds from its options
+(L{build_server}) on a L{Clock}, JESync and dlock clients on one lock table,
+where a real-TCP test would wait real time: a lock that times out, a timed
+grant that outlives its connection, the idle and auth timeouts.  The
+messages and their parsing are L{tests.tcp.test_dlock}'s, where the
+listener is spoken to over real TCP.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from jesync import tap
 from jesync.connections.policy import ConnectionPolicy
 from jesync.protocols import dlock_pb2
 from jesync.protocols.dlock import DlockFactory
+from jesync.server import build_server
 from jesync.service import LockService
 from tests.process import test_twistd
-from tests.support import dlock_frame
+from tests.support import UnitClient, connect_unit, dlock_frame
 from tests.tcp.test_dlock import (
     MAX_UINT64,
     REFERENCE_FIELDS,
@@ -38,7 +43,7 @@ from tests.tcp.test_dlock import (
     status_name,
     unlock,
 )
-from tests.tcp.test_operations import TOKEN
+from tests.tcp.test_operations import TOKEN, write_file
 
 # Wait timeouts and expiries fire at most one tick (10 ms) after their time, never before it.
 TICK = 0.01
@@ -56,6 +61,10 @@ class UnitDlockClient:
 
     def send(self, *requests: Request) -> None:
         self.protocol.dataReceived(b"".join(dlock_frame(request) for request in requests))
+
+    def send_bytes(self, data: bytes) -> None:
+        """Bytes as they come, whole frames or not."""
+        self.protocol.dataReceived(data)
 
     def take(self) -> list[Response]:
         """The responses written since the last take."""
@@ -531,3 +540,217 @@ class OptionsTests(SynchronousTestCase):
         for argv in (["--dlock-max-message", "3"], ["--dlock-max-keys", "0"], ["--dlock-idle-timeout", "-1"]):
             with self.assertRaises(usage.UsageError, msg=argv):
                 test_twistd.parse("--dlock-port", "tcp:0", *argv)
+
+
+# -- the server twistd builds, on a Clock ----------------------------------------------
+
+
+class BuiltServer:
+    """
+    C{twistd jesync}'s server as L{build_server} makes it from these options
+    (and C{--dlock-port}), on a L{Clock}: its own factories, served over
+    StringTransport (nothing listens), to JESync and dlock connections from
+    127.0.0.1 ports of their own.  What the TCP tests of
+    L{tests.tcp.test_dlock} wait for in real time, it advances.
+    """
+
+    def __init__(self, *argv: str) -> None:
+        self.clock = Clock()
+        options = test_twistd.parse("--dlock-port", "tcp:0:interface=127.0.0.1", *argv)
+        self.server = build_server(self.clock, tap.settings_from(options))
+        self.factories = self.server.factories
+        self._port = 50000
+
+    def _peer(self) -> IPv4Address:
+        self._port += 1
+        return IPv4Address("TCP", "127.0.0.1", self._port)
+
+    def dlock(self) -> UnitDlockClient:
+        client = connect_unit(self.factories["dlock"], self._peer())
+        return UnitDlockClient(client.protocol, client.transport)
+
+    def jesync(self) -> UnitClient:
+        return connect_unit(self.factories["jesync"], self._peer())
+
+
+class BuiltServerTestCase(SynchronousTestCase):
+    """The assertions of L{tests.tcp.test_dlock.DlockTestCase}, over StringTransport."""
+
+    def assertStatus(self, jesync: UnitClient, key: bytes, granted: int, waiting: int) -> None:
+        """JESync's C{status key} says so."""
+        self.assertEqual(jesync.ask(b"status %s\n" % key), b"STATUS %d %d %s\n" % (granted, waiting, key))
+
+    def assertClosedWith(self, client: UnitDlockClient, expected: tuple) -> Response:
+        """
+        C{client} is being closed (cleanly: not aborted), having been sent one
+        last response (checked against C{expected}, an outcome).
+        """
+        self.assertTrue(client.closing)
+        self.assertFalse(client.transport.disconnected)  # (abortConnection sets it)
+        responses = client.take()
+        self.assertEqual([outcome(response) for response in responses], [expected])
+        return responses[0]
+
+
+class OrderTests(BuiltServerTestCase):
+    def test_a_ping_behind_a_lock_that_times_out(self):
+        server = BuiltServer()
+        holder = server.dlock()
+        client = server.dlock()
+        holder.ask(lock(["k"]))
+        sent = int(server.clock.seconds() * 10**9)
+        self.assertEqual(client.ask(lock(["k"], id=20, wait_micro=200_000, fencing_tokens=True), ping(id=21)), [])
+        server.clock.advance(0.2 + TICK)
+        responses = client.take()
+        self.assertEqual([outcome(r) for r in responses], [("AcquireTimeout", 20, ["k"]), ("Ok", 21, [])])
+        self.assertEqual((responses[0].error_text, list(responses[0].fencing_tokens)), ("", []))
+        # The Ping was answered once the Lock's wait was over, not when it arrived.
+        self.assertGreaterEqual(responses[1].server_unix_time - sent, 150_000_000)
+        self.assertEqual(server.factories["dlock"].timeouts, 1)
+
+
+class LockTests(BuiltServerTestCase):
+    def test_all_or_nothing_across_protocols(self):
+        """
+        A JESync holder of K: a dlock Lock of [L, K, M] takes nothing (L and M
+        have no holder; as documented, it keeps its place in their queues
+        while it waits), times out naming K only, and then L and M are free:
+        a JESync waiter queued behind it for L gets L at once.
+        """
+        server = BuiltServer()
+        jesync, other = server.jesync(), server.jesync()
+        client = server.dlock()
+        self.assertEqual(jesync.ask(b"lock K\n"), b"GRANTED 1 0 K 120\n")
+        self.assertEqual(client.ask(lock(["L", "K", "M"], id=1, wait_micro=500_000, fencing_tokens=True)), [])
+        self.assertStatus(other, b"L", 0, 1)
+        self.assertStatus(other, b"K", 1, 1)
+        other.send(b"lock L 1 5\n")
+        self.assertEqual(other.take(), b"")
+        server.clock.advance(0.5 + TICK)
+        [response] = client.take()
+        self.assertEqual(outcome(response), ("AcquireTimeout", 1, ["K"]))
+        self.assertEqual(list(response.fencing_tokens), [])
+        self.assertEqual(other.take(), b"GRANTED 1 0 L 120\n")
+        self.assertStatus(other, b"M", 0, 0)
+        self.assertStatus(other, b"K", 1, 0)
+
+    def test_release_micro_grant_outlives_its_connection(self):
+        server = BuiltServer()
+        jesync = server.jesync()
+        holder = server.dlock()
+        granted_at = server.clock.seconds()
+        [granted] = holder.ask(lock(["k"], release_micro=500_000))
+        self.assertEqual(outcome(granted), ("Ok", 1, []))
+        holder.lose()
+        self.assertStatus(jesync, b"k", 1, 0)
+        holders = jesync.ask(b"holders k\n")
+        self.assertRegex(holders, rb"^HOLDER k 127\.0\.0\.1:\d+\(timed\) 0 0 \d+\nEND\n$")
+        waiter = server.dlock()
+        self.assertEqual(waiter.ask(lock(["k"], id=2, wait_micro=5_000_000)), [])
+        server.clock.advance(0.45)
+        self.assertEqual(waiter.take(), [])
+        server.clock.advance(0.05 + TICK)
+        [granted] = waiter.take()
+        self.assertEqual(outcome(granted), ("Ok", 2, []))
+        self.assertGreaterEqual(server.clock.seconds() - granted_at, 0.45)
+
+    def test_relock_switches_between_timed_and_until_disconnect(self):
+        server = BuiltServer()
+        jesync = server.jesync()
+        # Timed, then until disconnect: the close frees it.
+        client = server.dlock()
+        [timed] = client.ask(lock(["k"], release_micro=60_000_000, fencing_tokens=True))
+        [bound] = client.ask(lock(["k"], id=2, fencing_tokens=True))
+        self.assertEqual(outcome(bound), ("Ok", 2, []))
+        self.assertEqual(list(bound.fencing_tokens), list(timed.fencing_tokens))
+        client.lose()
+        self.assertStatus(jesync, b"k", 0, 0)
+        # Until disconnect, then timed: it outlives the close, until its time runs out.
+        client = server.dlock()
+        [bound] = client.ask(lock(["k"], fencing_tokens=True))
+        [timed] = client.ask(lock(["k"], id=2, release_micro=500_000, fencing_tokens=True))
+        self.assertEqual(list(timed.fencing_tokens), list(bound.fencing_tokens))
+        client.lose()
+        self.assertEqual(jesync.ask(b"lock k 1 0\n"), b"TIMEOUT 1 0 k\n")
+        self.assertEqual(jesync.ask(b"lock k 1 5\n"), b"")
+        server.clock.advance(0.5 + TICK)
+        self.assertEqual(jesync.take(), b"GRANTED 1 0 k 120\n")
+
+
+class AccessTokenTests(BuiltServerTestCase):
+    def test_a_trickling_client_without_the_token_is_closed_after_the_auth_timeout(self):
+        """
+        Connections that send a length prefix, then a byte now and then,
+        never complete a request: they are closed after --auth-timeout and
+        give back their connection slots; one that sent a request with the
+        token is not closed.
+        """
+        path = write_file(self, TOKEN + b"\n")
+        server = BuiltServer("--auth-token-file", path, "--auth-timeout", "1", "--max-connections", "3")
+        good = server.dlock()
+        [pong] = good.ask(ping(id=9, access_token=TOKEN.decode()))
+        self.assertEqual(outcome(pong), ("Ok", 9, []))
+        trickling = [server.dlock() for _ in range(2)]
+        full = server.jesync()
+        self.assertEqual(full.take(), b"INVALID_PARAMETER: max-connections exceeded (3)\n")
+        full.lose()
+        for client in trickling:
+            client.send_bytes((1000).to_bytes(4, "big"))
+        # A byte every 0.2 s, from each client not yet being closed.
+        for _ in range(25):
+            if all(client.closing for client in trickling):
+                break
+            server.clock.advance(0.2)
+            for client in trickling:
+                if not client.closing:
+                    client.send_bytes(b"\x08")
+        for client in trickling:
+            last = self.assertClosedWith(client, ("General", 0, []))
+            self.assertEqual(last.error_text, "auth-timeout exceeded (1)")
+            client.lose()
+        # Their slots are free: a JESync client connects and is served.
+        jesync = server.jesync()
+        self.assertEqual(jesync.ask(b"auth %s\nstatus k\n" % TOKEN), b"OK\nSTATUS 0 0 k\n")
+        self.assertFalse(good.closing)
+        [pong] = good.ask(ping(id=10, access_token=TOKEN.decode()))
+        self.assertEqual(outcome(pong), ("Ok", 10, []))
+
+
+class IdleTimeoutTests(BuiltServerTestCase):
+    """--dlock-idle-timeout (and --idle-timeout), as build_server makes them from the options."""
+
+    def test_a_silent_holder_is_closed_and_its_bound_locks_released(self):
+        server = BuiltServer("--dlock-idle-timeout", "0.5")
+        jesync = server.jesync()
+        client = server.dlock()
+        client.ask(lock(["bound"]), lock(["timed"], id=2, release_micro=60_000_000))
+        server.clock.advance(0.5)
+        last = self.assertClosedWith(client, ("General", 0, []))
+        self.assertEqual(last.error_text, "idle-timeout exceeded (0.5)")
+        client.lose()
+        self.assertStatus(jesync, b"bound", 0, 0)
+        self.assertStatus(jesync, b"timed", 1, 0)
+
+    def test_a_waiting_lock_is_answered_before_the_close(self):
+        server = BuiltServer("--dlock-idle-timeout", "0.5")
+        jesync = server.jesync()
+        self.assertEqual(jesync.ask(b"lock k\n"), b"GRANTED 1 0 k 120\n")
+        client = server.dlock()
+        client.send(lock(["k"], id=31), ping(id=32))
+        server.clock.advance(0.5)
+        last = self.assertClosedWith(client, ("General", 31, []))
+        self.assertIn("idle-timeout", last.error_text)
+        client.lose()
+        self.assertStatus(jesync, b"k", 1, 0)
+
+    def test_the_general_idle_timeout_does_not_govern_dlock(self):
+        server = BuiltServer("--idle-timeout", "0.2", "--dlock-idle-timeout", "0")
+        client = server.dlock()
+        jesync = server.jesync()
+        server.clock.advance(0.2)
+        self.assertTrue(jesync.closing)
+        self.assertFalse(jesync.transport.disconnected)  # (closed, not aborted)
+        self.assertEqual(jesync.take(), b"INVALID_PARAMETER: idle-timeout exceeded (0.2)\n")
+        self.assertFalse(client.closing)
+        [pong] = client.ask(ping(id=3))
+        self.assertEqual(outcome(pong), ("Ok", 3, []))

@@ -8,7 +8,8 @@ real TCP clients.
    --max-key-length, each answered on the protocol it came in on, with
    nothing else changed;
  - dead and stuck peers: TCP keepalive (--keepalive), a client that stops
-   reading its replies (--max-unsent), a holder that goes silent;
+   reading its replies (--max-unsent) (a holder that goes silent, on a
+   Clock: L{tests.unit.test_operations});
  - --auth-token-file, the C{holders} listing, and a graceful stop
    (--shutdown-grace) with its summary.
 
@@ -612,29 +613,6 @@ class BigReplyTests(ServerTestCase):
         self.assertTrue(paused)
         self.assertEqual((yield client.ask(b"status k0000\n")), b"STATUS 1 0 k0000\n")
         self.assertEqual(len(server.policy.connections), 2)
-
-
-class SilentHolderTests(ServerTestCase):
-    @inlineCallbacks
-    def test_loses_its_lock_when_it_expires(self):
-        """
-        A holder whose peer vanished without a FIN (it neither sends nor
-        reads any more) loses its lock to the failsafe expiry.
-        """
-        server = yield Server.start(self)
-        holder, waiter = yield server.connect_many(2)
-        self.assertEqual((yield holder.ask(b"lock k 1 -1 1\n")), b"GRANTED 1 0 k 1\n")
-        granted_at = reactor.seconds()
-        holder.transport.pauseProducing()
-        self.assertEqual((yield waiter.ask(b"lock k 1 -1 30\nstatus k\n")), b"STATUS 1 1 k\n")
-        self.assertEqual((yield waiter.read_line(timeout=3)), b"GRANTED 1 0 k 30\n")
-        self.assertGreaterEqual(reactor.seconds() - granted_at, 0.9)
-        # Its connection is still open, and holds nothing.
-        self.assertIsNone(holder.lost_reason)
-        self.assertFalse(server.trackers["jesync"].lost[holder.served].called)
-        self.assertEqual(
-            without_tokens((yield waiter.ask(b"holders k\n", 2))), b"HOLDER k %s 0 30\nEND\n" % peer_of(waiter)
-        )
 
 
 # -- authentication ---------------------------------------------------------------

@@ -3,9 +3,10 @@ The operating options of C{twistd jesync} as the service
 L{jesync.tap.makeService} builds them, with nothing listening: every limit,
 --keepalive and --shutdown-grace, and --auth-token-file (the token is its
 first line, and is never shown); how keepalive is set on a socket object
-(never connected); and the connection registry's graceful close on a
-L{Clock}.  The same options through a real listening server and real TCP
-clients are L{tests.tcp.test_operations}.
+(never connected); a holder gone silent losing its lock to the expiry, and
+the connection registry's graceful close, on a L{Clock}.  The same options
+through a real listening server and real TCP clients are
+L{tests.tcp.test_operations}.
 """
 
 from __future__ import annotations
@@ -20,13 +21,17 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from jesync import tap
 from jesync.interfaces import Totals
+from jesync.deadlines import TICKS_PER_SECOND
 from jesync.connections.policy import KEEPALIVE_PROBES, Connections, tune_tcp
 from jesync.protocols.elock import ELockFactory
 from jesync.protocols.jesync import JESyncFactory
 from jesync.lock_server import LockServer
-from tests.support import UnitServer
+from tests.support import UnitServer, without_tokens
 from tests.process.test_twistd import parse, short_temp_dir
 from tests.tcp.test_operations import LINUX_KEEPALIVE, TOKEN, keepalive_options, write_file
+
+# Timers fire at most one tick after their time, never before it.
+TICK = 1 / TICKS_PER_SECOND
 
 
 # -- options --------------------------------------------------------------------
@@ -176,6 +181,33 @@ class KeepaliveUnitTests(SynchronousTestCase):
                 self.assertEqual(options[0], 1)
                 if LINUX_KEEPALIVE and expected is not None:
                     self.assertEqual(options[1:], (expected, expected, KEEPALIVE_PROBES))
+
+
+# -- dead and stuck peers ---------------------------------------------------------
+
+
+class SilentHolderTests(SynchronousTestCase):
+    def test_loses_its_lock_when_it_expires(self):
+        """
+        A holder whose peer vanished without a FIN (it neither sends nor
+        reads any more) loses its lock to the failsafe expiry.
+        """
+        server = UnitServer()
+        holder, waiter = server.connect(), server.connect()
+        self.assertEqual(holder.ask(b"lock k 1 -1 1\n"), b"GRANTED 1 0 k 1\n")
+        granted_at = server.clock.seconds()
+        # (from here on the holder sends nothing and reads nothing)
+        self.assertEqual(waiter.ask(b"lock k 1 -1 30\nstatus k\n"), b"STATUS 1 1 k\n")
+        server.clock.advance(0.9)
+        self.assertEqual(waiter.take(), b"")
+        server.clock.advance(0.1 + TICK)
+        self.assertEqual(waiter.take(), b"GRANTED 1 0 k 30\n")
+        self.assertGreaterEqual(server.clock.seconds() - granted_at, 0.9)
+        # Its connection is still open, and holds nothing.
+        self.assertFalse(holder.closing)
+        self.assertEqual(holder.take(), b"")
+        peer = b"127.0.0.1:%d" % waiter.transport.getPeer().port
+        self.assertEqual(without_tokens(waiter.ask(b"holders k\n")), b"HOLDER k %s 0 30\nEND\n" % peer)
 
 
 # -- graceful stop ----------------------------------------------------------------

@@ -1,8 +1,10 @@
 """
-The memcached listener over real TCP: C{twistd jesync --memcache-port}
-subprocesses, spoken to with C{pymemcache} (the text protocol), raw sockets
-(exact text replies, the binary protocol) and a JESync client on C{--port}
-(the lock table the objects' locks live in).
+The memcached listener over real TCP: C{twistd jesync --memcache-port}'s
+server, built from its options in this process, on a reactor of its own in a
+thread of its own (L{tests.servers.serve_in_thread}), spoken to with
+C{pymemcache} (the text protocol), raw sockets (exact text replies, the
+binary protocol) and a JESync client on C{--port} (the lock table the
+objects' locks live in).
 
 Four servers serve the whole module, each started when a test first needs
 it and stopped by L{tearDownModule}: the default one, a small one
@@ -32,7 +34,7 @@ from typing import Callable, ClassVar, Dict, List, NamedTuple, Optional, Tuple
 from pymemcache import exceptions as pymemcache_errors
 from pymemcache.client.base import Client
 
-from tests.servers import ServerProcess, free_port, start_server
+from tests.servers import ServerThread, free_port, serve_in_thread
 
 #: How long any one read may wait, and any retry loop may go on.
 TIMEOUT = 5.0
@@ -260,7 +262,7 @@ class BinaryClient(RawClient):
 
 
 class _ModuleScope:
-    """What L{start_server} registers its cleanups with: the module's, run by L{tearDownModule}."""
+    """What L{serve_in_thread} registers its cleanups with: the module's, run by L{tearDownModule}."""
 
     def __init__(self) -> None:
         self.cleanups: List[Tuple[Callable[..., object], tuple]] = []
@@ -278,7 +280,7 @@ _SCOPE = _ModuleScope()
 
 
 class Server(NamedTuple):
-    process: ServerProcess
+    process: ServerThread
     memcache_port: int
     auth_token: Optional[bytes]
 
@@ -311,7 +313,7 @@ def server(kind: str) -> Server:
         elif kind == "auth":
             args += ["--auth-token-file", _token_file()]
             token = TOKEN
-        _SERVERS[kind] = Server(start_server(_SCOPE, extra_args=args, auth_token=token), port, token)
+        _SERVERS[kind] = Server(serve_in_thread(_SCOPE, extra_args=args, auth_token=token), port, token)
     return _SERVERS[kind]
 
 

@@ -1,7 +1,10 @@
 """
 JESync over TLS: C{--port ssl:...} with a throwaway self-signed certificate,
-served in this process (the service L{jesync.tap.makeService} builds) and by
-C{twistd jesync}, to clients that trust that certificate.
+served in this process (the service L{jesync.tap.makeService} builds) to
+clients that trust that certificate, over real sockets.  The same served by
+C{twistd jesync} is L{tests.process.test_tls_twistd}; the TLS options refused
+as twistd reads them, L{tests.unit.test_tls}.  The certificate helpers here
+(L{make_certificate}, L{ssl_port}, L{connect_tls}) serve those too.
 
 Keys and certificates are made with C{cryptography}, and no test here may
 see a DeprecationWarning (pyOpenSSL's, Twisted's or jesync's): TLS goes
@@ -22,13 +25,10 @@ from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.error import ConnectionDone
 from twisted.internet.threads import deferToThread
-from twisted.python import usage
 
 from jesync.interfaces import Totals
-from jesync.tap import Options
 from tests.support import TIMEOUT, LineClient, without_tokens
 from tests.tcp.test_operations import LINUX_KEEPALIVE, Server, ServerTestCase, capture_log, keepalive_options, peer_of
-from tests.process.test_operations_twistd import TwistdTestCase
 from tests.process.test_twistd import short_temp_dir
 
 try:
@@ -333,62 +333,3 @@ class TLSPolicyTests(ServerTestCase):
 
         self.assertTrue((yield deferToThread(lock_and_release).addTimeout(TIMEOUT * 2, reactor)))
         self.assertEqual(server.locks.totals(), Totals(0, 0, 0))
-
-
-class TLSOptionTests(ServerTestCase):
-    skip = skip_without_tls
-
-    def refusal(self, *argv: str, port_arguments: str = "") -> str:
-        key_path, certificate_path, _ = make_certificate(self)
-        with self.assertRaises(usage.UsageError) as raised:
-            Options().parseOptions(["--port", ssl_port(key_path, certificate_path) + port_arguments, *argv])
-        return str(raised.exception)
-
-    def test_a_cipher_string_that_selects_nothing(self):
-        self.assertEqual(
-            self.refusal("--tls-ciphers", "NO-SUCH-SUITE"),
-            "--tls-ciphers: 'NO-SUCH-SUITE' selects no cipher suite this OpenSSL has",
-        )
-
-    def test_versions(self):
-        self.assertEqual(self.refusal("--tls-min-version", "1.1"), "--tls-min-version 1.1: must be 1.2 or 1.3")
-
-    def test_sslmethod_is_refused(self):
-        refusal = self.refusal(port_arguments=":sslmethod=TLSv1_2_METHOD")
-        self.assertEqual(
-            refusal,
-            "--port ssl:0:interface=127.0.0.1: "
-            "sslmethod= is not taken: --tls-min-version says which TLS versions are accepted",
-        )
-        self.flushWarnings()  # Twisted's own, on parsing sslmethod: deprecated
-
-
-class TwistdTLSTests(TwistdTestCase):
-    skip = skip_without_tls
-
-    @inlineCallbacks
-    def test_ssl_port(self):
-        key_path, certificate_path, pem = make_certificate(self)
-        port = ssl_port(key_path, certificate_path)
-        # As run_server, but showing deprecations (which Python hides outside
-        # __main__): twistd logs any warning, and none may be one.
-        process = self.spawn("-n", "--pidfile=", "jesync", "--port", port, PYTHONWARNINGS="default::DeprecationWarning")
-        match = yield process.wait_for(rb"JESyncFactory \(TLS\) starting on (\d+)\n")
-        summary = yield self.summary(process)
-        # where it listens, never the key's or the certificate's file
-        self.assertTrue(summary.startswith(b"JESync on ssl:0:interface=127.0.0.1;"), summary)
-        self.assertIn(b"; TLS 1.2+; auth off", summary)
-        client = yield connect_tls(int(match.group(1)), pem)
-        self.addCleanup(lambda: client.abort() if client.lost_reason is None else None)
-        self.assertEqual((yield client.ask(b"lock k\nstatus k\n", 2)), b"GRANTED 1 0 k 120\nSTATUS 1 0 k\n")
-        self.assertEqual((yield client.ask(b"release k\nlock k2\n", 2)), b"RELEASED 0 0 k\nGRANTED 1 0 k2 120\n")
-        yield self.terminate(process)
-        self.assertIsInstance((yield client.wait_closed()), ConnectionDone)
-        self.assertIn(
-            "jesync stopped: closed 1 connections, released 1 grants and 0 waits on 1 keys "
-            "(0 grants left, held by embedders)",
-            process.text(),
-        )
-        self.assertNotIn(key_path.encode(), process.output)
-        self.assertNotIn(certificate_path.encode(), process.output)
-        self.assertEqual([line for line in process.output.splitlines() if b"DeprecationWarning" in line], [])

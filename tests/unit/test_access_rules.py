@@ -5,7 +5,9 @@ nor on a UNIX socket, each in its own protocol's words, before they count
 toward max-connections; local clients are served as usual.  And the auth
 token rotated while the server runs (L{ConnectionPolicy.rotate}): the new
 one accepted at once by every protocol, the old one for a grace period, at
-whose end the connections still on it are closed.
+whose end the connections still on it are closed.  All of it over
+StringTransport with a Clock; a real process reading its token file again on
+SIGHUP is L{tests.process.test_access_rules_sighup}.
 """
 
 from __future__ import annotations
@@ -382,40 +384,3 @@ class ProtectedMetricsTests(SynchronousTestCase):
         factory.buildProtocol(local).makeConnection(transport)
         self.assertEqual(transport.value(), b"")
         self.assertEqual(len(factory.connections), 1)
-
-
-class SighupTests(SynchronousTestCase):
-    """A real twistd server reads its token file again on SIGHUP."""
-
-    def test_sighup(self) -> None:
-        import os
-        import signal
-        import socket
-        import tempfile
-        import time
-
-        from tests.servers import start_server
-
-        directory = tempfile.mkdtemp()
-        path = os.path.join(directory, "token")
-        with open(path, "wb") as file:
-            file.write(b"old\n")
-        server = start_server(self, extra_args=["--auth-token-file", path], auth_token=b"old")
-
-        def answer(token: bytes) -> bytes:
-            with socket.create_connection(("127.0.0.1", server.port), timeout=5) as client:
-                client.sendall(b"auth " + token + b"\n")
-                return client.recv(100)
-
-        with open(path, "wb") as file:
-            file.write(b"new\n")
-        assert server.process is not None
-        server.process.send_signal(signal.SIGHUP)
-        deadline = time.monotonic() + 10
-        while answer(b"new") != b"OK\n":
-            self.assertLess(time.monotonic(), deadline, "the new token was not taken")
-            time.sleep(0.05)
-        self.assertEqual(answer(b"old"), b"OK\n")  # within --auth-token-grace (300 s)
-        self.assertEqual(answer(b"other"), b"INVALID_PARAMETER: auth failed\n")
-        os.unlink(path)
-        os.rmdir(directory)

@@ -340,6 +340,12 @@ class MemoryServer:
         self.reactor.advance(end - self.reactor.seconds())
         self.flush()
 
+    def drop_connections(self) -> None:
+        """Abort every connection (as a crashed server would: the peers see a reset), and flush."""
+        for connection in list(self.server.policy.connections):
+            connection.transport.abortConnection()
+        self.flush()
+
     def stop(self) -> None:
         """Stop the server as twistd would (every connection closed, the grace period run out), and flush."""
         self.flush()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from twisted.internet import defer, endpoints, reactor, task
+from twisted.internet import endpoints, reactor
 from twisted.internet.protocol import Factory, Protocol
 from twisted.trial.unittest import TestCase
 
@@ -20,34 +20,7 @@ from jesync.client import (
     ServerError,
     TwistedClient,
 )
-from tests.servers import free_port, listen_in_process
-
-
-def sleep(seconds: float) -> defer.Deferred[None]:
-    return task.deferLater(reactor, seconds, lambda: None)
-
-
-class TwistedClientTestCase(TestCase):
-    """Two clients of a server in this process, and a way to wait for its table to reach a state."""
-
-    timeout = 30
-
-    async def setUp(self) -> None:
-        self.server = await listen_in_process(self, reactor)
-        self.first = self.client()
-        self.second = self.client()
-
-    def client(self, address: str | None = None, **options: Any) -> TwistedClient:
-        client = TwistedClient(reactor, address or self.server.address, **options)
-        self.addCleanup(client.close)
-        return client
-
-    async def eventually(self, key: str, granted: int, waiting: int) -> None:
-        for _ in range(500):
-            if self.server.service.status(key) == KeyStatus(key, granted, waiting):
-                return
-            await sleep(0.01)
-        self.fail(f"{key} never reached {granted} granted, {waiting} waiting")
+from tests.servers import free_port
 
 
 class _Silent(Protocol):

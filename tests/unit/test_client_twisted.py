@@ -1,9 +1,12 @@
 """
 The Twisted client against the real server, in memory (L{jesync.testing}):
 the real C{TwistedClient} and the server's real factories, paired over
-iosim, on a clock the test moves.  What the client does against a server
-that is not jesync's, or a port nothing listens on over real TCP, is in
-tests/tcp/test_client_twisted.py.
+iosim, on a clock the test moves.  Its requests and replies, its handles
+(a failsafe that runs out, C{owned()}, C{holders()}) and C{lock_many} with
+fencing tokens.  What the client does against a server that is not
+jesync's, or a port nothing listens on over real TCP, is in
+tests/tcp/test_client_twisted.py (and, for an older server,
+tests/process/test_client_many.py).
 """
 
 from __future__ import annotations
@@ -13,8 +16,17 @@ from typing import Any
 from twisted.internet import defer
 from twisted.trial.unittest import SynchronousTestCase
 
-from jesync.client import ConnectionLost, KeyBusy, KeyStatus, LockLost, LockTimeout, TwistedClient
+from jesync.client import (
+    ConnectionLost,
+    KeyBusy,
+    KeyStatus,
+    LockLost,
+    LockManyTimeout,
+    LockTimeout,
+    TwistedClient,
+)
 from jesync.testing import MemoryServer
+from tests.process.test_client_many import strictly_increasing
 
 
 class TwistedClientTestCase(SynchronousTestCase):
@@ -154,3 +166,83 @@ class TwistedClientTests(TwistedClientTestCase):
     def test_bad_arguments(self) -> None:
         self.failure(self.first.lock("two words"), ValueError)
         self.failure(self.first.status(""), ValueError)
+
+
+class TwistedHandleTests(TwistedClientTestCase):
+    def test_lost_by_itself(self) -> None:
+        lost: defer.Deferred[LockLost] = defer.Deferred()
+        start = self.server.reactor.seconds()
+        forgotten = self.result(self.first.lock("forgotten", expires=2))
+        renewed = self.result(self.first.lock("renewed", expires=2, auto_renew=True))
+        forgotten.add_lost_callback(lost.callback)
+        self.server.advance(1.99)
+        self.assertNoResult(lost)
+        self.server.advance(0.01)
+        self.result(lost)
+        self.assertGreaterEqual(self.server.reactor.seconds() - start, 1.9)
+        self.assertTrue(forgotten.lost)
+        self.assertFalse(self.result(forgotten.owned()))
+        self.server.advance(0.5)
+        self.assertTrue(renewed.held and self.result(renewed.owned()))
+        self.assertTrue(self.result(renewed.release()))
+
+    def test_owned_and_holders(self) -> None:
+        a = self.result(self.first.lock("sem", 2, expires=60))
+        b = self.result(self.second.lock("sem", 2, expires=60))
+        self.assertEqual([h.token for h in self.result(self.first.holders("sem"))], [a.token, b.token])
+        self.assertTrue(self.result(a.owned()))
+        self.assertTrue(self.result(a.release()))
+        self.assertFalse(self.result(a.owned()))
+        c = self.result(self.first.lock("sem", 2, expires=60))
+        self.assertFalse(self.result(a.owned()))  # the same connection holds it again, through another handle
+        self.assertTrue(self.result(c.owned()))
+
+
+class TwistedTests(TwistedClientTestCase):
+    """C{lock_many} and fencing tokens."""
+
+    def test_granted_and_released(self) -> None:
+        lock = self.result(self.first.lock_many(["a", "b", "a"]))
+        self.assertEqual(lock.keys, ("a", "b"))
+        self.assertTrue(all(isinstance(token, int) for token in lock.tokens.values()))
+        self.assertEqual([self.server.service.status(key) for key in "ab"], [KeyStatus("a", 1, 0), KeyStatus("b", 1, 0)])
+        self.assertTrue(self.result(lock.release()))
+        self.assertEqual([self.server.service.status(key) for key in "ab"], [KeyStatus("a", 0, 0), KeyStatus("b", 0, 0)])
+
+    def test_waits_until_released(self) -> None:
+        holder = self.result(self.second.lock("b"))
+        granted: list[Any] = []
+        waiting = self.first.lock_many(["a", "b"]).addCallback(lambda lock: granted.append(lock) or lock)
+        self.server.flush()
+        self.assertEqual(self.server.service.status("b"), KeyStatus("b", 1, 1))
+        self.assertEqual(self.result(self.first.status("c")), KeyStatus("c", 0, 0))
+        self.assertEqual(granted, [])
+        self.result(holder.release())
+        lock = self.result(waiting)
+        self.assertTrue(lock.held)
+        self.assertGreater(lock.tokens["b"], holder.token)
+        self.assertEqual(self.server.service.status("a"), KeyStatus("a", 1, 0))
+
+    def test_timeout(self) -> None:
+        self.result(self.second.lock("b"))
+        started = self.server.reactor.seconds()
+        timing_out = self.first.lock_many(["a", "b"], wait=1)
+        self.server.advance(0.99)
+        self.assertNoResult(timing_out)
+        self.server.advance(0.01)
+        error = self.failure(timing_out, LockManyTimeout)
+        self.assertGreaterEqual(self.server.reactor.seconds() - started, 1.0)
+        self.assertEqual(error.keys, ["a", "b"])
+        self.assertEqual(self.server.service.status("a"), KeyStatus("a", 0, 0))
+        self.failure(self.second.lock_many(["b", "c"]), KeyBusy)
+
+    def test_tokens_strictly_increase(self) -> None:
+        tokens = []
+        for client in [self.first, self.second, self.first]:
+            lock = self.result(client.lock("k"))
+            tokens.append(lock.token)
+            self.result(lock.release())
+            group = self.result(client.lock_many(["j", "k"], expires=None, auto_renew=True))
+            tokens.append(group.tokens["k"])
+            self.result(group.release())
+        self.assertTrue(strictly_increasing(tokens), tokens)

@@ -8,6 +8,10 @@ protocols and clients are tested through it elsewhere.
 
 from __future__ import annotations
 
+import re
+import unittest
+from pathlib import Path
+
 from twisted.internet.error import ConnectionAborted, ConnectionDone, ConnectionLost
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -165,3 +169,17 @@ class SettingsTests(SynchronousTestCase):
         server = MemoryServer.from_args(["--port", "tcp:7001:interface=127.0.0.1", "--elock-port", "7002"])
         self.assertEqual((server.address(), server.address("elock")), ("127.0.0.1:7001", "127.0.0.1:7002"))
         self.assertEqual(server.connect("elock").ask(b"lock k\r\n"), b"200 Acquired\r\n")
+
+
+class DocsExampleTests(SynchronousTestCase):
+    def test_the_example_runs_as_written(self) -> None:
+        """docs/testing.md's example is a test module: every test in it passes."""
+        text = (Path(__file__).resolve().parents[2] / "docs" / "testing.md").read_text(encoding="utf-8")
+        [example] = re.findall(r"^```python\n(.*?)^```", text, re.S | re.M)
+        namespace: dict = {"__name__": "docs_testing_example"}
+        exec(compile(example, "docs/testing.md", "exec"), namespace)
+        defined = [value for value in namespace.values() if getattr(value, "__module__", None) == namespace["__name__"]]
+        suite = unittest.TestSuite(unittest.defaultTestLoader.loadTestsFromTestCase(case) for case in defined)
+        result = unittest.TestResult()
+        suite.run(result)
+        self.assertEqual((result.testsRun, result.errors, result.failures), (2, [], []))

@@ -94,22 +94,31 @@ class _Transport(iosim.FakeTransport):
 
 @implementer(IListeningPort)
 class _Port:
-    """A listening port of the memory reactor, which stops taking connections once stopped."""
+    """
+    A listening port of the memory reactor: as a real one, it starts its
+    factory when it listens and stops it when it stops listening (elock
+    then ends the sessions nobody can resume), and takes no connection
+    once stopped.
+    """
 
     def __init__(self, reactor: _Reactor, number: int, factory: IProtocolFactory, interface: str) -> None:
         self.reactor = reactor
         self.number = number
         self.factory = factory
         self.interface = interface or "0.0.0.0"
-        self.listening = True
+        self.listening = False
 
     def startListening(self) -> None:
-        self.listening = True
+        if not self.listening:
+            self.listening = True
+            self.reactor.ports.append(self)
+            self.factory.doStart()
 
     def stopListening(self) -> None:
-        self.listening = False
-        if self in self.reactor.ports:
+        if self.listening:
+            self.listening = False
             self.reactor.ports.remove(self)
+            self.factory.doStop()
 
     def getHost(self) -> IPv4Address:
         return IPv4Address("TCP", self.interface, self.number)
@@ -130,7 +139,7 @@ class _Reactor(MemoryReactorClock):
     def listenTCP(self, port: int, factory: IProtocolFactory, backlog: int = 50, interface: str = "") -> _Port:
         super().listenTCP(port, factory, backlog, interface)
         listening = _Port(self, port or next(self._numbers), factory, interface)
-        self.ports.append(listening)
+        listening.startListening()
         return listening
 
     def port_for(self, number: int) -> Optional[_Port]:

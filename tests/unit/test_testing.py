@@ -155,6 +155,18 @@ class ClientTests(SynchronousTestCase):
         self.assertEqual(server.service.listing(), [])
 
 
+    def test_stop_ends_the_sessions_nobody_can_resume(self) -> None:
+        """As a real port does, a listener that stops stops its factory: elock ends its detached sessions."""
+        server = MemoryServer(elock_ports=["tcp:11401"])
+        holder = server.connect("elock")
+        self.assertEqual(holder.ask(b"lock k\r\n"), b"200 Acquired\r\n")
+        holder.abort()
+        self.assertEqual(server.service.status("k"), KeyStatus("k", 1, 0))  # in its grace period
+        server.stop()
+        self.assertEqual(server.service.listing(), [])
+        self.assertTrue(server.server.factories["elock"].stopped)
+
+
 class SettingsTests(SynchronousTestCase):
     def test_settings_are_the_servers(self) -> None:
         """The limits are the real server's, from its settings."""

@@ -235,17 +235,12 @@ class MemoryServer:
         """The lock service: its table is every protocol's."""
         return self.server.locks
 
-    @property
-    def locks(self) -> LockService:
-        """The lock service (L{service})."""
-        return self.server.locks
-
     # -- connecting ------------------------------------------------------
 
     def address(self, listener: str = "jesync") -> str:
         """C{host:port} of C{listener} (C{"jesync"}, C{"elock"}, C{"dlock"}, C{"memcache"}, C{"admin"})."""
         port = self._port(listener)
-        host = port.interface if port.interface not in ("", "0.0.0.0") else "127.0.0.1"
+        host = port.interface if port.interface != "0.0.0.0" else "127.0.0.1"
         return f"{host}:{port.number}"
 
     def client(self, **options: Any) -> TwistedClient:
@@ -281,9 +276,13 @@ class MemoryServer:
         raise ValueError(f"the {listener} listener is not on TCP (only tcp: endpoints are reachable in memory)")
 
     def _pair(self, client: IProtocol, port: _Port, host: str) -> iosim.IOPump:
-        """Connect C{client} to C{port}'s factory: each end a transport with its socket's addresses."""
+        """
+        Connect C{client} (from C{host}) to C{port}'s factory: each end a
+        transport with the addresses its socket would have.
+        """
         client_address = IPv4Address("TCP", host, next(self._client_ports))
-        server_address = IPv4Address("TCP", host if port.interface in ("", "0.0.0.0") else port.interface, port.number)
+        server_host = port.interface if port.interface != "0.0.0.0" else "127.0.0.1"
+        server_address = IPv4Address("TCP", server_host, port.number)
         server = port.factory.buildProtocol(client_address)
         server_transport = _Transport(server, isServer=True, hostAddress=server_address, peerAddress=client_address)
         client_transport = _Transport(client, isServer=False, hostAddress=client_address, peerAddress=server_address)
@@ -304,7 +303,7 @@ class MemoryServer:
         del self.reactor.connectors[: len(attempts)]
         for (host, number, factory, _, _), connector in zip(attempts, connectors):
             port = self.reactor.port_for(number)
-            if port is None or port.interface not in ("", "0.0.0.0", host):
+            if port is None or port.interface not in ("0.0.0.0", host):
                 factory.clientConnectionFailed(connector, Failure(ConnectionRefusedError()))
                 continue
             protocol = factory.buildProtocol(IPv4Address("TCP", host, number))

@@ -18,6 +18,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from jesync.client import ConnectFailed, KeyStatus
 from jesync.server import ServerSettings
 from jesync.testing import MemoryServer
+from tests.support import dlock_frame
 
 
 class RawPeerTests(SynchronousTestCase):
@@ -39,6 +40,22 @@ class RawPeerTests(SynchronousTestCase):
         self.assertEqual(jesync.ask(b"status k\n"), b"STATUS 1 0 k\n")
         self.assertEqual(admin.ask(b"force-release k\n").split(b" ")[0], b"FORCE-RELEASED")
         self.assertEqual(server.address("elock"), "127.0.0.1:11401")
+
+    def test_dlock_and_memcache_too(self) -> None:
+        """Every protocol's listener can be reached: dlock's frames and memcached's lines lock the same table."""
+        from jesync.protocols import dlock_pb2
+
+        server = MemoryServer(dlock_ports=["tcp:11402"], memcache_ports=["tcp:11211"])
+        dlock, memcache = server.connect("dlock"), server.connect("memcache")
+        request = dlock_pb2.Request(
+            id=1, version=2, type=dlock_pb2.Lock, lock=dlock_pb2.RequestLock(keys=["k"], wait_micro=0)
+        )
+        reply = dlock.ask(dlock_frame(request))
+        response = dlock_pb2.Response.FromString(reply[4:])
+        self.assertEqual((int.from_bytes(reply[:4], "big"), response.request_id), (len(reply) - 4, 1))
+        self.assertEqual(dlock_pb2.ResponseStatus.Name(response.status), "Ok")
+        self.assertEqual(memcache.ask(b"set a 0 0 1\r\nx\r\n"), b"STORED\r\n")
+        self.assertEqual(server.service.status("k"), KeyStatus("k", 1, 0))
 
     def test_a_listener_not_served(self) -> None:
         with self.assertRaises(ValueError):

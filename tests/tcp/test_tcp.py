@@ -61,6 +61,12 @@ class TCPTestCase(TestCase):
     def connect_many(self, count: int) -> Deferred:
         return self.server.connect_many(count)
 
+    @inlineCallbacks
+    def wait_gone(self, client):
+        """Wait until the server has seen C{client}'s connection go."""
+        yield client.wait_closed()
+        yield self.server.wait_server_lost([self.server.protocol_for(client)])
+
 
 class FramingTests(TCPTestCase):
     @inlineCallbacks

@@ -2,7 +2,9 @@
 Handles that tell the truth: a lock whose failsafe ran out is lost at that
 moment (counted from when it was requested), C{owned()} asks the server, and
 C{holders()} says who holds a key.  The sans-I/O core with a fake clock, then
-the three clients against real servers.
+the blocking and asyncio clients against real servers (the Twisted client's
+handles are tested against the real server in memory:
+tests/unit/test_client_twisted.py).
 """
 
 from __future__ import annotations
@@ -12,14 +14,13 @@ import threading
 import time
 from typing import Any, Callable
 
-from twisted.internet import defer, reactor, task
-from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.client import AsyncClient, Client, Holder, LockLost
 from jesync.client.handle import LockState
 from jesync.client.session import Session
 from jesync.client.wire import Reply, parse_reply
-from tests.servers import listen_in_process, start_server
+from tests.servers import start_server
 
 WITHIN = 5.0
 
@@ -267,45 +268,3 @@ class AsyncHandleTests(SynchronousTestCase):
                 self.assertEqual([h.token for h in await second.holders("sem")], [b.token])
 
         run(test)
-
-
-def sleep(seconds: float) -> defer.Deferred[None]:
-    return task.deferLater(reactor, seconds, lambda: None)
-
-
-class TwistedHandleTests(TestCase):
-    timeout = 30
-
-    async def setUp(self) -> None:
-        from jesync.client import TwistedClient
-
-        self.server = await listen_in_process(self, reactor)
-        self.first = TwistedClient(reactor, self.server.address)
-        self.second = TwistedClient(reactor, self.server.address)
-        self.addCleanup(self.first.close)
-        self.addCleanup(self.second.close)
-
-    async def test_lost_by_itself(self) -> None:
-        lost: defer.Deferred[LockLost] = defer.Deferred()
-        start = time.monotonic()
-        forgotten = await self.first.lock("forgotten", expires=2)
-        renewed = await self.first.lock("renewed", expires=2, auto_renew=True)
-        forgotten.add_lost_callback(lost.callback)
-        await lost.addTimeout(WITHIN, reactor)
-        self.assertGreaterEqual(time.monotonic() - start, 1.9)
-        self.assertTrue(forgotten.lost)
-        self.assertFalse(await forgotten.owned())
-        await sleep(0.5)
-        self.assertTrue(renewed.held and await renewed.owned())
-        self.assertTrue(await renewed.release())
-
-    async def test_owned_and_holders(self) -> None:
-        a = await self.first.lock("sem", 2, expires=60)
-        b = await self.second.lock("sem", 2, expires=60)
-        self.assertEqual([h.token for h in await self.first.holders("sem")], [a.token, b.token])
-        self.assertTrue(await a.owned())
-        self.assertTrue(await a.release())
-        self.assertFalse(await a.owned())
-        c = await self.first.lock("sem", 2, expires=60)
-        self.assertFalse(await a.owned())  # the same connection holds it again, through another handle
-        self.assertTrue(await c.owned())

@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 
 from twisted.internet import endpoints, reactor
 from twisted.internet.protocol import Factory, Protocol
-from twisted.trial.unittest import SynchronousTestCase
+from twisted.trial.unittest import SynchronousTestCase, TestCase
 
 from jesync.client import (
     AsyncClient,
@@ -24,13 +24,13 @@ from jesync.client import (
     LockManyTimeout,
     LockTimeout,
     ServerError,
+    TwistedClient,
 )
 from jesync.client.handle import LockState
 from jesync.client.session import Session
 from jesync.client.wire import Reply
 from tests.servers import fake_server, start_server
 from tests.process.test_client_blocking import WITHIN, ClientTestCase
-from tests.tcp.test_client_twisted import TwistedClientTestCase
 
 
 def older_server(line: bytes) -> Optional[bytes]:
@@ -464,55 +464,21 @@ class _Older(Protocol):
                 self.transport.write(reply)
 
 
-class TwistedTests(TwistedClientTestCase):
-    async def test_granted_and_released(self) -> None:
-        lock = await self.first.lock_many(["a", "b", "a"])
-        self.assertEqual(lock.keys, ("a", "b"))
-        self.assertTrue(all(isinstance(token, int) for token in lock.tokens.values()))
-        self.assertEqual([self.server.service.status(key) for key in "ab"], [KeyStatus("a", 1, 0), KeyStatus("b", 1, 0)])
-        self.assertTrue(await lock.release())
-        self.assertEqual([self.server.service.status(key) for key in "ab"], [KeyStatus("a", 0, 0), KeyStatus("b", 0, 0)])
+class TwistedOlderServerTests(TestCase):
+    """
+    The Twisted client against an older server, over real TCP (the rest of
+    its C{lock_many} and fencing tests run against the real server in
+    memory: tests/unit/test_client_twisted.py).
+    """
 
-    async def test_waits_until_released(self) -> None:
-        holder = await self.second.lock("b")
-        granted: list[Any] = []
-        waiting = self.first.lock_many(["a", "b"]).addCallback(lambda lock: granted.append(lock) or lock)
-        await self.eventually("b", 1, 1)
-        self.assertEqual(await self.first.status("c"), KeyStatus("c", 0, 0))
-        self.assertEqual(granted, [])
-        await holder.release()
-        lock = await waiting
-        self.assertTrue(lock.held)
-        self.assertGreater(lock.tokens["b"], holder.token)
-        self.assertEqual(self.server.service.status("a"), KeyStatus("a", 1, 0))
-
-    async def test_timeout(self) -> None:
-        await self.second.lock("b")
-        started = reactor.seconds()
-        with self.assertRaises(LockManyTimeout) as caught:
-            await self.first.lock_many(["a", "b"], wait=1)
-        self.assertGreaterEqual(reactor.seconds() - started, 1.0)
-        self.assertEqual(caught.exception.keys, ["a", "b"])
-        self.assertEqual(self.server.service.status("a"), KeyStatus("a", 0, 0))
-        with self.assertRaises(KeyBusy):
-            await self.second.lock_many(["b", "c"])
-
-    async def test_tokens_strictly_increase(self) -> None:
-        tokens = []
-        for client in [self.first, self.second, self.first]:
-            lock = await client.lock("k")
-            tokens.append(lock.token)
-            await lock.release()
-            group = await client.lock_many(["j", "k"], expires=None, auto_renew=True)
-            tokens.append(group.tokens["k"])
-            await group.release()
-        self.assertTrue(strictly_increasing(tokens), tokens)
+    timeout = 30
 
     async def test_older_server(self) -> None:
         factory = Factory.forProtocol(_Older)
         port = await endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(factory)
         self.addCleanup(port.stopListening)
-        client = self.client(f"127.0.0.1:{port.getHost().port}")
+        client = TwistedClient(reactor, f"127.0.0.1:{port.getHost().port}")
+        self.addCleanup(client.close)
         lock = await client.lock("k")
         self.assertIsNone(lock.token)
         with self.assertRaises(ServerError):

@@ -1,6 +1,12 @@
 """
 The JESync protocol over real TCP, against a server listening in this process
 (built with the embedding API: C{JESyncFactory(LockService(reactor))}).
+Only what needs a real socket is here: back-pressure on a real TCP buffer,
+thousands of connections, the embedding API on a real port, half-close (a
+FIN alone), UNIX peers; and the line framing over TCP.  The protocol's
+behaviour (locking, renewal, expiry, release, status, quit, bad input,
+disconnects, opaque keys) is tested against the real server in memory:
+tests/unit/test_jesync_in_memory.py.
 
 Nothing here sleeps: every step waits for the reply line it expects (or the
 connection closing), with a bounded timeout.  That a line is I{not} sent is
@@ -26,7 +32,6 @@ from twisted.trial.unittest import TestCase
 
 from jesync import JESyncFactory, LockService
 from tests.support import (
-    INVALID_PARAMETER_CASES,
     TIMEOUT,
     ConnectionTracker,
     Flood,
@@ -116,280 +121,6 @@ class FramingTests(TCPTestCase):
         self.assertEqual((yield client.ask(commands, expected.count(b"\n"))), expected)
 
 
-class LockTests(TCPTestCase):
-    @inlineCallbacks
-    def test_defaults_and_waiting_does_not_block(self):
-        holder, waiter = yield self.connect_many(2)
-        self.assertEqual((yield holder.ask(b"lock k\n")), b"GRANTED 1 0 k 120\n")
-        self.assertEqual(
-            (yield waiter.ask(b"lock k\nstatus k\nlock other\nstatus-by-key\n", 5)),
-            b"STATUS 1 1 k\nGRANTED 1 0 other 120\nSTATUS 1 1 k\nSTATUS 1 0 other\nEND\n",
-        )
-        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 1 0 k\n")
-        self.assertEqual((yield waiter.read_line()), b"GRANTED 1 0 k 120\n")
-
-    @inlineCallbacks
-    def test_max_concurrent(self):
-        clients = yield self.connect_many(4)
-        for n, client in enumerate(clients[:3], 1):
-            self.assertEqual((yield client.ask(b"lock k 3\n")), b"GRANTED %d 0 k 120\n" % n)
-        self.assertEqual((yield clients[3].ask(b"lock k 3\nstatus k\n")), b"STATUS 3 1 k\n")
-        self.assertEqual((yield clients[1].ask(b"release k\n")), b"RELEASED 3 0 k\n")
-        self.assertEqual((yield clients[3].read_line()), b"GRANTED 3 0 k 120\n")
-
-    @inlineCallbacks
-    def test_less_strict_request_passes_stricter_one(self):
-        holder, strict, loose = yield self.connect_many(3)
-        self.assertEqual((yield holder.ask(b"lock k 3\n")), b"GRANTED 1 0 k 120\n")
-        self.assertEqual((yield strict.ask(b"lock k 1\nstatus k\n")), b"STATUS 1 1 k\n")
-        self.assertEqual((yield loose.ask(b"lock k 3\n")), b"GRANTED 2 1 k 120\n")
-        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 1 1 k\n")
-        self.assertEqual((yield loose.ask(b"release k\n")), b"RELEASED 1 0 k\n")
-        self.assertEqual((yield strict.read_line()), b"GRANTED 1 0 k 120\n")
-
-    @inlineCallbacks
-    def test_protocol_md_example(self):
-        c1, c2 = yield self.connect_many(2)
-        self.assertEqual((yield c1.ask(b"lock report 1 -1 60\n")), b"GRANTED 1 0 report 60\n")
-        self.assertEqual((yield c2.ask(b"lock report 1 30\nstatus report\n")), b"STATUS 1 1 report\n")
-        self.assertEqual((yield c1.ask(b"release report\n")), b"RELEASED 1 0 report\n")
-        self.assertEqual((yield c2.read_line()), b"GRANTED 1 0 report 120\n")
-        self.assertEqual((yield c2.ask(b"status-by-key\n", 2)), b"STATUS 1 0 report\nEND\n")
-
-    @inlineCallbacks
-    def test_expires_argument(self):
-        client = yield self.connect()
-        self.assertEqual((yield client.ask(b"lock k 1 10 30\n")), b"GRANTED 1 0 k 30\n")
-        self.assertEqual((yield client.ask(b"lock j 1 -1 0\n")), b"GRANTED 1 0 j 0\n")
-
-    @inlineCallbacks
-    def test_timeout(self):
-        holder, waiter, other = yield self.connect_many(3)
-        yield holder.ask(b"lock k\n")
-        yield other.ask(b"lock k\nstatus k\n")
-        waiter.send(b"lock k 1 1\n")
-        self.assertEqual((yield waiter.ask(b"status k\n")), b"STATUS 1 2 k\n")
-        self.assertEqual((yield waiter.read_line()), b"TIMEOUT 1 1 k\n")
-        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 1 0 k\n")
-        self.assertEqual((yield other.read_line()), b"GRANTED 1 0 k 120\n")
-        self.assertEqual((yield waiter.ask(b"status k\n")), b"STATUS 1 0 k\n")
-
-    @inlineCallbacks
-    def test_timeout_zero(self):
-        holder, waiter = yield self.connect_many(2)
-        yield holder.ask(b"lock k\n")
-        self.assertEqual((yield waiter.ask(b"lock k 1 0\n")), b"TIMEOUT 1 0 k\n")
-        self.assertEqual((yield waiter.ask(b"lock free 1 0\n")), b"GRANTED 1 0 free 120\n")
-
-    @inlineCallbacks
-    def test_waiter_granted_with_own_expires(self):
-        holder, waiter = yield self.connect_many(2)
-        yield holder.ask(b"lock k\n")
-        self.assertEqual((yield waiter.ask(b"lock k 1 -1 30\nstatus k\n")), b"STATUS 1 1 k\n")
-        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 1 0 k\n")
-        self.assertEqual((yield waiter.read_line()), b"GRANTED 1 0 k 30\n")
-
-    @inlineCallbacks
-    def test_fifo(self):
-        holder, *waiters = yield self.connect_many(4)
-        yield holder.ask(b"lock k\n")
-        for n, waiter in enumerate(waiters, 1):
-            self.assertEqual((yield waiter.ask(b"lock k\nstatus k\n")), b"STATUS 1 %d k\n" % n)
-        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 1 2 k\n")
-        self.assertEqual((yield waiters[0].read_line()), b"GRANTED 1 2 k 120\n")
-        self.assertEqual((yield waiters[0].ask(b"release k\n")), b"RELEASED 1 1 k\n")
-        self.assertEqual((yield waiters[1].read_line()), b"GRANTED 1 1 k 120\n")
-        self.assertEqual((yield waiters[2].ask(b"status k\n")), b"STATUS 1 1 k\n")
-
-
-class RenewalTests(TCPTestCase):
-    @inlineCallbacks
-    def test_lock_again_while_holding_restarts_expiry(self):
-        holder, waiter = yield self.connect_many(2)
-        self.assertEqual((yield holder.ask(b"lock k 1 -1 1\n")), b"GRANTED 1 0 k 1\n")
-        self.assertEqual((yield holder.ask(b"lock k 1 -1 60\n")), b"GRANTED 1 0 k 60\n")
-        # Had the first expiry stood, this wait would be granted after 1s.
-        self.assertEqual((yield waiter.ask(b"lock k 1 2\nstatus k\n")), b"STATUS 1 1 k\n")
-        self.assertEqual((yield waiter.read_line()), b"TIMEOUT 1 0 k\n")
-        self.assertEqual((yield holder.ask(b"lock k\n")), b"GRANTED 1 0 k 120\n")
-        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 0 0 k\n")
-
-    @inlineCallbacks
-    def test_lock_again_while_waiting_answered_once(self):
-        holder, waiter = yield self.connect_many(2)
-        yield holder.ask(b"lock k\n")
-        self.assertEqual(
-            (yield waiter.ask(b"lock k\nlock k 1 1\nlock k 3 0 9\nstatus k\n")), b"STATUS 1 1 k\n"
-        )
-        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 1 0 k\n")
-        self.assertEqual((yield waiter.ask(b"status k\n", 2)), b"GRANTED 1 0 k 120\nSTATUS 1 0 k\n")
-
-
-class ExpiryTests(TCPTestCase):
-    @inlineCallbacks
-    def test_owner_not_told_and_waiter_granted(self):
-        owner, waiter = yield self.connect_many(2)
-        self.assertEqual((yield owner.ask(b"lock k 1 -1 1\n")), b"GRANTED 1 0 k 1\n")
-        self.assertEqual((yield waiter.ask(b"lock k 1 -1 20\nstatus k\n")), b"STATUS 1 1 k\n")
-        self.assertEqual((yield waiter.read_line()), b"GRANTED 1 0 k 20\n")
-        # The owner's next line is the answer to its next command.
-        self.assertEqual((yield owner.ask(b"release k\n")), b"NOT_RELEASED 1 0 k\n")
-        self.assertEqual(owner.unread(), b"")
-        self.assertEqual((yield waiter.ask(b"release k\n")), b"RELEASED 0 0 k\n")
-
-
-class ReleaseTests(TCPTestCase):
-    @inlineCallbacks
-    def test_release_replies(self):
-        holder, other = yield self.connect_many(2)
-        self.assertEqual((yield other.ask(b"release k\n")), b"NOT_RELEASED 0 0 k\n")
-        yield holder.ask(b"lock k 2\n")
-        self.assertEqual((yield other.ask(b"release k\n")), b"NOT_RELEASED 1 0 k\n")
-        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 0 0 k\n")
-        self.assertEqual((yield holder.ask(b"release k\n")), b"NOT_RELEASED 0 0 k\n")
-
-    @inlineCallbacks
-    def test_release_while_waiting(self):
-        holder, waiter = yield self.connect_many(2)
-        yield holder.ask(b"lock k\n")
-        self.assertEqual((yield waiter.ask(b"lock k\nrelease k\n")), b"NOT_RELEASED 1 1 k\n")
-        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 1 0 k\n")
-        self.assertEqual((yield waiter.read_line()), b"GRANTED 1 0 k 120\n")
-
-
-class StatusTests(TCPTestCase):
-    @inlineCallbacks
-    def test_status(self):
-        clients = yield self.connect_many(5)
-        self.assertEqual((yield clients[0].ask(b"status unused\n")), b"STATUS 0 0 unused\n")
-        for client in clients:
-            client.send(b"lock k 2\n")
-        self.assertEqual((yield clients[0].read_line()), b"GRANTED 1 0 k 120\n")
-        self.assertEqual((yield clients[1].read_line()), b"GRANTED 2 0 k 120\n")
-        # the last three lock requests have surely been read once they answer this
-        for client in clients[2:]:
-            yield client.ask(b"status x\n")
-        self.assertEqual((yield clients[0].ask(b"status k\n")), b"STATUS 2 3 k\n")
-
-    @inlineCallbacks
-    def test_listings(self):
-        c1, c2, c3, c4, client = yield self.connect_many(5)
-        self.assertEqual((yield client.ask(b"status-by-key\nstatus-by-requests\nstatus-by-grants\n", 3)), b"END\n" * 3)
-        yield c1.ask(b"lock d\nlock c\nlock b 3\nlock a\n", 4)
-        yield c2.ask(b"lock a\nlock b 3\n")
-        yield c3.ask(b"lock a\nlock d\nstatus d\n")
-        yield c4.ask(b"lock d\nstatus d\n")
-        self.assertEqual(
-            (yield client.ask(b"status-by-key\n", 5)),
-            b"STATUS 1 2 a\nSTATUS 2 0 b\nSTATUS 1 0 c\nSTATUS 1 2 d\nEND\n",
-        )
-        self.assertEqual(
-            (yield client.ask(b"status-by-requests\n", 5)),
-            b"STATUS 1 2 a\nSTATUS 1 2 d\nSTATUS 2 0 b\nSTATUS 1 0 c\nEND\n",
-        )
-        self.assertEqual(
-            (yield client.ask(b"status-by-grants\n", 5)),
-            b"STATUS 2 0 b\nSTATUS 1 2 a\nSTATUS 1 0 c\nSTATUS 1 2 d\nEND\n",
-        )
-
-
-class QuitTests(TCPTestCase):
-    @inlineCallbacks
-    def test_quit_closes_and_releases(self):
-        quitter, waiter = yield self.connect_many(2)
-        yield quitter.ask(b"lock a\nlock b 2\nstatus b\n", 3)
-        self.assertEqual((yield waiter.ask(b"lock a\nlock b 1\nstatus b\n")), b"STATUS 1 1 b\n")
-        quitter.send(b"status a\nquit\nlock c\nstatus a\n")
-        self.assertEqual((yield quitter.read_line()), b"STATUS 1 1 a\n")
-        reason = yield quitter.wait_closed()
-        self.assertIsInstance(reason, ConnectionDone)
-        self.assertEqual(quitter.unread(), b"")
-        self.assertEqual(
-            (yield waiter.read_lines(2)), [b"GRANTED 1 0 a 120\n", b"GRANTED 1 0 b 120\n"]
-        )
-        self.assertEqual((yield waiter.ask(b"status-by-key\n", 3)), b"STATUS 1 0 a\nSTATUS 1 0 b\nEND\n")
-
-    @inlineCallbacks
-    def test_quit_with_arguments_is_invalid(self):
-        client = yield self.connect()
-        self.assertEqual(
-            (yield client.ask(b"quit now\nQUIT\nstatus k\n", 3)),
-            b"INVALID_PARAMETER: too many arguments\nINVALID_COMMAND\nSTATUS 0 0 k\n",
-        )
-
-
-class InvalidRequestTests(TCPTestCase):
-    @inlineCallbacks
-    def test_invalid_commands(self):
-        client = yield self.connect()
-        lines = [b"", b"\r", b"   ", b" \t \x0b\x0c ", b"hello", b"LOCK k", b"Lock k", b"RELEASE k",
-                 b"STATUS k", b"lockk", b"status_by_key", b"\x00", b"\xff\xfe\x80 k", b"l\xc3\xb6ck k"]
-        self.assertEqual(
-            (yield client.ask(b"\n".join(lines) + b"\nstatus k\n", len(lines) + 1)),
-            b"INVALID_COMMAND\n" * len(lines) + b"STATUS 0 0 k\n",
-        )
-        garbage = bytes(range(256)).replace(b"\n", b"").replace(b" ", b"")
-        self.assertEqual(
-            (yield client.ask(garbage + b"\n" + garbage[::-1] + b"\r\nlock k\n", 3)),
-            b"INVALID_COMMAND\nINVALID_COMMAND\nGRANTED 1 0 k 120\n",
-        )
-        self.assertEqual(self.flushLoggedErrors(), [])
-
-    @inlineCallbacks
-    def test_invalid_parameters(self):
-        holder, client = yield self.connect_many(2)
-        yield holder.ask(b"lock k 1 -1 0\n")
-        cases = INVALID_PARAMETER_CASES
-        request = b"".join(line + b"\n" for line, message in cases)
-        expected = b"".join(b"INVALID_PARAMETER: " + message + b"\n" for line, message in cases)
-        self.assertEqual((yield client.ask(request, len(cases))), expected)
-        self.assertEqual(
-            (yield client.ask(b"status-by-key\nlock k2\n", 3)), b"STATUS 1 0 k\nEND\nGRANTED 1 0 k2 120\n"
-        )
-
-
-class DisconnectTests(TCPTestCase):
-    @inlineCallbacks
-    def hand_over(self, leave):
-        """C{leave} makes the holder go; its waiter gets both its keys."""
-        holder, waiter = yield self.connect_many(2)
-        yield holder.ask(b"lock k\nlock j 1 -1 0\n", 2)
-        self.assertEqual((yield waiter.ask(b"lock k\nlock j\nstatus j\n")), b"STATUS 1 1 j\n")
-        yield leave(holder)
-        self.assertEqual(
-            (yield waiter.read_lines(2)), [b"GRANTED 1 0 k 120\n", b"GRANTED 1 0 j 120\n"]
-        )
-        yield self.wait_gone(holder)
-        self.assertEqual((yield waiter.ask(b"status-by-key\n", 3)), b"STATUS 1 0 j\nSTATUS 1 0 k\nEND\n")
-
-    def test_clean_close(self):
-        return self.hand_over(lambda client: client.disconnect())
-
-    def test_abort(self):
-        return self.hand_over(lambda client: client.abort())
-
-    def test_mid_line(self):
-        def leave(client):
-            client.send(b"release k\nrelease j")
-            return client.read_line().addCallback(
-                lambda line: (self.assertEqual(line, b"RELEASED 1 0 k\n"), client.abort())[1]
-            )
-
-        return self.hand_over(leave)
-
-    @inlineCallbacks
-    def test_while_waiting(self):
-        holder, waiter, third = yield self.connect_many(3)
-        yield holder.ask(b"lock k\n")
-        self.assertEqual((yield waiter.ask(b"lock k\nstatus k\n")), b"STATUS 1 1 k\n")
-        self.assertEqual((yield third.ask(b"lock k\nstatus k\n")), b"STATUS 1 2 k\n")
-        yield waiter.disconnect()
-        yield self.wait_gone(waiter)
-        self.assertEqual((yield third.ask(b"status k\n")), b"STATUS 1 1 k\n")
-        self.assertEqual((yield holder.ask(b"release k\n")), b"RELEASED 1 0 k\n")
-        self.assertEqual((yield third.read_line()), b"GRANTED 1 0 k 120\n")
-
-
 class LineLengthTests(TCPTestCase):
     @inlineCallbacks
     def test_longest_line_accepted(self):
@@ -428,26 +159,6 @@ class LineLengthTests(TCPTestCase):
         self.assertIsInstance(reason, (ConnectionDone, ConnectionLost))
         self.assertEqual(client.unread(), b"")
         self.assertEqual((yield other.ask(b"status x\n")), b"STATUS 0 0 x\n")
-
-
-class OpaqueKeyTests(TCPTestCase):
-    @inlineCallbacks
-    def test_keys_are_bytes(self):
-        client, other = yield self.connect_many(2)
-        keys = [b"\xff\xfe", b"a\x00b", b"\x00", b"\xc3", b"\xed\xa0\x80", b"caf\xc3\xa9", b"\xc3\xbf", b"\xff"]
-        for key in keys:
-            self.assertEqual((yield client.ask(b"lock " + key + b"\n")), b"GRANTED 1 0 " + key + b" 120\n")
-            self.assertEqual(
-                (yield other.ask(b"lock %s 1 0\nstatus %s\nrelease %s\n" % (key, key, key), 3)),
-                b"TIMEOUT 1 0 %s\nSTATUS 1 0 %s\nNOT_RELEASED 1 0 %s\n" % (key, key, key),
-            )
-        listing = yield client.ask(b"status-by-key\n", len(keys) + 1)
-        self.assertEqual(
-            sorted(listing.split(b"\n")[:-2]), sorted(b"STATUS 1 0 " + key for key in keys)
-        )
-        for key in keys:
-            self.assertEqual((yield client.ask(b"release " + key + b"\n")), b"RELEASED 0 0 " + key + b"\n")
-        self.assertEqual(self.flushLoggedErrors(), [])
 
 
 class BackpressureTests(TCPTestCase):

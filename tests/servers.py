@@ -340,8 +340,19 @@ class ServerThread:
         self.resume()
 
         def close_everything() -> None:
-            for selectable in self.reactor.removeAll():
+            selectables = self.reactor.removeAll()
+            # Every socket shut at once, as the kernel does for a dead process,
+            # before any connection is told: a connection lost first would
+            # make the service answer one not lost yet (a waiter granted what
+            # a dead holder released), and a dead process writes nothing.
+            for selectable in selectables:
+                try:
+                    selectable.socket.shutdown(socket.SHUT_RDWR)
+                except (AttributeError, OSError):
+                    pass
+            for selectable in selectables:
                 selectable.connectionLost(Failure(ConnectionDone("the server was killed")))
+            self.reactor.removeAll()  # (whatever those answers registered to write)
             self.reactor.stop()
 
         self.reactor.callFromThread(close_everything)

@@ -50,7 +50,7 @@ from jesync.client.elock_wire import (
 )
 from jesync.client.wire import UnexpectedReply
 from tests.servers import fake_server, free_port, start_server
-from tests.process.test_client_blocking import WITHIN, ClientTestCase
+from tests.tcp.test_client_blocking import WITHIN, ClientTestCase
 
 
 class MembersTests(SynchronousTestCase):

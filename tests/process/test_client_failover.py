@@ -45,7 +45,7 @@ from jesync.client.cluster import Members
 from jesync.client.config import Backoff
 from jesync.client.errors import ConnectFailed as Failed
 from tests.servers import ServerProcess, environment, fake_server, free_port, start_server
-from tests.process.test_client_handles import FakeSession
+from tests.tcp.test_client_handles import FakeSession
 
 WITHIN = 10.0  # seconds anything bounded here may take, on a loaded machine
 #: Short timeouts, so that a paused member is passed over quickly.

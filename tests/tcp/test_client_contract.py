@@ -587,7 +587,9 @@ class ClientContract:
 
     def test_unreachable(self) -> None:
         client = self.client(f"127.0.0.1:{free_port()}", connect_timeout=2)
-        self.assertRaises(ConnectFailed, client.lock, "report")
+        with self.assertRaises(ConnectFailed) as caught:
+            client.lock("report")
+        self.assertIn("cannot connect", str(caught.exception))
 
     def test_silent_server(self) -> None:
         """A server that stops answering is given up for dead after read_timeout."""

@@ -29,7 +29,7 @@ from jesync.client.handle import LockState
 from jesync.client.session import Session
 from jesync.client.wire import Reply
 from tests.servers import fake_server, start_server
-from tests.process.test_client_blocking import WITHIN, ClientTestCase
+from tests.tcp.test_client_blocking import WITHIN, ClientTestCase
 from tests.tcp.test_client_twisted import TwistedClientTestCase
 
 

@@ -91,15 +91,16 @@ class Synced:
     """
     A client or a lock as the contract sees it: each method called through
     the driver (in the client's own world) and its result waited for; a lock
-    it returns is L{Synced} too; attributes are read as they are.
+    it returns is L{Synced} too; attributes are read as they are.  C{raw} is
+    the client or lock itself (for L{Driver.start}, which waits for nothing).
     """
 
     def __init__(self, target: Any, driver: "Driver") -> None:
-        self._target = target
+        self.raw = target
         self._driver = driver
 
     def __getattr__(self, name: str) -> Any:
-        value = getattr(self._target, name)
+        value = getattr(self.raw, name)
         if not callable(value):
             return value
 
@@ -319,7 +320,7 @@ class ClientContract:
         lock = self.first.lock("report")
         self.assertTrue(lock.held)
         self.assertRaises(LockTimeout, self.second.lock, "report", wait=0)
-        waiting = self.driver.start(lambda: self.second._target.lock("report"))
+        waiting = self.driver.start(lambda: self.second.raw.lock("report"))
         self.wait_for(lambda: self.first.status("report") == KeyStatus("report", 1, 1))
         self.assertFalse(waiting.done())
         self.assertTrue(lock.release())
@@ -442,7 +443,7 @@ class ClientContract:
         self.first.lock("b", max_concurrent=2)
         self.second.lock("b", max_concurrent=2)
         self.first.lock("a")
-        waiting = self.driver.start(lambda: self.second._target.lock("a"))
+        waiting = self.driver.start(lambda: self.second.raw.lock("a"))
         self.wait_for(lambda: self.first.status("a").waiting == 1)
         self.assertEqual(self.first.listing(), [KeyStatus("a", 1, 1), KeyStatus("b", 2, 0)])
         self.assertEqual([row.key for row in self.first.listing("grants")], ["b", "a"])
@@ -456,9 +457,9 @@ class ClientContract:
     def test_concurrent_first_requests(self) -> None:
         """Requests racing to use a new client share the one connection it opens."""
         client = self.client()
-        pending = [self.driver.start(lambda n=n: client._target.lock(f"k{n}")) for n in range(10)]
+        pending = [self.driver.start(lambda n=n: client.raw.lock(f"k{n}")) for n in range(10)]
         locks = [request.result() for request in pending]
-        self.assertEqual(len({lock._target._connection for lock in locks}), 1)
+        self.assertEqual(len({lock.raw._connection for lock in locks}), 1)
         self.assertEqual(len(client.listing()), 10)
 
     # -- lock_many and fencing tokens
@@ -480,7 +481,7 @@ class ClientContract:
     def test_lock_many_waits_until_released(self) -> None:
         """A lock_many that must wait is answered when the last key it needs is released; nothing is held meanwhile."""
         holder = self.first.lock("b")
-        waiting = self.driver.start(lambda: self.second._target.lock_many(["a", "b"]))
+        waiting = self.driver.start(lambda: self.second.raw.lock_many(["a", "b"]))
         self.wait_for(lambda: self.first.status("b") == KeyStatus("b", 1, 1))
         self.assertEqual(self.first.status("a").granted, 0)
         self.assertFalse(waiting.done())
@@ -548,7 +549,7 @@ class ClientContract:
         held = self.first.lock("report", expires=1, auto_renew=True)
         lost: list[LockLost] = []
         held.add_lost_callback(lost.append)
-        waiting = self.driver.start(lambda: self.first._target.lock("busy"))
+        waiting = self.driver.start(lambda: self.first.raw.lock("busy"))
         self.wait_for(self.status_is("busy", 1, 1))
         self.server.kill()
         self.wait_for(lambda: bool(lost))
@@ -625,7 +626,7 @@ class ClientContract:
         other = serve_in_thread(self)
         client = self.client([self.server.address, other.address], placement="php")
         client.lock("nightly-report")
-        client.lock("user:42")
+        user = client.lock("user:42")
         self.assertEqual(str(client.server_for("nightly-report")), self.server.address)
         self.assertEqual(self.client(self.server.address).listing(), [KeyStatus("nightly-report", 1, 0)])
         self.assertEqual(self.client(other.address).listing(), [KeyStatus("user:42", 1, 0)])
@@ -634,6 +635,8 @@ class ClientContract:
         with self.assertRaises(ValueError) as caught:
             client.lock_many(["nightly-report", "user:42"])
         self.assertIn("one server", str(caught.exception))
+        self.assertTrue(user.release())
+        self.assertTrue(client.lock_many(["user:42"]).release())
 
 
 class BlockingClientContractTests(ClientContract, SynchronousTestCase):

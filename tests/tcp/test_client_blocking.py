@@ -66,6 +66,13 @@ class LockingTests(ClientTestCase):
         self.assertTrue(lock.released)
         self.assertEqual(self.second.status("report"), KeyStatus("report", 0, 0))
 
+    def test_client_as_context_manager(self) -> None:
+        """A client used in a C{with} statement closes at its end: the server releases what it held."""
+        with Client(self.server.address) as client:
+            client.lock("report")
+            self.assertEqual(self.second.status("report"), KeyStatus("report", 1, 0))
+        self.wait_for(lambda: self.second.status("report") == KeyStatus("report", 0, 0))
+
     def test_context_manager_releases_on_error(self) -> None:
         with self.assertRaises(ZeroDivisionError):
             with self.first.lock("report"):

@@ -280,19 +280,8 @@ class ClientContract:
 
     driver_class: type[Driver]
 
-    # (provided by SynchronousTestCase)
-    assertEqual: Any
-    assertTrue: Any
-    assertFalse: Any
-    assertIn: Any
-    assertIsNone: Any
-    assertIsInstance: Any
-    assertGreater: Any
-    assertRaises: Any
-    fail: Any
-
     def setUp(self) -> None:
-        self.driver = self.driver_class(self)  # type: ignore[arg-type]
+        self.driver = self.driver_class(self)
         self.server = serve_in_thread(self)
         self.first = self.client()
         self.second = self.client()

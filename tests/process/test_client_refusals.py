@@ -2,7 +2,8 @@
 Every client tells the server's refusal: the blocking, asyncio, Twisted and
 elock clients and the C{jesync} command, each refused by protected mode, for
 a wrong token and for a missing one, over plain TCP and over TLS, against
-real C{twistd jesync} servers.  The server's own line must reach the
+real servers (the protected one a C{twistd jesync} process, the one wanting
+a token in a thread of this process).  The server's own line must reach the
 exception (its C{message}, word for word, and its text) and the command's
 stderr, with the documented exception type and exit status (76).
 
@@ -11,6 +12,8 @@ test client is on loopback: the protected server here is the real C{twistd
 jesync}, run in a child process whose locality check
 (C{jesync.connections.connection.is_local}) is replaced by one that finds
 every peer remote.  That is the only change; no server option is involved.
+It must be a process of its own: in this one, the replaced check would
+refuse every other test's clients.
 
 The refusal and the clients' first requests cross on the wire in every
 order (a line before anything is sent, in answer to C{auth} or to C{fencing
@@ -56,8 +59,8 @@ from jesync.client import (
 from jesync.client.pipeline import discard
 from jesync.client.session import Session
 from jesync.errors import ProtectedMode
-from tests.servers import ServerProcess, environment, free_port
-from tests.process.test_client_security import PKI, TOKEN, _AtExit, skip_without_tls, temp_dir, write
+from tests.servers import ServerProcess, ServerThread, environment, free_port
+from tests.tcp.test_client_security import PKI, TOKEN, _AtExit, skip_without_tls, temp_dir, write
 
 #: What the server says to a client that protected mode refuses (JESync's limit reply).
 PROTECTED_LINE = "INVALID_PARAMETER: " + ProtectedMode.MESSAGE
@@ -106,7 +109,11 @@ class Listeners:
 
 
 class ProtectedServer(ServerProcess):
-    """C{twistd jesync} in protected mode (no token) that counts every client as remote."""
+    """
+    C{twistd jesync} in protected mode (no token) that counts every client as
+    remote.  A process is the point: its locality check is replaced for the
+    whole process, which in this one would refuse every other test's clients.
+    """
 
     def __init__(self, pki: PKI) -> None:
         self.listeners = Listeners(pki)
@@ -132,7 +139,7 @@ class Servers:
         test.addCleanup(self.protected.close)
         self.protected.start()
         self.secured_listeners = Listeners(self.pki)
-        secured = ServerProcess(
+        secured = ServerThread(
             extra_args=["--auth-token-file", self.token_file, *self.secured_listeners.arguments], auth_token=TOKEN
         )
         # Its readiness probe uses its own --port; the listeners' ports are what the tests use.

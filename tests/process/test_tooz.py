@@ -38,7 +38,7 @@ except ImportError as error:  # the test extra installs it under CPython
     )
 
 from tests.servers import ServerProcess, environment, free_port, start_server
-from tests.process.test_client_blocking import WITHIN, ClientTestCase
+from tests.tcp.test_client_blocking import WITHIN, ClientTestCase
 
 ENTRY_POINT = "jesync = jesync.tooz_driver:JESyncDriver"
 

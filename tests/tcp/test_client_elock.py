@@ -33,7 +33,7 @@ from jesync.client import (
 )
 from jesync.client.elock import ELockClient, ELockHandle
 from tests.servers import fake_server, free_port, serve_in_thread
-from tests.process.test_client_blocking import WITHIN, ClientTestCase
+from tests.tcp.test_client_blocking import WITHIN, ClientTestCase
 
 
 class Proxy:

@@ -6,7 +6,7 @@ iosim, on a clock the test moves.  Its requests and replies, its handles
 fencing tokens.  What the client does against a server that is not
 jesync's, or a port nothing listens on over real TCP, is in
 tests/tcp/test_client_twisted.py (and, for an older server,
-tests/process/test_client_many.py).
+tests/tcp/test_client_contract.py).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from jesync.client import (
     TwistedClient,
 )
 from jesync.testing import MemoryServer
-from tests.process.test_client_many import strictly_increasing
+from tests.tcp.test_client_contract import strictly_increasing
 
 
 class TwistedClientTestCase(SynchronousTestCase):

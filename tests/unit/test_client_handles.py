@@ -1,26 +1,23 @@
 """
 Handles that tell the truth: a lock whose failsafe ran out is lost at that
 moment (counted from when it was requested), C{owned()} asks the server, and
-C{holders()} says who holds a key.  The sans-I/O core with a fake clock, then
-the blocking and asyncio clients against real servers (the Twisted client's
-handles are tested against the real server in memory:
-tests/unit/test_client_twisted.py).
+C{holders()} says who holds a key: here, the sans-I/O core with a fake
+clock.  Every client says the same against a real server in the client
+contract (L{tests.tcp.test_client_contract}: C{test_lost_by_itself},
+C{test_owned}, C{test_holders}), and the Twisted client against the real
+server in memory (L{tests.unit.test_client_twisted}).
 """
 
 from __future__ import annotations
 
-import asyncio
-import threading
-import time
 from typing import Any, Callable
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from jesync.client import AsyncClient, Client, Holder, LockLost
+from jesync.client import Holder, LockLost
 from jesync.client.handle import LockState
 from jesync.client.session import Session
 from jesync.client.wire import Reply, parse_reply
-from tests.servers import start_server
 
 WITHIN = 5.0
 
@@ -178,93 +175,3 @@ class DeadlineCoreTests(SynchronousTestCase):
         self.assertEqual(parse_reply(b"OWNED 1500 k").ms_left, 1500)
         self.assertEqual(parse_reply(b"NOT_OWNED k").keys, ("k",))
         self.assertEqual(parse_reply(b"HOLDER k detached-session 3 0 9").holder, Holder("k", "detached-session", 3, 0, 9))
-
-
-class BlockingHandleTests(SynchronousTestCase):
-    def setUp(self) -> None:
-        self.server = start_server(self)
-        self.first = Client(self.server.address)
-        self.second = Client(self.server.address)
-        self.addCleanup(self.first.close)
-        self.addCleanup(self.second.close)
-
-    def test_lost_by_itself(self) -> None:
-        """Not renewed: lost at its deadline, callback called; an auto-renewed lock stays held."""
-        lost = threading.Event()
-        start = time.monotonic()
-        forgotten = self.first.lock("forgotten", expires=2)
-        renewed = self.first.lock("renewed", expires=2, auto_renew=True)
-        forgotten.add_lost_callback(lambda error: lost.set())
-        self.assertTrue(lost.wait(WITHIN))
-        self.assertGreaterEqual(time.monotonic() - start, 1.9)
-        self.assertTrue(forgotten.lost)
-        self.assertIn("expired", forgotten.lost_reason.reason)
-        self.assertFalse(forgotten.owned())
-        self.assertTrue(renewed.held)
-        self.assertTrue(renewed.owned())
-        time.sleep(0.5)  # past the server's own expiry too
-        self.assertTrue(renewed.owned())
-        self.assertTrue(renewed.release())
-
-    def test_owned(self) -> None:
-        lock = self.first.lock("k", expires=60)
-        self.assertTrue(lock.owned())
-        self.assertTrue(lock.release())
-        self.assertFalse(lock.owned())
-        other = self.second.lock("k", expires=60)
-        self.assertTrue(other.owned())
-        self.assertFalse(lock.owned())
-
-    def test_holders(self) -> None:
-        self.assertEqual(self.first.holders("sem"), [])
-        a = self.first.lock("sem", 2, expires=60)
-        b = self.second.lock("sem", 2, expires=0)
-        holders = self.first.holders("sem")
-        self.assertEqual([h.token for h in holders], [a.token, b.token])
-        self.assertEqual([h.key for h in holders], ["sem", "sem"])
-        self.assertTrue(58 <= holders[0].seconds_left <= 60)
-        self.assertEqual(holders[1].seconds_left, 0)
-        self.assertTrue(all(h.held_seconds >= 0 and h.peer for h in holders))
-
-
-def run(test: Callable[[], Any]) -> Any:
-    async def bounded() -> Any:
-        return await asyncio.wait_for(test(), 30)
-
-    return asyncio.run(bounded())
-
-
-class AsyncHandleTests(SynchronousTestCase):
-    def setUp(self) -> None:
-        self.server = start_server(self)
-
-    def test_lost_by_itself(self) -> None:
-        async def test() -> None:
-            async with AsyncClient(self.server.address) as client:
-                lost = asyncio.Event()
-                start = time.monotonic()
-                forgotten = await client.lock("forgotten", expires=2)
-                renewed = await client.lock("renewed", expires=2, auto_renew=True)
-                forgotten.add_lost_callback(lambda error: lost.set())
-                await asyncio.wait_for(lost.wait(), WITHIN)
-                self.assertGreaterEqual(time.monotonic() - start, 1.9)
-                self.assertTrue(forgotten.lost)
-                self.assertFalse(await forgotten.owned())
-                await asyncio.sleep(0.5)
-                self.assertTrue(renewed.held and await renewed.owned())
-                self.assertTrue(await renewed.release())
-
-        run(test)
-
-    def test_owned_and_holders(self) -> None:
-        async def test() -> None:
-            async with AsyncClient(self.server.address) as first, AsyncClient(self.server.address) as second:
-                a = await first.lock("sem", 2, expires=60)
-                b = await second.lock("sem", 2, expires=60)
-                self.assertEqual([h.token for h in await first.holders("sem")], [a.token, b.token])
-                self.assertTrue(await a.owned())
-                self.assertTrue(await a.release())
-                self.assertFalse(await a.owned())
-                self.assertEqual([h.token for h in await second.holders("sem")], [b.token])
-
-        run(test)

@@ -1,10 +1,12 @@
 """
-The clients' security and connection settings, against real C{twistd jesync}
-servers: the auth token (from a file, given or named by
+The clients' security and connection settings, against the real server in a
+thread of this process (L{tests.servers.serve_in_thread}), over real TCP and
+TLS: the auth token (from a file, given or named by
 C{JESYNC_AUTH_TOKEN_FILE}), TLS with a CA file and a server-name check, the
 blocking, asyncio and Twisted clients alike; C{Client()} reading its servers
-from C{JESYNC_SERVERS}; retrying a connection with backoff; and the
-C{jesync} command using them all through the environment.
+from C{JESYNC_SERVERS}; retrying a connection with backoff.  The C{jesync}
+command using them all through the environment is
+L{tests.process.test_client_security_cli}.
 
 The certificates are made here with C{cryptography}: a test CA signing the
 server's certificate (for localhost and 127.0.0.1), and another CA that
@@ -19,8 +21,6 @@ import datetime
 import ipaddress
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -30,14 +30,13 @@ from unittest import SkipTest
 from twisted.internet import defer, reactor, task, threads
 from twisted.trial.unittest import SynchronousTestCase, TestCase
 
-from jesync.cli import EXIT_CONFIG, EXIT_REFUSED, EXIT_UNAVAILABLE
 from jesync.client import AsyncClient, Client, ConnectFailed, KeyStatus, TwistedClient
 from jesync.client.config import Backoff, ConnectOptions, read_token
 from jesync.client import AuthFailed
 from jesync.client.pipeline import discard
 from jesync.client.session import Session
 from jesync.client.wire import auth_request, parse_reply
-from tests.servers import ServerProcess, environment, free_port, start_server
+from tests.servers import ServerThread, free_port, serve_in_thread
 
 try:
     from cryptography import x509
@@ -155,7 +154,7 @@ class _AtExit:
 
 class SecuredServer:
     """
-    A C{twistd jesync} server wanting L{TOKEN}: plain TCP on C{address}, TLS
+    The real server (in a thread) wanting L{TOKEN}: plain TCP on C{address}, TLS
     on C{tls_address} (127.0.0.1) and C{tls_name_address} (localhost), the
     same port.  One for every test here (L{secured_server}).
     """
@@ -167,7 +166,7 @@ class SecuredServer:
         self.pki = PKI(directory)
         tls_port = free_port()
         tls = f"ssl:{tls_port}:privateKey={self.pki.key_file}:certKey={self.pki.certificate_file}:interface=127.0.0.1"
-        self.server = start_server(
+        self.server = serve_in_thread(
             test, extra_args=["--auth-token-file", self.token_file, "--port", tls], auth_token=TOKEN
         )
         self.address = self.server.address
@@ -459,7 +458,7 @@ class BlockingClientTests(SynchronousTestCase):
 class RetryTests(SynchronousTestCase):
     def test_server_started_later(self) -> None:
         """A server started after the client began connecting is reached by a retry."""
-        server = ServerProcess()
+        server = ServerThread()
         self.addCleanup(server.close)
         client = Client(server.address, connect_retries=1000, retry_backoff=0.05, retry_backoff_max=0.2, environ={})
         self.addCleanup(client.close)
@@ -548,7 +547,7 @@ class AsyncClientTests(SynchronousTestCase):
             self.assertFalse(caught.exception.retryable)
 
     def test_server_started_later(self) -> None:
-        server = ServerProcess()
+        server = ServerThread()
         self.addCleanup(server.close)
 
         async def later() -> KeyStatus:
@@ -626,7 +625,7 @@ class TwistedClientTests(TestCase):
             self.assertLess(reactor.seconds() - start, 1.5)
 
     async def test_server_started_later(self) -> None:
-        server = ServerProcess()
+        server = ServerThread()
         self.addCleanup(server.close)
         client = self.client(server.address, connect_retries=1000, retry_backoff=0.05, retry_backoff_max=0.2)
         status = client.status("k")
@@ -649,77 +648,3 @@ class TwistedClientTests(TestCase):
         await client.close()
         with self.assertRaises(defer.CancelledError):
             await status
-
-
-# -- the command line ---------------------------------------------------------
-
-
-class CommandLineTests(SynchronousTestCase):
-    def setUp(self) -> None:
-        self.secured = secured_server()
-
-    def jesync(self, *args: str, **variables: str) -> subprocess.CompletedProcess[str]:
-        env = environment()
-        for name in list(env):
-            if name.startswith("JESYNC_"):
-                del env[name]
-        env.update(variables)
-        return subprocess.run(
-            [sys.executable, "-m", "jesync.cli", *args],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
-    def test_status_with_token(self) -> None:
-        done = self.jesync(
-            "status", "a", JESYNC_SERVERS=self.secured.address, JESYNC_AUTH_TOKEN_FILE=self.secured.token_file
-        )
-        self.assertEqual((done.returncode, done.stderr), (0, ""))
-        self.assertIn("a: 0 holding, 0 waiting", done.stdout)
-
-    def test_lock_over_tls(self) -> None:
-        done = self.jesync(
-            "lock",
-            "cli-tls",
-            "--",
-            sys.executable,
-            "-c",
-            "print('ran')",
-            JESYNC_SERVERS=self.secured.tls_name_address,
-            JESYNC_AUTH_TOKEN_FILE=self.secured.token_file,
-            JESYNC_TLS_CA_FILE=self.secured.pki.ca_file,
-        )
-        self.assertEqual((done.returncode, done.stdout.strip()), (0, "ran"), done.stderr)
-
-    def test_without_token(self) -> None:
-        done = self.jesync("status", "a", JESYNC_SERVERS=self.secured.address)
-        self.assertEqual(done.returncode, EXIT_REFUSED)
-        self.assertIn("auth failed", done.stderr)
-
-    def test_wrong_ca(self) -> None:
-        done = self.jesync(
-            "status",
-            "a",
-            JESYNC_SERVERS=self.secured.tls_address,
-            JESYNC_AUTH_TOKEN_FILE=self.secured.token_file,
-            JESYNC_TLS_CA_FILE=self.secured.pki.other_ca_file,
-        )
-        self.assertEqual(done.returncode, EXIT_UNAVAILABLE)
-        self.assertIn("TLS failed", done.stderr)
-
-    def test_unusable_settings_are_one_line_and_status_78(self) -> None:
-        missing = os.path.join(tempfile.mkdtemp(), "no-such-token")
-        for variables in ({"JESYNC_AUTH_TOKEN_FILE": missing}, {"JESYNC_TLS": "perhaps"}):
-            done = self.jesync("status", "a", JESYNC_SERVERS=self.secured.address, **variables)
-            self.assertEqual(done.returncode, EXIT_CONFIG, done.stderr)
-            self.assertEqual(len(done.stderr.strip().splitlines()), 1, done.stderr)
-            self.assertNotIn("Traceback", done.stderr)
-
-    def test_token_is_no_option(self) -> None:
-        """No command-line option takes the token itself."""
-        done = self.jesync("--help")
-        self.assertNotIn("--auth-token ", done.stdout)
-        self.assertNotIn("--token", done.stdout)

@@ -18,7 +18,7 @@ from jesync.client.blocking import Client
 from jesync.client.config import ConnectKeywords, ConnectOptions, client_options
 from jesync.client.elock import ELockClient
 from jesync.client.txclient import TwistedClient
-from tests.servers import free_port, start_server
+from tests.servers import free_port, serve_in_thread
 
 # the JESync clients, each made from servers and the rest as keywords
 MAKERS: dict[str, Callable[..., Any]] = {
@@ -100,7 +100,7 @@ class OverTCPTests(SynchronousTestCase):
 
     def setUp(self) -> None:
         self.elock_port = free_port()
-        self.server = start_server(self, extra_args=["--elock-port", f"tcp:{self.elock_port}:interface=127.0.0.1"])
+        self.server = serve_in_thread(self, extra_args=["--elock-port", f"tcp:{self.elock_port}:interface=127.0.0.1"])
 
     def test_blocking(self) -> None:
         for client in (

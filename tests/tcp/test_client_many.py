@@ -1,19 +1,21 @@
 """
 Fencing tokens and C{lock_many}: the session's rules without I/O (scripted
-reply lines), then each client (blocking, asyncio, Twisted) over real TCP
-against the real server, and against an older server that has neither.
+reply lines), then the blocking and asyncio clients over real TCP against
+the real server (the Twisted client's: L{tests.unit.test_client_twisted},
+against the real server in memory).
+What every client promises (granted, waiting, timed out, tokens that only
+grow, lost with the server, refused by an older server, keys on one server)
+is said once in the client contract (L{tests.tcp.test_client_contract});
+here is what is a client's own (its C{with} statements, a cancelled wait).
 """
 
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 from typing import Any, Callable, Optional
 
-from twisted.internet import endpoints, reactor
-from twisted.internet.protocol import Factory, Protocol
-from twisted.trial.unittest import SynchronousTestCase, TestCase
+from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.client import (
     AsyncClient,
@@ -23,33 +25,12 @@ from jesync.client import (
     LockLost,
     LockManyTimeout,
     LockTimeout,
-    ServerError,
-    TwistedClient,
 )
 from jesync.client.handle import LockState
 from jesync.client.session import Session
 from jesync.client.wire import Reply
-from tests.servers import fake_server, start_server
-from tests.process.test_client_blocking import WITHIN, ClientTestCase
-
-
-def older_server(line: bytes) -> Optional[bytes]:
-    """
-    A server without the extensions (as JESync 0.8.1): every lock granted at
-    once, without a token; C{fencing} and C{lock-many} unknown.
-    """
-    word, *args = line.split()
-    if word == b"lock":
-        return b"GRANTED 1 0 %s 120\n" % args[0]
-    if word == b"status":
-        return b"STATUS 0 0 %s\n" % args[0]
-    if word == b"release":
-        return b"RELEASED 0 0 %s\n" % args[0]
-    return b"INVALID_COMMAND\n"
-
-
-def strictly_increasing(tokens: list[Any]) -> bool:
-    return all(isinstance(token, int) for token in tokens) and all(a < b for a, b in zip(tokens, tokens[1:]))
+from tests.servers import serve_in_thread
+from tests.tcp.test_client_blocking import WITHIN, ClientTestCase
 
 
 # -- the session, scripted ------------------------------------------------------
@@ -238,7 +219,7 @@ class SessionTests(SynchronousTestCase):
 
 class BlockingTests(ClientTestCase):
     def setUp(self) -> None:
-        self.server = start_server(self)
+        self.server = serve_in_thread(self)
         self.first = self.client()
         self.second = self.client()
 
@@ -247,60 +228,6 @@ class BlockingTests(ClientTestCase):
 
     def statuses(self, *keys: str) -> list[tuple[int, int]]:
         return [tuple(self.second.status(key))[1:] for key in keys]
-
-    def test_granted(self) -> None:
-        """Every key is granted (a key given twice counts once), each with its token; release gives them all back."""
-        lock = self.first.lock_many(["a", "b", "a", "c"])
-        self.assertEqual(lock.keys, ("a", "b", "c"))
-        self.assertEqual(list(lock.tokens), ["a", "b", "c"])
-        self.assertTrue(all(isinstance(token, int) and token >= 0 for token in lock.tokens.values()))
-        self.assertEqual(self.statuses("a", "b", "c"), [(1, 0)] * 3)
-        self.assertTrue(lock.held and 119 < lock.seconds_left <= 120)
-        self.assertRaises(LockTimeout, self.second.lock, "b", wait=0)
-        self.assertTrue(lock.release())
-        self.assertTrue(lock.released)
-        self.assertEqual(self.statuses("a", "b", "c"), [(0, 0)] * 3)
-        self.assertFalse(lock.release())
-
-    def test_waits_until_released(self) -> None:
-        """A lock_many that must wait is answered when the last key it needs is released; nothing is held meanwhile."""
-        holder = self.first.lock("b")
-        waiting = self.in_thread(lambda: self.second.lock_many(["a", "b"]))
-        self.wait_for(lambda: self.first.status("b") == KeyStatus("b", 1, 1))
-        self.assertEqual(self.first.status("a").granted, 0)
-        self.assertFalse(waiting["done"].is_set())
-        self.assertEqual(self.second.status("c"), KeyStatus("c", 0, 0))  # its connection still answers
-        self.assertTrue(holder.release())
-        self.assertTrue(waiting["done"].wait(WITHIN))
-        lock = waiting["result"]
-        self.assertEqual((lock.keys, lock.held), (("a", "b"), True))
-        self.assertGreater(lock.tokens["b"], holder.token)
-        self.assertEqual([self.first.status(key) for key in "ab"], [KeyStatus("a", 1, 0), KeyStatus("b", 1, 0)])
-
-    def test_timeout(self) -> None:
-        """The wait runs out: LockManyTimeout (a LockTimeout) naming every key, and none of them is granted."""
-        self.first.lock("b")
-        started = time.monotonic()
-        with self.assertRaises(LockTimeout) as caught:
-            self.second.lock_many(["a", "b"], wait=0.5)
-        self.assertTrue(1.0 <= time.monotonic() - started < 1.0 + WITHIN)
-        self.assertIsInstance(caught.exception, LockManyTimeout)
-        self.assertEqual(caught.exception.keys, ["a", "b"])
-        self.assertEqual(self.statuses("a", "b"), [(0, 0), (1, 0)])
-        with self.assertRaises(LockManyTimeout):
-            self.second.lock_many(["b", "a"], wait=0)
-        self.second.lock_many(["a", "c"], wait=0).release()  # the connection is fine
-
-    def test_tokens_strictly_increase(self) -> None:
-        """Each grant of a key, to whichever client and whichever way, has a larger token than the one before."""
-        tokens = []
-        for client in [self.first, self.second, self.first]:
-            lock = client.lock("k")
-            tokens.append(lock.token)
-            lock.release()
-            with client.lock_many(["j", "k"]) as group:
-                tokens.append(group.tokens["k"])
-        self.assertTrue(strictly_increasing(tokens), tokens)
 
     def test_renewal_and_context_manager(self) -> None:
         """Renewed automatically, a lock_many lock with a 1 s failsafe is held after 2.5 s; the block releases it."""
@@ -324,58 +251,6 @@ class BlockingTests(ClientTestCase):
         self.assertRaises(TypeError, lambda: group.token)
         self.assertEqual(self.statuses("b", "c"), [(1, 0), (1, 0)])
 
-    def test_lost_with_the_server(self) -> None:
-        lock = self.first.lock_many(["a", "b"])
-        told = threading.Event()
-        lost: list[LockLost] = []
-        lock.add_lost_callback(lost.append)
-        lock.add_lost_callback(lambda error: told.set())
-        self.server.kill()
-        self.assertTrue(told.wait(WITHIN))
-        self.assertEqual(len(lost), 1)
-        self.assertEqual(lost[0].keys, ["a", "b"])
-        self.assertFalse(lock.release())
-
-    def test_bad_arguments(self) -> None:
-        for keys in [[], ["two words"], "ab", ["a", 1]]:
-            self.assertRaises((ValueError, TypeError), self.first.lock_many, keys)
-        self.assertRaises(ValueError, self.first.lock_many, ["a"], wait=-1)
-
-    def test_keys_on_several_servers(self) -> None:
-        """With the PHP placement nightly-report lives on the first server and user:42 on the second."""
-        other = start_server(self)
-        client = self.client([self.server.address, other.address], placement="php")
-        with self.assertRaises(ValueError) as caught:
-            client.lock_many(["nightly-report", "user:42"])
-        self.assertIn("one server", str(caught.exception))
-        client.lock_many(["user:42"]).release()
-
-
-class OlderServerTests(SynchronousTestCase):
-    def test_blocking(self) -> None:
-        """Without fencing, locks work as before with no token; lock_many is refused, the connection stays usable."""
-        with Client(fake_server(self, older_server).address) as client:
-            lock = client.lock("k")
-            self.assertIsNone(lock.token)
-            self.assertEqual(lock.tokens, {"k": None})
-            with self.assertRaises(ServerError) as caught:
-                client.lock_many(["a", "b"])
-            self.assertEqual(caught.exception.message, "INVALID_COMMAND")
-            self.assertTrue(lock.release())
-
-    def test_asyncio(self) -> None:
-        server = fake_server(self, older_server)
-
-        async def test() -> None:
-            async with AsyncClient(server.address) as client:
-                async with client.lock("k") as lock:
-                    self.assertIsNone(lock.token)
-                with self.assertRaises(ServerError):
-                    await client.lock_many(["a", "b"])
-                self.assertEqual(await client.status("k"), KeyStatus("k", 0, 0))
-
-        run(test)
-
 
 # -- the asyncio client ---------------------------------------------------------
 
@@ -389,7 +264,7 @@ def run(test: Callable[[], Any]) -> Any:
 
 class AsyncTests(SynchronousTestCase):
     def setUp(self) -> None:
-        self.server = start_server(self)
+        self.server = serve_in_thread(self)
 
     async def eventually(self, client: AsyncClient, status: KeyStatus) -> None:
         deadline = time.monotonic() + WITHIN
@@ -422,19 +297,6 @@ class AsyncTests(SynchronousTestCase):
 
         run(test)
 
-    def test_tokens_strictly_increase(self) -> None:
-        async def test() -> None:
-            async with AsyncClient(self.server.address) as first, AsyncClient(self.server.address) as second:
-                tokens = []
-                for client in [first, second, first]:
-                    async with client.lock("k") as lock:
-                        tokens.append(lock.token)
-                    async with client.lock_many(["k", "j"]) as group:
-                        tokens.append(group.tokens["k"])
-                self.assertTrue(strictly_increasing(tokens), tokens)
-
-        run(test)
-
     def test_cancelled_wait(self) -> None:
         """A cancelled lock_many stays on the server; its keys are busy until the grant, which is released."""
 
@@ -451,36 +313,3 @@ class AsyncTests(SynchronousTestCase):
                 await (await client.lock_many(["a", "b"], wait=0)).release()
 
         run(test)
-
-
-# -- the Twisted client -----------------------------------------------------------
-
-
-class _Older(Protocol):
-    def dataReceived(self, data: bytes) -> None:
-        for line in data.splitlines():
-            reply = older_server(line)
-            if reply is not None:
-                self.transport.write(reply)
-
-
-class TwistedOlderServerTests(TestCase):
-    """
-    The Twisted client against an older server, over real TCP (the rest of
-    its C{lock_many} and fencing tests run against the real server in
-    memory: tests/unit/test_client_twisted.py).
-    """
-
-    timeout = 30
-
-    async def test_older_server(self) -> None:
-        factory = Factory.forProtocol(_Older)
-        port = await endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(factory)
-        self.addCleanup(port.stopListening)
-        client = TwistedClient(reactor, f"127.0.0.1:{port.getHost().port}")
-        self.addCleanup(client.close)
-        lock = await client.lock("k")
-        self.assertIsNone(lock.token)
-        with self.assertRaises(ServerError):
-            await client.lock_many(["a"])
-        self.assertTrue(await lock.release())

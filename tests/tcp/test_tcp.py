@@ -87,6 +87,7 @@ class FramingTests(TCPTestCase):
         self.assertEqual(client.unread(), b"")
         self.assertEqual((yield client.ask(b"\nstatus k\n", 2)), b"GRANTED 1 0 k 30\nSTATUS 1 0 k\n")
 
+
 class LockTests(TCPTestCase):
     @inlineCallbacks
     def test_defaults_and_waiting_does_not_block(self):

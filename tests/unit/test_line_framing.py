@@ -308,6 +308,13 @@ class JESyncLineFramingTests(LineFramingContract, ProtocolTestCase):
     def unfinished(self) -> tuple[bytes, Callable[[], None]]:
         return b"lock k", lambda: self.assertEqual(self.service.listing(), [])
 
+    def test_longest_lock_line(self) -> None:
+        client = self.connect()
+        self.server.policy.max_key_length = MAX_LINE
+        key = b"k" * (MAX_LINE - len(b"lock "))
+        self.assertEqual(client.ask(b"lock " + key + b"\n"), b"GRANTED 1 0 " + key + b" 120\n")
+        self.assertFalse(client.closing)
+
     def test_runs_of_whitespace_separate_fields(self) -> None:
         client = self.connect()
         self.assertEqual(client.ask(b"  lock \t k   2\t\t-1 \x0b 30  \n"), b"GRANTED 1 0 k 30\n")

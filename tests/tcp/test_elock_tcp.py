@@ -145,15 +145,6 @@ class ELockTCPTestCase(TestCase):
 
 class FramingTests(ELockTCPTestCase):
     @inlineCallbacks
-    def test_crlf_lf_and_pipelining(self):
-        client = yield self.server.elock()
-        self.assertEqual(
-            (yield client.ask(b"lock k\r\nlock j\nunlock j\r\nbogus\r\n\r\nunlock j\nstats\r\nunlock_all\r\n", 12)),
-            b'200 Acquired\r\n200 Acquired\r\n200 Unlocked\r\n400 Unknown command: "bogus"\r\n'
-            b'400 Unknown command: ""\r\n403 not_locked\r\n' + stats(1, 1, 0) + b"200 OK\r\n",
-        )
-
-    @inlineCallbacks
     def test_many_pipelined_in_one_write(self):
         client = yield self.server.elock()
         commands = b"".join(b"lock k%d\r\nunlock k%d\r\nunlock k%d\r\n" % (i, i, i) for i in range(500))

@@ -70,13 +70,6 @@ class TCPTestCase(TestCase):
 
 class FramingTests(TCPTestCase):
     @inlineCallbacks
-    def test_newline_and_carriage_return(self):
-        client = yield self.connect()
-        self.assertEqual((yield client.ask(b"status k\n")), b"STATUS 0 0 k\n")
-        self.assertEqual((yield client.ask(b"lock k\r\n")), b"GRANTED 1 0 k 120\n")
-        self.assertEqual((yield client.ask(b"status k\r\n")), b"STATUS 1 0 k\n")
-
-    @inlineCallbacks
     def test_line_in_pieces(self):
         client = yield self.connect()
         self.assertEqual((yield client.ask(b"status k\n")), b"STATUS 0 0 k\n")
@@ -99,38 +92,8 @@ class FramingTests(TCPTestCase):
         self.assertEqual(client.unread(), b"")
         self.assertEqual((yield client.ask(b"\nstatus k\n", 2)), b"GRANTED 1 0 k 30\nSTATUS 1 0 k\n")
 
-    @inlineCallbacks
-    def test_runs_of_whitespace(self):
-        client = yield self.connect()
-        self.assertEqual(
-            (yield client.ask(b"  lock \t k   2\t\t-1 \x0b 30  \n\tstatus\x0ck \r\nrelease  k\t\n", 3)),
-            b"GRANTED 1 0 k 30\nSTATUS 1 0 k\nRELEASED 0 0 k\n",
-        )
-
-    @inlineCallbacks
-    def test_pipelining(self):
-        client, other = yield self.connect_many(2)
-        yield other.ask(b"lock busy\n")
-        commands = b"".join(b"lock k%d\nstatus k%d\n" % (i, i) for i in range(1000))
-        commands += b"lock busy\nbogus\nstatus busy\nstatus-by-grants\nrelease k0\n"
-        expected = b"".join(b"GRANTED 1 0 k%d 120\nSTATUS 1 0 k%d\n" % (i, i) for i in range(1000))
-        expected += b"INVALID_COMMAND\nSTATUS 1 1 busy\n"
-        keys = sorted([b"busy"] + [b"k%d" % i for i in range(1000)])
-        expected += b"".join(b"STATUS 1 %d %s\n" % (key == b"busy", key) for key in keys)
-        expected += b"END\nRELEASED 0 0 k0\n"
-        self.assertEqual((yield client.ask(commands, expected.count(b"\n"))), expected)
-
 
 class LineLengthTests(TCPTestCase):
-    @inlineCallbacks
-    def test_longest_line_accepted(self):
-        self.server.policy.max_key_length = MAX_LINE
-        client = yield self.connect()
-        key = b"k" * (MAX_LINE - len(b"lock "))
-        self.assertEqual((yield client.ask(b"lock " + key + b"\n")), b"GRANTED 1 0 " + key + b" 120\n")
-        key = b"s" * (MAX_LINE - len(b"status "))
-        self.assertEqual((yield client.ask(b"status " + key + b"\r\n")), b"STATUS 0 0 " + key + b"\n")
-
     @inlineCallbacks
     def test_too_long_closes_only_that_connection(self):
         client, other = yield self.connect_many(2)

@@ -18,7 +18,7 @@ from jesync.interfaces import KeyStatus
 from jesync.protocols.elock import MAX_SESSION_ID, ELockProtocol
 from tests.support import BYE, UnitServer, stats
 
-MAX_LINE = 8192
+
 class ELockTestCase(SynchronousTestCase):
     def setUp(self) -> None:
         self.server = UnitServer()
@@ -45,43 +45,6 @@ class ELockTestCase(SynchronousTestCase):
     def turn(self) -> None:
         """One reactor turn: held-back lines are read now."""
         self.clock.advance(0)
-
-
-class FramingTests(ELockTestCase):
-    def test_crlf_and_lf(self) -> None:
-        client = self.elock()
-        self.assertEqual(client.ask(b"lock k\r\n"), b"200 Acquired\r\n")
-        self.assertEqual(client.ask(b"lock j\n"), b"200 Acquired\r\n")
-        self.assertEqual(client.ask(b"unlock j\n"), b"200 Unlocked\r\n")
-
-    def test_no_reply_until_line_ends(self) -> None:
-        client = self.elock()
-        self.assertEqual(client.ask(b"lock k"), b"")
-        self.assertEqual(client.ask(b"\r"), b"")
-        self.assertEqual(client.ask(b"\n"), b"200 Acquired\r\n")
-
-    def test_byte_by_byte(self) -> None:
-        client = self.elock()
-        for byte in b"lock k\r\nunlock k\r\nunlock k\n":
-            client.send(bytes([byte]))
-        self.assertEqual(client.take(), b"200 Acquired\r\n200 Unlocked\r\n403 not_locked\r\n")
-
-    def test_runs_of_whitespace(self) -> None:
-        client = self.elock()
-        self.assertEqual(client.ask(b"  lock \t k \x0b  3 \r\n"), b"200 Acquired\r\n")
-        self.assertEqual(client.ask(b"\tunlock\x0ck\r\n"), b"200 Unlocked\r\n")
-
-    def test_pipelined_commands_answered_in_order(self) -> None:
-        client = self.elock()
-        other = self.elock()
-        other.ask(b"lock busy\r\n")
-        commands = b"".join(b"lock k%d\r\nunlock k%d\r\n" % (i, i) for i in range(300))
-        commands += b"lock busy\r\nbogus\r\nlock a\r\nstats\r\nunlock busy\r\nunlock_all\r\nunlock a\r\n"
-        expected = b"200 Acquired\r\n200 Unlocked\r\n" * 300
-        expected += b'409 Unavailable\r\n400 Unknown command: "bogus"\r\n200 Acquired\r\n'
-        expected += stats(2, 2, 0)
-        expected += b"403 not_yours\r\n200 OK\r\n403 not_locked\r\n"
-        self.assertEqual(client.ask(commands), expected)
 
 
 class LockTests(ELockTestCase):
@@ -569,11 +532,6 @@ class UnknownCommandTests(ELockTestCase):
         self.assertEqual(client.ask(sent), expected + b"200 Acquired\r\n")
         self.assertFalse(client.closing)
 
-    def test_empty_lines(self) -> None:
-        client = self.elock()
-        self.assertEqual(client.ask(b"\r\n\n\r\n"), b'400 Unknown command: ""\r\n' * 3)
-
-
 # Bad arguments and the 400 reply each gets.
 BAD_REQUESTS = [
     (b"lock", b"missing key"),
@@ -625,36 +583,6 @@ class BadRequestTests(ELockTestCase):
         client.lose()
         self.clock.advance(0.1)
         self.assertEqual(jesync.take(), b"GRANTED 1 0 k 120\n")
-
-
-class LineLengthTests(ELockTestCase):
-    def test_longest_line(self) -> None:
-        self.server.policy.max_key_length = MAX_LINE
-        client = self.elock()
-        key = b"k" * (MAX_LINE - len(b"lock "))
-        self.assertEqual(client.ask(b"lock " + key + b"\r\n"), b"200 Acquired\r\n")
-        self.assertFalse(client.closing)
-        self.assertEqual(self.service.status(key.decode()).granted, 1)
-
-    def test_line_too_long(self) -> None:
-        client, jesync = self.elock(), self.jesync()
-        client.ask(b"lock k\r\n")
-        jesync.ask(b"lock k\n")
-        self.assertEqual(client.ask(b"x" * (MAX_LINE + 1) + b"\r\nunlock k\r\n"), b"400 line too long\r\n")
-        self.assertTrue(client.closing)
-        client.lose()
-        # a drop like any other: the session is detached, and grace applies
-        self.assertEqual(self.sessions.detached_count(), 1)
-        self.clock.advance(29.9)
-        self.assertEqual(jesync.take(), b"")
-        self.clock.advance(0.1)
-        self.assertEqual(jesync.take(), b"GRANTED 1 0 k 120\n")
-
-    def test_long_line_without_end(self) -> None:
-        client = self.elock()
-        self.assertEqual(client.ask(b"y" * (MAX_LINE + 1)), b"")
-        self.assertEqual(client.ask(b"y"), b"400 line too long\r\n")
-        self.assertTrue(client.closing)
 
 
 class HoldTests(ELockTestCase):

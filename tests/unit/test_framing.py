@@ -2,6 +2,12 @@
 The framings (L{jesync.connections.framing}), fed by hand and in every
 chunking; and a toy binary protocol, written as one grammar over
 length-prefixed frames, that gets the connection layer's rules for free.
+
+The rules of text lines (line ends, blank lines, the limit) are one contract,
+run for L{LineFraming} and for every line protocol, in
+L{tests.unit.test_line_framing}; here are what only a framing shows (a
+paused framing holds whole lines back), length-prefixed frames, and the
+memcached port's mix of text, blocks and binary requests.
 """
 
 from __future__ import annotations
@@ -54,28 +60,6 @@ chunkings = st.lists(st.integers(1, 40), min_size=1, max_size=8)
 
 
 class LineFramingTests(SynchronousTestCase):
-    def test_lines(self) -> None:
-        recorder = Recorder(LineFraming)
-        self.assertEqual(recorder.feed(b"a\nb\r\n\r\nc d\n"), [b"a", b"b", b"", b"c d"])
-
-    @given(chunkings)
-    @settings(max_examples=50, deadline=None)
-    def test_any_chunking(self, sizes: list[int]) -> None:
-        stream = b"lock a\r\nstatus\n\nx\ry\n" + b"q" * 16 + b"\n"
-        self.assertEqual(Recorder(LineFraming).feed(stream, sizes), [b"lock a", b"status", b"", b"x\ry", b"q" * 16])
-
-    def test_too_long(self) -> None:
-        recorder = Recorder(LineFraming)
-        recorder.feed(b"ok\n" + b"x" * 17 + b"\nnever\n")
-        self.assertEqual((recorder.frames, recorder.too_long), ([b"ok"], 1))
-        recorder.feed(b"more\n")
-        self.assertEqual(recorder.frames, [b"ok"])
-
-    def test_unfinished_line_too_long(self) -> None:
-        recorder = Recorder(LineFraming)
-        recorder.feed(b"x" * 18)
-        self.assertEqual((recorder.frames, recorder.too_long), ([], 1))
-
     def test_paused_holds_lines_back(self) -> None:
         recorder = Recorder(LineFraming)
         framing = recorder.framing
@@ -139,16 +123,6 @@ class MemcachedFramingTests(SynchronousTestCase):
         recorder.feed(big[30:] + b"after\n", [5])
         self.assertEqual(recorder.frames, [binary_request(b"a"), big[:24], b"after"])
         self.assertEqual(recorder.too_long, 0)
-
-    def test_line_too_long(self) -> None:
-        recorder = self.recorder()
-        recorder.feed(b"ok\n" + b"x" * 65 + b"\nnever\n")
-        self.assertEqual((recorder.frames, recorder.too_long), ([b"ok"], 1))
-        unfinished = self.recorder()
-        unfinished.feed(b"x" * 40, [10])
-        self.assertEqual(unfinished.too_long, 0)
-        unfinished.feed(b"x" * 40, [10])
-        self.assertEqual((unfinished.frames, unfinished.too_long), ([], 1))
 
     def test_paused_holds_requests_back(self) -> None:
         recorder = self.recorder()

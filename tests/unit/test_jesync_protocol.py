@@ -19,8 +19,6 @@ from jesync.connections.grammar import Grammar
 from jesync.service import LockService
 from tests.support import INVALID_PARAMETER_CASES, PausingTransport, UnitServer
 
-MAX_LINE = 8192
-
 
 class ServerTestCase(SynchronousTestCase):
     def setUp(self) -> None:
@@ -34,67 +32,6 @@ class ServerTestCase(SynchronousTestCase):
 
     def connect(self):
         return self.server.connect()
-
-
-class FramingTests(ServerTestCase):
-    """Lines, whitespace, order."""
-
-    def test_newline_terminated(self) -> None:
-        client = self.connect()
-        self.assertEqual(client.ask(b"status k\n"), b"STATUS 0 0 k\n")
-
-    def test_trailing_carriage_return_ignored(self) -> None:
-        client = self.connect()
-        self.assertEqual(client.ask(b"lock k\r\n"), b"GRANTED 1 0 k 120\n")
-        self.assertEqual(client.ask(b"status k\r\n"), b"STATUS 1 0 k\n")
-
-    def test_no_reply_until_newline(self) -> None:
-        client = self.connect()
-        self.assertEqual(client.ask(b"status k"), b"")
-        self.assertEqual(client.ask(b"\r"), b"")
-        self.assertEqual(client.ask(b"\n"), b"STATUS 0 0 k\n")
-
-    def test_line_split_byte_by_byte(self) -> None:
-        client = self.connect()
-        for byte in b"lock k 2 -1 30\r\nstatus k\n":
-            client.send(bytes([byte]))
-        self.assertEqual(client.take(), b"GRANTED 1 0 k 30\nSTATUS 1 0 k\n")
-
-    def test_runs_of_whitespace_separate_fields(self) -> None:
-        client = self.connect()
-        self.assertEqual(client.ask(b"  lock \t k   2\t\t-1 \x0b 30  \n"), b"GRANTED 1 0 k 30\n")
-        self.assertEqual(client.ask(b"\tstatus\x0ck \r\n"), b"STATUS 1 0 k\n")
-        self.assertEqual(client.ask(b"release  k\t\n"), b"RELEASED 0 0 k\n")
-
-    def test_pipelined_commands_answered_in_order(self) -> None:
-        client = self.connect()
-        other = self.connect()
-        other.ask(b"lock busy\n")
-        commands = b"".join(b"lock k%d\nstatus k%d\n" % (i, i) for i in range(500))
-        commands += b"lock busy\nbogus\nstatus busy\nstatus-by-grants\nrelease k0\n"
-        expected = b"".join(b"GRANTED 1 0 k%d 120\nSTATUS 1 0 k%d\n" % (i, i) for i in range(500))
-        expected += b"INVALID_COMMAND\nSTATUS 1 1 busy\n"
-        keys = sorted([b"busy"] + [b"k%d" % i for i in range(500)])
-        expected += b"".join(b"STATUS 1 %d %s\n" % (key == b"busy", key) for key in keys)
-        expected += b"END\nRELEASED 0 0 k0\n"
-        self.assertEqual(client.ask(commands), expected)
-
-    @settings(max_examples=50, deadline=None)
-    @given(st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=30))
-    def test_chunking_never_changes_replies(self, sizes: list[int]) -> None:
-        stream = b"lock a 2\r\nlock b 1 0\nstatus a\n\n  \nLOCK a\nlock\nrelease a\nstatus-by-key\n" * 3
-        client = UnitServer().connect()
-        position = 0
-        while position < len(stream):
-            for size in sizes:
-                client.send(stream[position : position + size])
-                position += size
-        self.assertEqual(
-            client.take(),
-            b"GRANTED 1 0 a 120\nGRANTED 1 0 b 120\nSTATUS 1 0 a\n"
-            b"INVALID_COMMAND\nINVALID_COMMAND\nINVALID_COMMAND\nINVALID_PARAMETER: missing key\n"
-            b"RELEASED 0 0 a\nSTATUS 1 0 b\nEND\n" * 3,
-        )
 
 
 class LockTests(ServerTestCase):
@@ -532,63 +469,6 @@ class DisconnectTests(ServerTestCase):
         self.assertEqual(self.service.listing(), [])
         self.clock.advance(1000)
         self.assertEqual([c.take() for c in clients], [b""] * 20)
-
-
-class LineLengthTests(ServerTestCase):
-    def key_line(self, command: bytes, length: int) -> tuple[bytes, bytes]:
-        key = b"k" * (length - len(command) - 1)
-        return command + b" " + key, key
-
-    def test_longest_line_accepted(self) -> None:
-        self.server.policy.max_key_length = MAX_LINE
-        client = self.connect()
-        line, key = self.key_line(b"lock", MAX_LINE)
-        self.assertEqual(len(line), 8192)
-        self.assertEqual(client.ask(line + b"\n"), b"GRANTED 1 0 " + key + b" 120\n")
-        line, key = self.key_line(b"status", MAX_LINE)
-        self.assertEqual(client.ask(line + b"\r\n"), b"STATUS 0 0 " + key + b"\n")
-        self.assertFalse(client.closing)
-
-    def test_longest_line_in_pieces(self) -> None:
-        self.server.policy.max_key_length = MAX_LINE
-        client = self.connect()
-        line, key = self.key_line(b"status", MAX_LINE)
-        client.send(line[:5000])
-        client.send(line[5000:] + b"\r")
-        self.assertEqual(client.ask(b"\n"), b"STATUS 0 0 " + key + b"\n")
-
-    def test_too_long_line_closes(self) -> None:
-        holder, other = self.connect(), self.connect()
-        holder.ask(b"lock held\n")
-        line, key = self.key_line(b"status", MAX_LINE + 1)
-        self.assertEqual(
-            holder.ask(b"status a\n" + line + b"\nstatus b\n"),
-            b"STATUS 0 0 a\nINVALID_PARAMETER: line too long\n",
-        )
-        self.assertTrue(holder.closing)
-        # its locks are released at once, and other clients are undisturbed
-        self.assertEqual(other.ask(b"lock held\n"), b"GRANTED 1 0 held 120\n")
-        holder.lose()
-        self.assertEqual(holder.take(), b"")
-
-    def test_too_long_with_carriage_return(self) -> None:
-        client = self.connect()
-        line, key = self.key_line(b"status", MAX_LINE + 1)
-        self.assertEqual(client.ask(line + b"\r\n"), b"INVALID_PARAMETER: line too long\n")
-        self.assertTrue(client.closing)
-
-    def test_too_long_before_newline_arrives(self) -> None:
-        client = self.connect()
-        client.send(b"status " + b"k" * 8000)
-        self.assertEqual(client.take(), b"")
-        self.assertEqual(client.ask(b"k" * 1000), b"INVALID_PARAMETER: line too long\n")
-        self.assertTrue(client.closing)
-        self.assertEqual(client.ask(b"\nstatus k\n"), b"")
-
-    def test_endless_line(self) -> None:
-        client = self.connect()
-        self.assertEqual(client.ask(b"x" * 100000), b"INVALID_PARAMETER: line too long\n")
-        self.assertTrue(client.closing)
 
 
 class OpaqueKeyTests(ServerTestCase):

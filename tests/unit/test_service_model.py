@@ -45,36 +45,17 @@ observes its timers through L{ObservedLockService}.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    precondition,
-    rule,
-    run_state_machine_as_test,
-)
+from hypothesis.stateful import initialize, precondition, rule
 from twisted.internet.defer import CancelledError, Deferred
-from twisted.internet.task import Clock
-from twisted.logger import LogLevel, globalLogPublisher
-from twisted.python.failure import Failure
-from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout
 from jesync.interfaces import KeyStatus, Totals
 from jesync.service import Grant, LockService
-
-# Deadlines fire on 10 ms ticks: at most one tick after they are due.
-TICK = 0.01
-# Slack for float arithmetic in clock times (which stay below ~500 s here).
-EPS = 1e-9
-# How far before a deadline the clock stops, to see that nothing fired early.
-BEFORE = 1e-4
+from tests.model import ObservedLockService, ServiceModelMachine, model_settings, model_test_case, step
 
 KEYS = ["a", "b", "c"]
 OWNERS = ["p", "q", "r", "s"]
@@ -326,65 +307,25 @@ class Model:
 # -- the service, observed -------------------------------------------------------
 
 
-class ObservedLockService(LockService):
+class GivingBackLockService(ObservedLockService):
     """
-    A L{LockService} that reports each expiry and wait timeout its timers fire,
-    as it fires (the clock runs several in one C{advance}, in an order the
-    model must follow), and each grant it releases (so the model gives back a
-    grant cancelled before it was told when the service does).
+    An L{ObservedLockService} that also reports each grant it releases, so
+    the model gives back a grant cancelled before it was told when the
+    service does.
     """
-
-    machine: Any = None
-
-    def _expire(self, grant: Grant) -> None:
-        self.machine.timer_fired("expiry", grant, lambda: LockService._expire(self, grant))
-
-    def _time_out(self, waiter) -> None:
-        self.machine.timer_fired("timeout", waiter, lambda: LockService._time_out(self, waiter))
 
     def _release_grant(self, grant: Grant, *args, **kwargs) -> bool:
-        # (how a grant cancelled before it was told is given back)
         self.machine.model.give_back(grant.key, grant.owner, self.clock.seconds())
         return LockService._release_grant(self, grant, *args, **kwargs)
 
 
-def step(method: Callable) -> Callable:
-    """Mark the machine broken if a rule or invariant fails (teardown then only cleans up)."""
+class LockServiceMachine(ServiceModelMachine):
+    model_class = Model
+    service_class = GivingBackLockService
 
-    @functools.wraps(method)
-    def run(self, *args, **kwargs):
-        try:
-            return method(self, *args, **kwargs)
-        except BaseException:
-            self.broken = True
-            raise
-
-    return run
-
-
-class LockServiceMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.clock = Clock()
-        self.service = ObservedLockService(self.clock)
-        self.service.machine = self
-        self.model = Model()
-        self.requests: list[Request] = []
-        # every grant handed out (current and stale), in order
-        self.handles: list[Grant] = []
         self.handle_rids: dict[int, int] = {}  # id(grant) -> rid of the request it was granted to
-        # problems seen inside the clock's callbacks, raised once advance() returns
-        self.problems: list[str] = []
-        self.logged: list[dict] = []
-        self.broken = False
-        globalLogPublisher.addObserver(self._log_observer)
-
-    def _log_observer(self, event: dict) -> None:
-        if event.get("log_failure") is not None or event.get("log_level") in (LogLevel.error, LogLevel.critical):
-            self.logged.append(event)
-
-    def now(self) -> float:
-        return self.clock.seconds()
 
     def waiting(self) -> list[tuple[str, Waiter]]:
         return [(key, w) for key in KEYS for w in self.model.waiters[key]]
@@ -394,19 +335,11 @@ class LockServiceMachine(RuleBasedStateMachine):
 
     # -- requests
 
-    def _track(self, request: Request) -> None:
-        def granted(grant):
-            request.outcomes.append(("grant", grant))
-            self.model.told(request.rid)
-            if isinstance(grant, Grant) and id(grant) not in self.handle_rids:
-                self.handles.append(grant)
-                self.handle_rids[id(grant)] = request.rid
-            return grant
-
-        def failed(failure: Failure) -> None:
-            request.outcomes.append(("error", failure.value))
-
-        request.deferred.addCallbacks(granted, failed)
+    def on_grant(self, request: Request, grant: Any) -> None:
+        self.model.told(request.rid)
+        if isinstance(grant, Grant) and id(grant) not in self.handle_rids:
+            self.handles.append(grant)
+            self.handle_rids[id(grant)] = request.rid
 
     @initialize(
         max_keys=st.sampled_from([None, None, 1, 2]),
@@ -416,8 +349,7 @@ class LockServiceMachine(RuleBasedStateMachine):
     @step
     def limits(self, max_keys, max_waiters, max_held) -> None:
         """The service's limits, for the whole run."""
-        self.service = ObservedLockService(self.clock, max_keys=max_keys, max_waiters=max_waiters, max_held=max_held)
-        self.service.machine = self
+        self.make_service(max_keys=max_keys, max_waiters=max_waiters, max_held=max_held)
         self.model.max_keys, self.model.max_waiters, self.model.max_held = max_keys, max_waiters, max_held
 
     def _acquire(self, key, owner, max_concurrent, timeout, expires) -> Optional[Request]:
@@ -433,7 +365,7 @@ class LockServiceMachine(RuleBasedStateMachine):
         rid = len(self.requests)
         request = Request(rid, key, owner, max_concurrent, timeout, expires, deferred)
         self.requests.append(request)
-        self._track(request)
+        self.track(request, deferred)
         self.model.acquire(rid, key, owner, max_concurrent, timeout, expires, self.now())
         return request
 
@@ -618,69 +550,22 @@ class LockServiceMachine(RuleBasedStateMachine):
     @rule(amount=advances)
     @step
     def advance(self, amount) -> None:
-        target = self.now() + amount
-        for _ in range(10_000):
-            now = self.now()
-            if now >= target:
-                return
-            stop = target
-            deadlines = self.model.deadlines()
-            if deadlines:
-                due = min(deadlines)
-                # first just before the next deadline (nothing may fire early),
-                # then just over a tick after it (it must have fired)
-                stop = min(stop, due - BEFORE if due - BEFORE > now else due + TICK + EPS / 2)
-            self.clock.advance(stop - now)
-            self._raise_problems()
-            self._check_not_late()
-        raise AssertionError(f"the clock did not reach {target} from {self.now()}")
+        self.advance_clock(amount)
 
-    def timer_fired(self, kind: str, item, fire: Callable[[], None]) -> None:
-        """Called by the service for each expiry or wait timeout, in the order they run."""
-        now = self.now()
-        key, owner = item.key, item.owner
-        problem = None
+    def timer_entry(self, kind: str, item: Any) -> Optional[tuple[Any, Optional[float]]]:
         if kind == "expiry":
-            held = self.model.holder(key, owner)
+            held = self.model.holder(item.key, item.owner)
             if held is None or self._handle(held.rid) is not item:
-                problem = f"at {now!r}: {item!r} expired but the model has no such grant"
-            deadline = None if held is None else held.expires_at
-        else:
-            waiting = self.model.waiter(key, owner)
-            if waiting is None:
-                problem = f"at {now!r}: a wait of {owner!r} for {key!r} timed out but it is not waiting"
-            deadline = None if waiting is None else waiting.timeout_at
-        if problem is None and deadline is None:
-            problem = f"at {now!r}: {kind} of {owner!r} on {key!r} fired but it has no deadline"
-        elif problem is None and not (deadline - EPS <= now <= deadline + TICK + EPS):
-            problem = f"{kind} of {owner!r} on {key!r} due at {deadline!r} fired at {now!r}"
-        if problem is not None:
-            self.problems.append(problem)
-        else:
-            # the model first: callbacks run by fire() act on the state after the event
-            if kind == "expiry":
-                self.model.expire(key, owner, now)
-            else:
-                self.model.time_out(key, owner)
-        try:
-            fire()
-        except BaseException as error:  # the service's Deadlines would only log it
-            self.problems.append(f"{kind} of {owner!r} on {key!r} raised {error!r}")
-            raise
-        if not self.problems:
-            try:
-                self.check()
-            except AssertionError as error:
-                self.problems.append(f"after the {kind} of {owner!r} on {key!r} at {now!r}: {error}")
+                return None
+            return held, held.expires_at
+        waiting = self.model.waiter(item.key, item.owner)
+        return None if waiting is None else (waiting, waiting.timeout_at)
 
-    def _raise_problems(self) -> None:
-        if self.problems:
-            raise AssertionError("\n".join(self.problems))
-
-    def _check_not_late(self) -> None:
-        now = self.now()
-        late = [d for d in self.model.deadlines() if d + TICK + EPS < now]
-        assert not late, f"at {now!r}, deadlines {late!r} have not fired"
+    def apply_timer(self, kind: str, item: Any, entry: Any, now: float) -> None:
+        if kind == "expiry":
+            self.model.expire(item.key, item.owner, now)
+        else:
+            self.model.time_out(item.key, item.owner)
 
     # -- checks
 
@@ -690,13 +575,6 @@ class LockServiceMachine(RuleBasedStateMachine):
         if outcomes and outcomes[0][0] == "grant":
             return outcomes[0][1]
         return None
-
-    @invariant()
-    @step
-    def check_all(self) -> None:
-        self._raise_problems()
-        assert not self.logged, f"errors were logged: {self.logged!r}"
-        self.check()
 
     def check(self) -> None:
         self._check_requests()
@@ -806,49 +684,22 @@ class LockServiceMachine(RuleBasedStateMachine):
             listing = service.listing(order)
             assert listing == model.listing(order), f"listing({order!r}): {listing}, model {model.listing(order)}"
 
-    def teardown(self) -> None:
-        try:
-            if self.broken:
-                return
-            # Everyone goes away: nothing is left, nothing is pending.
-            for owner in OWNERS:
-                self.release_all(owner)
-            self.check_all()
-            assert self.service.totals() == (0, 0, 0) and self.service.listing() == []
-            assert not self.service._locks and not self.service._owners
-            for request in self.requests:
-                assert len(request.outcomes) == 1, f"request {request.rid}: {request.outcomes!r}"
-            # An idle service's timers run out: no deadline outlives its item by more than this.
-            self.clock.advance(10)
-            assert self.clock.getDelayedCalls() == [], self.clock.getDelayedCalls()
-            self._raise_problems()
-            assert not self.logged, f"errors were logged: {self.logged!r}"
-        finally:
-            globalLogPublisher.removeObserver(self._log_observer)
-
-
-def model_settings(max_examples: int, steps: int) -> settings:
-    """
-    How a model test runs: the same examples every time (derandomized, no
-    example database), no deadline, and no health check for slow or
-    heavily filtered steps.
-    """
-    return settings(
-        max_examples=max_examples,
-        stateful_step_count=steps,
-        deadline=None,
-        database=None,
-        derandomize=True,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
-    )
+    def finish(self) -> None:
+        # Everyone goes away: nothing is left, nothing is pending.
+        for owner in OWNERS:
+            self.release_all(owner)
+        self.check_all()
+        assert self.service.totals() == (0, 0, 0) and self.service.listing() == []
+        assert not self.service._locks and not self.service._owners
+        for request in self.requests:
+            assert len(request.outcomes) == 1, f"request {request.rid}: {request.outcomes!r}"
+        # An idle service's timers run out: no deadline outlives its item by more than this.
+        self.clock.advance(10)
+        assert self.clock.getDelayedCalls() == [], self.clock.getDelayedCalls()
 
 
 SETTINGS = model_settings(500, 50)
 
 
-class LockServiceModelTests(SynchronousTestCase):
-    def test_service_agrees_with_model(self) -> None:
-        run_state_machine_as_test(LockServiceMachine, settings=SETTINGS)
-
-    def tearDown(self) -> None:
-        self.assertEqual(self.flushLoggedErrors(), [])
+class LockServiceModelTests(model_test_case(LockServiceMachine, SETTINGS)):
+    """The service agrees with the model, run after run."""

@@ -49,36 +49,28 @@ may wait for ever), then every owner goes away; the table must then be empty
 (C{_locks}, C{_owners}, C{_spread}, C{totals()}), and no timer may be left
 once the clock has run on.
 
-Timers are stepped as in C{tests/unit/test_service_model.py}: the clock stops just
-before the model's next deadline and again one tick (10 ms) after it, and
-every expiry or wait timeout is observed as the service fires it, checked
-against the model's deadline and applied to the model in the same order.
+Timers are stepped by the harness all model tests share (L{tests.model}): the
+clock stops just before the model's next deadline and again one tick (10 ms)
+after it, and every expiry or wait timeout is observed as the service fires
+it, checked against the model's deadline and applied to the model in the
+same order.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Any, Optional
 
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    precondition,
-    rule,
-    run_state_machine_as_test,
-)
+from hypothesis.stateful import initialize, precondition, rule
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
-from twisted.logger import LogLevel, globalLogPublisher
-from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout
 from jesync.interfaces import KeyStatus, Totals
 from jesync.service import Grant, LockService
-from tests.unit.test_service_model import BEFORE, EPS, TICK, model_settings, step
+from tests.model import TICK, ServiceModelMachine, model_settings, model_test_case, step
 
 KEYS = ["a", "b", "c", "d"]
 OWNERS = ["p", "q", "r", "s"]
@@ -393,46 +385,19 @@ class Recorder:
         self.expiries.append(grant)
 
 
-class ObservedLockService(LockService):
-    """A L{LockService} that reports each expiry and wait timeout as its timers fire it."""
+class MultiKeyMachine(ServiceModelMachine):
+    model_class = Model
 
-    machine: Any = None
-
-    def _expire(self, grant: Grant) -> None:
-        self.machine.timer_fired("expiry", grant, lambda: LockService._expire(self, grant))
-
-    def _time_out(self, waiter) -> None:
-        self.machine.timer_fired("timeout", waiter, lambda: LockService._time_out(self, waiter))
-
-
-class MultiKeyMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
-        super().__init__()
-        self.clock = Clock()
         self.recorder = Recorder()
-        self.model = Model()
-        self._make_service()
-        self.requests: list[Request] = []
-        self.handles: list[Grant] = []  # every grant handed out, current and stale
+        super().__init__()
         self.tokens_checked = 0  # how many of recorder.grants have been checked
         # the expiries and the wait timeouts (their keys) the timers fired, for the observer's counts
         self.expiries = 0
         self.timeout_keys: list[str] = []
-        self.problems: list[str] = []
-        self.logged: list[dict] = []
-        self.broken = False
-        globalLogPublisher.addObserver(self._log_observer)
 
-    def _make_service(self, **limits) -> None:
-        self.service = ObservedLockService(self.clock, observer=self.recorder, **limits)
-        self.service.machine = self
-
-    def _log_observer(self, event: dict) -> None:
-        if event.get("log_failure") is not None or event.get("log_level") in (LogLevel.error, LogLevel.critical):
-            self.logged.append(event)
-
-    def now(self) -> float:
-        return self.clock.seconds()
+    def make_service(self, **limits: Any) -> None:
+        super().make_service(observer=self.recorder, **limits)
 
     def holding(self) -> list[Holder]:
         return self.model.all_holders()
@@ -446,7 +411,7 @@ class MultiKeyMachine(RuleBasedStateMachine):
     @step
     def limits(self, max_keys, max_waiters, max_held, max_total_waits) -> None:
         """The service's limits, for the whole run."""
-        self._make_service(
+        self.make_service(
             max_keys=max_keys, max_waiters=max_waiters, max_held=max_held, max_total_waits=max_total_waits
         )
         model = self.model
@@ -455,25 +420,11 @@ class MultiKeyMachine(RuleBasedStateMachine):
 
     # -- requests
 
-    def _track(self, request: Request, result: Any) -> None:
-        def granted(value):
-            if request.rid in self.model.untold:
-                self.model.tell(request.rid, self.now())
-            request.outcomes.append(("grant", value))
-            self._bind(request, value)
-            return value
+    def on_answer(self, request: Request) -> None:
+        if request.rid in self.model.untold:
+            self.model.tell(request.rid, self.now())
 
-        def failed(failure: Failure) -> None:
-            if request.rid in self.model.untold:
-                self.model.tell(request.rid, self.now())
-            request.outcomes.append(("error", failure.value))
-
-        if isinstance(result, Deferred):
-            result.addCallbacks(granted, failed)
-        else:
-            granted(result)
-
-    def _bind(self, request: Request, value: Any) -> None:
+    def on_grant(self, request: Request, value: Any) -> None:
         """Tie the model's holders to the service's handles as they are told."""
         verdict = self.model.verdicts.get(request.rid)
         grants = value if isinstance(value, list) else [value]
@@ -512,7 +463,7 @@ class MultiKeyMachine(RuleBasedStateMachine):
             result if isinstance(result, Deferred) else None,
         )
         self.requests.append(request)
-        self._track(request, result)
+        self.track(request, result)
         verdict = self.model.verdicts.get(rid)
         at_once = verdict is not None and verdict[0] == "grant"
         if api == "request":
@@ -718,80 +669,28 @@ class MultiKeyMachine(RuleBasedStateMachine):
     @rule(amount=advances)
     @step
     def advance(self, amount) -> None:
-        self._advance(amount)
+        self.advance_clock(amount)
 
-    def _advance(self, amount: float) -> None:
-        target = self.now() + amount
-        for _ in range(10_000):
-            now = self.now()
-            if now >= target:
-                return
-            stop = target
-            deadlines = self.model.deadlines()
-            if deadlines:
-                due = min(deadlines)
-                # first just before the next deadline (nothing may fire early),
-                # then just over a tick after it (it must have fired)
-                stop = min(stop, due - BEFORE if due - BEFORE > now else due + TICK + EPS / 2)
-            self.clock.advance(stop - now)
-            self._raise_problems()
-            late = [d for d in self.model.deadlines() if d + TICK + EPS < self.now()]
-            assert not late, f"at {self.now()!r}, deadlines {late!r} have not fired"
-        raise AssertionError(f"the clock did not reach {target} from {self.now()}")
-
-    def timer_fired(self, kind: str, item, fire: Callable[[], None]) -> None:
-        """Called by the service for each expiry or wait timeout, in the order they run."""
-        now = self.now()
-        problem = None
-        deadline = None
+    def timer_entry(self, kind: str, item: Any) -> Optional[tuple[Any, Optional[float]]]:
         if kind == "expiry":
             held = self.model.holder(item.key, item.owner)
             if held is None or held.grant is not item:
-                problem = f"at {now!r}: {item!r} expired but the model has no such grant"
-            else:
-                deadline = held.expires_at
-        else:
-            wait = self.model.wait_of(item.key, item.owner)
-            if wait is None or wait.keys != (item.keys or (item.key,)):
-                problem = f"at {now!r}: a wait of {item.owner!r} for {item.keys or item.key!r} timed out, not waiting"
-            else:
-                deadline = wait.timeout_at
-        if problem is None and deadline is None:
-            problem = f"at {now!r}: {kind} of {item!r} fired but it has no deadline"
-        elif problem is None and not (deadline - EPS <= now <= deadline + TICK + EPS):
-            problem = f"{kind} of {item.owner!r} on {item.key!r} due at {deadline!r} fired at {now!r}"
-        if problem is not None:
-            self.problems.append(problem)
-        elif kind == "expiry":
-            # the model first: callbacks run by fire() act on the state after the event
+                return None
+            return held, held.expires_at
+        wait = self.model.wait_of(item.key, item.owner)
+        if wait is None or wait.keys != (item.keys or (item.key,)):
+            return None
+        return wait, wait.timeout_at
+
+    def apply_timer(self, kind: str, item: Any, entry: Any, now: float) -> None:
+        if kind == "expiry":
             self.expiries += 1
-            self.model.release(held, now)
+            self.model.release(entry, now)
         else:
             self.timeout_keys.append(item.key)
-            self.model.time_out(wait, now)
-        try:
-            fire()
-        except BaseException as error:  # the service's Deadlines would only log it
-            self.problems.append(f"{kind} of {item.owner!r} on {item.key!r} raised {error!r}")
-            raise
-        if not self.problems:
-            try:
-                self.check()
-            except AssertionError as error:
-                self.problems.append(f"after the {kind} of {item.owner!r} on {item.key!r} at {now!r}: {error}")
-
-    def _raise_problems(self) -> None:
-        if self.problems:
-            raise AssertionError("\n".join(self.problems))
+            self.model.time_out(entry, now)
 
     # -- checks
-
-    @invariant()
-    @step
-    def check_all(self) -> None:
-        self._raise_problems()
-        assert not self.logged, f"errors were logged: {self.logged!r}"
-        self.check()
 
     def check(self) -> None:
         self._check_requests()
@@ -984,70 +883,59 @@ class MultiKeyMachine(RuleBasedStateMachine):
 
     # -- the end
 
-    def teardown(self) -> None:
-        try:
-            if self.broken:
-                return
-            # Time runs on past every deadline (and those of the grants they lead to).
-            for _ in range(len(self.requests) + 5):
-                deadlines = self.model.deadlines()
-                if not deadlines:
-                    break
-                self._advance(max(deadlines) - self.now() + 2 * TICK)
-                self.check_all()
-            else:
-                raise AssertionError(f"deadlines keep coming: {self.model.deadlines()}")
-            # Holders give back what they hold: every wait left is granted in the end.
-            left = [w.rid for w in self.model.queue]
-            for _ in range(len(self.requests) + 2):
-                if not self.model.queue:
-                    break
-                for held in self.holding():
-                    if held in self.holding():
-                        assert self.model.release_key(held.key, held.owner, self.now())
-                        assert self.service.release(held.key, held.owner), f"{held.grant!r} was not released"
-                        self.check_all()
-            else:
-                raise AssertionError(f"requests {[w.rid for w in self.model.queue]} are never granted")
-            for rid in left:
-                verdict = self.model.verdicts[rid]
-                if verdict[0] == "timeout" and self.requests[rid].api.endswith("_many"):
-                    # All or nothing: a key it held when it asked was given
-                    # back (above) while it waited.
-                    assert set(verdict[1]) <= set(self.requests[rid].asked), f"request {rid}: {verdict}"
-                else:
-                    assert verdict[0] == "grant", f"request {rid} waited for ever and ended {verdict[0]}"
-            # Everyone goes away: nothing is left, nothing is pending.
-            for owner in OWNERS:
-                self.release_all(owner)
+    def finish(self) -> None:
+        # Time runs on past every deadline (and those of the grants they lead to).
+        for _ in range(len(self.requests) + 5):
+            deadlines = self.model.deadlines()
+            if not deadlines:
+                break
+            self.advance_clock(max(deadlines) - self.now() + 2 * TICK)
             self.check_all()
-            for request in self.requests:
-                assert len(request.outcomes) == 1, f"request {request.rid}: {request.outcomes!r}"
-            service = self.service
-            assert service._locks == {}, service._locks
-            assert service._owners == {}, service._owners
-            assert service._spread == {}, service._spread
-            assert service.totals() == (0, 0, 0), service.totals()
-            # No timer outlives the clock running past every deadline.  (One may
-            # be pending until then: see test_idle_service_keeps_no_timer.)
-            self.clock.advance(10)
-            assert self.clock.getDelayedCalls() == [], self.clock.getDelayedCalls()
-            assert service.totals() == (0, 0, 0), service.totals()
-            self._raise_problems()
-            assert not self.logged, f"errors were logged: {self.logged!r}"
-        finally:
-            globalLogPublisher.removeObserver(self._log_observer)
+        else:
+            raise AssertionError(f"deadlines keep coming: {self.model.deadlines()}")
+        # Holders give back what they hold: every wait left is granted in the end.
+        left = [w.rid for w in self.model.queue]
+        for _ in range(len(self.requests) + 2):
+            if not self.model.queue:
+                break
+            for held in self.holding():
+                if held in self.holding():
+                    assert self.model.release_key(held.key, held.owner, self.now())
+                    assert self.service.release(held.key, held.owner), f"{held.grant!r} was not released"
+                    self.check_all()
+        else:
+            raise AssertionError(f"requests {[w.rid for w in self.model.queue]} are never granted")
+        for rid in left:
+            verdict = self.model.verdicts[rid]
+            if verdict[0] == "timeout" and self.requests[rid].api.endswith("_many"):
+                # All or nothing: a key it held when it asked was given
+                # back (above) while it waited.
+                assert set(verdict[1]) <= set(self.requests[rid].asked), f"request {rid}: {verdict}"
+            else:
+                assert verdict[0] == "grant", f"request {rid} waited for ever and ended {verdict[0]}"
+        # Everyone goes away: nothing is left, nothing is pending.
+        for owner in OWNERS:
+            self.release_all(owner)
+        self.check_all()
+        for request in self.requests:
+            assert len(request.outcomes) == 1, f"request {request.rid}: {request.outcomes!r}"
+        service = self.service
+        assert service._locks == {}, service._locks
+        assert service._owners == {}, service._owners
+        assert service._spread == {}, service._spread
+        assert service.totals() == (0, 0, 0), service.totals()
+        # No timer outlives the clock running past every deadline.  (One may
+        # be pending until then: see test_idle_service_keeps_no_timer.)
+        self.clock.advance(10)
+        assert self.clock.getDelayedCalls() == [], self.clock.getDelayedCalls()
+        assert service.totals() == (0, 0, 0), service.totals()
 
 
 SETTINGS = model_settings(300, 50)
 
 
-class MultiKeyModelTests(SynchronousTestCase):
-    def test_service_agrees_with_model(self) -> None:
-        run_state_machine_as_test(MultiKeyMachine, settings=SETTINGS)
-
-    def tearDown(self) -> None:
-        self.assertEqual(self.flushLoggedErrors(), [])
+class MultiKeyModelTests(model_test_case(MultiKeyMachine, SETTINGS)):
+    """The service agrees with the model, run after run."""
 
 
 # -- examples ----------------------------------------------------------------------

@@ -53,14 +53,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from hypothesis import strategies as st
-from hypothesis.stateful import (
-    RuleBasedStateMachine,
-    initialize,
-    invariant,
-    precondition,
-    rule,
-    run_state_machine_as_test,
-)
+from hypothesis.stateful import initialize, invariant, precondition, rule
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
@@ -78,7 +71,7 @@ from jesync.store import (
     TooLarge,
 )
 from jesync.wire import decode_key
-from tests.unit.test_service_model import model_settings
+from tests.model import ModelMachine, model_settings, model_test_case
 
 START = 1_800_000_000.0  # a Unix time (2027), as tests/unit/test_store.py
 # Sizes scale with ITEM_OVERHEAD, so that values weigh in the byte count as
@@ -420,10 +413,9 @@ def outcome_of(call: Callable[[], Any]) -> Result:
     return fields(result)
 
 
-class ObjectStoreMachine(RuleBasedStateMachine):
+class ObjectStoreMachine(ModelMachine):
     def __init__(self) -> None:
         super().__init__()
-        self.clock = Clock()
         self.clock.advance(START)
         self.service = LockService(self.clock)
         self.store = ObjectStore(self.service, memory=480, max_item=MAX_ITEM)
@@ -766,7 +758,7 @@ class ObjectStoreMachine(RuleBasedStateMachine):
             assert call.getTime() == model.flush_at, (call.getTime(), model.flush_at)
         assert len(self.clock.getDelayedCalls()) == int(pending), self.clock.getDelayedCalls()
 
-    def teardown(self) -> None:
+    def finish(self) -> None:
         # Unlocked and flushed, the store is empty; once the sweep has caught
         # up, its expiry index holds nothing either.
         store = self.store
@@ -787,12 +779,8 @@ class ObjectStoreMachine(RuleBasedStateMachine):
 SETTINGS = model_settings(300, 60)
 
 
-class ObjectStoreModelTests(SynchronousTestCase):
-    def test_store_agrees_with_model(self) -> None:
-        run_state_machine_as_test(ObjectStoreMachine, settings=SETTINGS)
-
-    def tearDown(self) -> None:
-        self.assertEqual(self.flushLoggedErrors(), [])
+class ObjectStoreModelTests(model_test_case(ObjectStoreMachine, SETTINGS, "test_store_agrees_with_model")):
+    """The store agrees with the model, run after run."""
 
 
 # -- examples ----------------------------------------------------------------------

@@ -312,6 +312,7 @@ class ServerThread:
 
         reactor.callWhenRunning(serve)
         self._thread = threading.Thread(target=reactor.run, kwargs={"installSignalHandlers": False}, daemon=True)
+        _thread_reactors[self._thread] = reactor
         self._thread.start()
         if not started.wait(READY_WITHIN):
             raise RuntimeError("the server thread did not start")
@@ -346,6 +347,7 @@ class ServerThread:
 
         self.reactor.callFromThread(close_everything)
         self._thread.join(READY_WITHIN)
+        _thread_reactors.pop(self._thread, None)
         self._thread = None
         if self.unix_socket and os.path.exists(self.unix_socket):
             os.unlink(self.unix_socket)
@@ -376,6 +378,28 @@ class ServerThread:
     def close(self) -> None:
         self.kill()
         globalLogPublisher.removeObserver(self._observe)
+
+
+# Twisted's TLS wrapper (twisted.protocols.tls) times its writes on a clock
+# it takes, when given none (as the "ssl:" listeners give none), from the
+# installed reactor: a server thread's TLS connections would then wait for a
+# reactor that is not running (in a plain SynchronousTestCase), or write from
+# the wrong thread.  In a server thread, the clock is that thread's reactor.
+_thread_reactors: dict[threading.Thread, Any] = {}
+
+
+def _install_thread_clocks() -> None:
+    from twisted.protocols import tls
+
+    installed_default = tls._get_default_clock
+
+    def default_clock() -> Any:
+        return _thread_reactors.get(threading.current_thread()) or installed_default()
+
+    tls._get_default_clock = default_clock
+
+
+_install_thread_clocks()
 
 
 def _new_reactor() -> Any:

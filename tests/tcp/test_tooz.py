@@ -216,6 +216,28 @@ class StartStopTests(ToozTestCase):
         refused = coordination.get_coordinator(url, b"member", token_file=os.path.join(directory, "missing"))
         self.assertRaises(tooz.ToozError, refused.start)
 
+    def test_tls_ca(self) -> None:
+        """tls_ca= connects with TLS, trusting that CA."""
+        from tests.tcp.test_tls import make_certificate, skip_without_tls
+
+        if skip_without_tls:
+            raise SkipTest(skip_without_tls)
+        key_path, certificate_path, _ = make_certificate(self)
+        tls_port = free_port()
+        serve_in_thread(
+            self,
+            extra_args=[
+                "--port",
+                f"ssl:{tls_port}:privateKey={key_path}:certKey={certificate_path}:interface=127.0.0.1",
+            ],
+        )
+        coordinator = self.coordinator(f"jesync://127.0.0.1:{tls_port}?tls_ca={certificate_path}")
+        with coordinator.get_lock(b"over-tls"):
+            pass
+        # Without the CA the certificate does not check out.
+        plain = coordination.get_coordinator(f"jesync://127.0.0.1:{tls_port}?tls=1", b"member")
+        self.assertRaises(tooz.ToozError, plain.start)
+
 
 class LockTests(ToozTestCase):
     def test_mutual_exclusion(self) -> None:

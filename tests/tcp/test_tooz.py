@@ -100,22 +100,12 @@ def status(port: int, key: str) -> tuple[int, int]:
 
 
 class ToozTestCase(ClientTestCase):
-    """
-    Each class shares one server (every test uses keys of its own, and
-    stops its coordinators, so releases everything, when it ends).
-    """
+    """Each test has a server of its own (one in a thread starts in milliseconds)."""
 
     server: ServerThread
 
-    @classmethod
-    def setUpClass(cls) -> None:
-        cls.server = ServerThread().start()
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        cls.server.close()
-
     def setUp(self) -> None:
+        self.server = serve_in_thread(self)
         self.url = f"jesync://127.0.0.1:{self.server.port}"
 
     def coordinator(self, url: Optional[str] = None, member: bytes = b"member", **options: Any) -> Any:

@@ -31,8 +31,8 @@ from twisted.internet.testing import StringTransport
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase
 
-from jesync.connections.connection import HOLD_BUFFER
 from jesync.connections import hangup
+from jesync.connections.connection import HOLD_BUFFER
 from jesync.connections.hangup import GONE, INPUT_ENDED, PEER_CHECK, peer_state
 from jesync.connections.policy import socket_of
 from jesync.interfaces import KeyStatus

@@ -1,7 +1,9 @@
 """
 The memcached listener against a conformance tool nobody on this project
-wrote: libmemcached's C{memccapable} (Debian's libmemcached-tools), run
-against a real C{twistd jesync --memcache-port}, text (C{-a}) and binary
+wrote: libmemcached's C{memccapable} (Debian's libmemcached-tools), a
+process of its own, run against a real server with C{--memcache-port}
+(C{twistd jesync}'s options built by the composition root, in a thread of
+this process: L{tests.servers.ServerThread}), text (C{-a}) and binary
 (C{-b}) protocols each.  Every one of its tests must pass, as against
 memcached 1.6 itself (27 in each mode, libmemcached 1.1.4).
 
@@ -18,7 +20,7 @@ import subprocess
 import unittest
 from typing import List
 
-from tests.servers import free_port, start_server
+from tests.servers import free_port, serve_in_thread
 
 MEMCCAPABLE = shutil.which("memccapable")
 #: How long one mode's run may take (it takes about a second; a few of its
@@ -30,7 +32,7 @@ RUN_WITHIN = 120.0
 class MemccapableTests(unittest.TestCase):
     def setUp(self) -> None:
         self.port = free_port()
-        start_server(self, extra_args=["--memcache-port", f"tcp:{self.port}:interface=127.0.0.1"])
+        serve_in_thread(self, extra_args=["--memcache-port", f"tcp:{self.port}:interface=127.0.0.1"])
 
     def run_mode(self, mode: str) -> List[str]:
         """Run memccapable in one mode (C{-a} text, C{-b} binary); the names of the tests that passed."""

@@ -11,7 +11,10 @@ then reset them (C{SO_LINGER} 0) or half-close them, and check that the
 server closed them within a bounded time, that their waits ended, and that a
 release of the key they waited for is granted to nobody.  A L{Clock} test
 shows the check's schedule: once per L{PEER_CHECK} while paused, never
-otherwise.
+otherwise.  Over TCP the check runs every L{TCP_PEER_CHECK} seconds (the
+server reads L{hangup.PEER_CHECK} at each check it schedules): what these
+tests show is that the check sees the peer go, not how often it looks, and
+a check a second apart made them wait a second or more each.
 
 Nothing sleeps: every step waits for a reply, a close, or the server seeing
 one, with a bounded timeout.
@@ -28,6 +31,7 @@ from twisted.internet.testing import StringTransport
 from twisted.internet.threads import deferToThread
 from twisted.trial.unittest import SynchronousTestCase
 
+from jesync.connections import hangup
 from jesync.connections.connection import HOLD_BUFFER
 from jesync.connections.hangup import GONE, INPUT_ENDED, PEER_CHECK, peer_state
 from jesync.connections.policy import socket_of
@@ -43,6 +47,8 @@ BEHIND = b"lock free%d\r\nunlock free%d\r\n"
 PAIRS = HOLD_BUFFER // len(BEHIND % (0, 0)) + 500
 # How long the server may take to see a paused peer go: a few checks.
 NOTICED = PEER_CHECK * 3 + TIMEOUT
+# Seconds between two checks of a paused connection in the TCP tests.
+TCP_PEER_CHECK = 0.05
 
 
 def reset(client) -> None:
@@ -75,7 +81,14 @@ def half_close(client):
     sock.shutdown(socket.SHUT_WR)
 
 
-class ElockHeldBehindAWaitTests(ServerTestCase):
+class PausedPeerTestCase(ServerTestCase):
+    """The server checks a paused connection's socket every L{TCP_PEER_CHECK} seconds."""
+
+    def setUp(self) -> None:
+        self.patch(hangup, "PEER_CHECK", TCP_PEER_CHECK)
+
+
+class ElockHeldBehindAWaitTests(PausedPeerTestCase):
     """elock: a waiting C{lock} and over 64 KiB pipelined behind it."""
 
     @inlineCallbacks
@@ -174,7 +187,7 @@ class ElockHeldBehindAWaitTests(ServerTestCase):
         server.factories["elock"].sessions.end_detached()
 
 
-class DlockHeldBehindAWaitTests(ServerTestCase):
+class DlockHeldBehindAWaitTests(PausedPeerTestCase):
     """dlock: a waiting Lock and over 64 KiB of Pings behind it."""
 
     @inlineCallbacks
@@ -194,7 +207,7 @@ class DlockHeldBehindAWaitTests(ServerTestCase):
         self.assertEqual((yield holder.ask(b"release held\nstatus held\n", 2)), b"RELEASED 0 0 held\nSTATUS 0 0 held\n")
 
 
-class JESyncNotReadingTests(ServerTestCase):
+class JESyncNotReadingTests(PausedPeerTestCase):
     """JESync: a waiting C{lock}, and a client that does not read its replies."""
 
     @inlineCallbacks

@@ -46,7 +46,7 @@ from jesync.service import LockService
 from jesync.store import ObjectStore
 from tests.support import UnitClient, UnitServer, connect_unit, stats
 
-# The longest line of JESync and elock (PROTOCOL.md), without its line end.
+# The longest line of JESync and elock (docs/protocols/index.md, "Lines, fields and numbers"), without its line end.
 MAX_LINE = 8192
 
 chunkings = st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=30)

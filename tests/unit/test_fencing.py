@@ -1,16 +1,16 @@
 """
 Fencing tokens: strictly increasing per key, across keys, and across restarts
 (L{jesync.service}'s rule and L{jesync.fencing}'s high-water mark), on a
-L{Clock} and through real C{twistd jesync} processes restarted.
+L{Clock}, with the mark in a real file.  Real servers stopped and started
+again are in L{tests.tcp.test_fencing_restarts}.
 """
 
 from __future__ import annotations
 
 import errno
 import os
-import time
 
-from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.logger import Logger, LogLevel, formatEvent
 from twisted.python import usage
@@ -23,7 +23,6 @@ from jesync.fencing import AHEAD, EVERY, MARK_FILE, RENEW_BELOW, ROOM, IDurableM
 from jesync.interfaces import ITokenMark
 from jesync.server import ServerSettings, build_server
 from jesync.service import LockService
-from tests.process.test_operations_twistd import LOCAL, TwistdTestCase
 from tests.process.test_twistd import parse, short_temp_dir
 
 
@@ -331,50 +330,3 @@ class DelayedMark:
 
     def passed(self, token: int) -> None:
         self.passed_tokens.append(token)
-
-#: How many times L{RestartTests} restarts a server with a state directory.
-RESTARTS = 20
-
-
-class RestartTests(TwistdTestCase):
-    """Tokens keep increasing when C{twistd jesync} is stopped and started again."""
-
-    @inlineCallbacks
-    def granted_token(self, *args: str) -> int:
-        process = self.run_server("--port", LOCAL, *args)
-        client = yield self.connect((yield self.port(process, b"JESyncFactory")))
-        reply = yield client.ask(b"fencing on\nlock k\n", 2)
-        token = int(reply.split()[-1])
-        yield self.terminate(process)
-        return token
-
-    @inlineCallbacks
-    def test_without_state(self):
-        first = yield self.granted_token()
-        second = yield self.granted_token()
-        self.assertGreater(second, first)
-        self.assertLess(abs(first - time.time() * 1e6), 60e6)
-
-    @inlineCallbacks
-    def test_with_state_the_mark_wins_over_the_clock(self):
-        directory = short_temp_dir(self)
-        # As if an earlier run had given tokens a day ahead of this clock.
-        ahead = int(time.time() * 1e6) + 86400 * 10**6
-        TokenMark(directory).write(ahead)
-        first = yield self.granted_token("--state-dir", directory)
-        self.assertEqual(first, ahead + 1)
-        self.assertEqual(TokenMark(directory).read(), ahead + ROOM)
-        second = yield self.granted_token("--state-dir", directory)
-        self.assertEqual(second, ahead + ROOM + 1)
-
-    @inlineCallbacks
-    def test_with_state_restarts_keep_tokens_near_the_clock(self):
-        """Restart after restart, tokens stay above every earlier one and within AHEAD of the clock."""
-        directory = short_temp_dir(self)
-        tokens = []
-        for _ in range(RESTARTS):
-            token = yield self.granted_token("--state-dir", directory)
-            self.assertGreater(token, max(tokens, default=0))
-            tokens.append(token)
-        self.assertLessEqual(tokens[-1] - time.time() * 1e6, AHEAD)
-        self.assertLessEqual(TokenMark(directory).read() - time.time() * 1e6, AHEAD)

@@ -1,8 +1,12 @@
 """
 The tooz backend (jesync.tooz_driver) through tooz's public API only
 (C{tooz.coordination.get_coordinator("jesync://...")}), against real
-C{twistd jesync} servers; the server's view is checked with JESync
-C{status} requests on a plain socket.
+servers over real TCP (and a UNIX socket): C{twistd jesync}'s options built
+by the composition root, each on a reactor of its own in a thread of this
+process (L{tests.servers.ServerThread}); the server's view is checked with
+JESync C{status} requests on a plain socket.  What needs a process of its
+own (a coordinator's process killed; what C{import jesync} loads) is in
+L{tests.process.test_tooz_processes}.
 
 tooz finds its drivers through the C{tooz.backends} entry point (stevedore,
 which reads the installed distributions' metadata).  When jesync is
@@ -21,7 +25,6 @@ import hashlib
 import os
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -37,7 +40,7 @@ except ImportError as error:  # the test extra installs it under CPython
         f"CPython only: under PyPy, tooz's psutil must be built against PyPy's C headers, pypy3-dev): {error}"
     )
 
-from tests.servers import ServerProcess, environment, free_port, start_server
+from tests.servers import ServerThread, environment, free_port, serve_in_thread
 from tests.tcp.test_client_blocking import WITHIN, ClientTestCase
 
 ENTRY_POINT = "jesync = jesync.tooz_driver:JESyncDriver"
@@ -97,22 +100,12 @@ def status(port: int, key: str) -> tuple[int, int]:
 
 
 class ToozTestCase(ClientTestCase):
-    """
-    Each class shares one server (every test uses keys of its own, and
-    stops its coordinators, so releases everything, when it ends).
-    """
+    """Each test has a server of its own (one in a thread starts in milliseconds)."""
 
-    server: ServerProcess
-
-    @classmethod
-    def setUpClass(cls) -> None:
-        cls.server = ServerProcess().start()
-
-    @classmethod
-    def tearDownClass(cls) -> None:
-        cls.server.close()
+    server: ServerThread
 
     def setUp(self) -> None:
+        self.server = serve_in_thread(self)
         self.url = f"jesync://127.0.0.1:{self.server.port}"
 
     def coordinator(self, url: Optional[str] = None, member: bytes = b"member", **options: Any) -> Any:
@@ -154,17 +147,6 @@ class EntryPointTests(ToozTestCase):
         )
         self.assertTrue(coordinator.requires_beating)
 
-    def test_jesync_does_not_import_tooz(self) -> None:
-        """import jesync and its clients load no tooz; only jesync.tooz_driver does."""
-        script = (
-            "import sys\n"
-            "import jesync, jesync.client, jesync.client.blocking, jesync.client.aio\n"
-            "assert not [m for m in sys.modules if m == 'tooz' or m.startswith('tooz.')], 'tooz imported'\n"
-            "import jesync.tooz_driver\n"
-            "assert 'tooz' in sys.modules\n"
-        )
-        subprocess.run([sys.executable, "-c", script], env=subprocess_environment(), check=True, timeout=60)
-
 
 class StartStopTests(ToozTestCase):
     def test_start_and_stop(self) -> None:
@@ -196,7 +178,7 @@ class StartStopTests(ToozTestCase):
         directory = tempfile.mkdtemp(prefix="jt-")
         self.addCleanup(shutil.rmtree, directory, True)
         path = os.path.join(directory, "s")
-        unix_server = start_server(self, unix_socket=path)
+        unix_server = serve_in_thread(self, unix_socket=path)
         coordinator = self.coordinator(f"jesync://?servers=unix:{path}&lock_expires=0")
         lock = coordinator.get_lock("on-unix")
         self.assertTrue(lock.acquire(blocking=False))
@@ -216,7 +198,7 @@ class StartStopTests(ToozTestCase):
         with open(token_path, "wb") as file:
             file.write(b"s3cret-token\n")
         self.addCleanup(shutil.rmtree, directory, True)
-        secured = start_server(self, extra_args=["--auth-token-file", token_path], auth_token=b"s3cret-token")
+        secured = serve_in_thread(self, extra_args=["--auth-token-file", token_path], auth_token=b"s3cret-token")
         url = f"jesync://127.0.0.1:{secured.port}"
         coordinator = self.coordinator(f"{url}?token_file={token_path}")
         with coordinator.get_lock("secured"):
@@ -232,7 +214,7 @@ class StartStopTests(ToozTestCase):
             raise SkipTest(skip_without_tls)
         key_path, certificate_path, _ = make_certificate(self)
         tls_port = free_port()
-        start_server(
+        serve_in_thread(
             self,
             extra_args=[
                 "--port",
@@ -342,24 +324,24 @@ class LockTests(ToozTestCase):
         self.assertEqual(self.status("with-block"), (0, 0))
 
     def test_heartbeat_keeps_locks_past_their_expiry(self) -> None:
-        """lock_expires=2: heartbeat() renews every held lock; without it the server lets them go."""
-        coordinator = self.coordinator(f"{self.url}?lock_expires=2")
+        """lock_expires=1: heartbeat() renews every held lock; without it the server lets them go."""
+        coordinator = self.coordinator(f"{self.url}?lock_expires=1")
         other = self.coordinator(member=b"other")
         locks = [coordinator.get_lock(name) for name in ("beat-1", "beat-2")]
         for lock in locks:
             self.assertTrue(lock.acquire(blocking=False))
         self.assertFalse(coordinator.get_lock("not-held").heartbeat())
         start = time.monotonic()
-        while time.monotonic() - start < 4.5:  # more than twice the expiry
+        while time.monotonic() - start < 2.5:  # more than twice the expiry
             interval = coordinator.heartbeat()
-            self.assertAlmostEqual(interval, 2 / 3)
+            self.assertAlmostEqual(interval, 1 / 3)
             for name in ("beat-1", "beat-2"):
                 self.assertEqual(self.status(name), (1, 0))
             self.assertTrue(all(lock.is_still_owner() for lock in locks))
             time.sleep(interval)
         self.assertFalse(other.get_lock("beat-1").acquire(blocking=False))
         # Without heartbeats the failsafe releases them.
-        self.wait_for(lambda: self.status("beat-1") == (0, 0) and self.status("beat-2") == (0, 0), within=2 + WITHIN)
+        self.wait_for(lambda: self.status("beat-1") == (0, 0) and self.status("beat-2") == (0, 0), within=1 + WITHIN)
         self.assertTrue(other.get_lock("beat-1").acquire(blocking=WITHIN))
         self.assertFalse(locks[0].release())
         self.assertFalse(locks[1].release())
@@ -373,7 +355,7 @@ class LockTests(ToozTestCase):
         self.addCleanup(coordinator.stop)
         lock = coordinator.get_lock("hearty")
         self.assertTrue(lock.acquire())
-        deadline = time.monotonic() + 3.5
+        deadline = time.monotonic() + 2.5  # more than twice the expiry
         while time.monotonic() < deadline:
             self.assertEqual(self.status("hearty"), (1, 0))
             time.sleep(0.1)
@@ -391,39 +373,9 @@ class LockTests(ToozTestCase):
         self.assertIs(waiting.get("result"), True, waiting)
         self.assertFalse(lock.release())
 
-    def test_dead_process_loses_its_locks(self) -> None:
-        """A coordinator's process is killed: its connection closes and the server frees its locks at once."""
-        script = (
-            "import sys, time\n"
-            "from tooz import coordination\n"
-            "c = coordination.get_coordinator(sys.argv[1], b'doomed')\n"
-            "c.start()\n"
-            "assert c.get_lock(b'orphaned').acquire()\n"
-            "print('held', flush=True)\n"
-            "time.sleep(600)\n"
-        )
-        holder = subprocess.Popen(
-            [sys.executable, "-c", script, f"{self.url}?lock_expires=600"],
-            env=subprocess_environment(),
-            stdout=subprocess.PIPE,
-        )
-        self.addCleanup(holder.wait)
-        self.addCleanup(holder.kill)
-        assert holder.stdout is not None
-        self.assertEqual(holder.stdout.readline(), b"held\n")
-        holder.stdout.close()
-        survivor = self.coordinator(member=b"survivor")
-        lock = survivor.get_lock(b"orphaned")
-        self.assertFalse(lock.acquire(blocking=False))
-        holder.kill()
-        start = time.monotonic()
-        self.assertTrue(lock.acquire(blocking=WITHIN))
-        self.assertLess(time.monotonic() - start, WITHIN)
-        self.assertTrue(lock.release())
-
     def test_server_dies(self) -> None:
         """The server is killed: held locks are lost (release() False), and requests raise ToozConnectionError."""
-        server = start_server(self)
+        server = serve_in_thread(self)
         coordinator = self.coordinator(f"jesync://127.0.0.1:{server.port}")
         lock = coordinator.get_lock("doomed")
         self.assertTrue(lock.acquire())

@@ -1,6 +1,10 @@
 """
-Real jesync servers for the client and command-line tests: C{twistd jesync}
-subprocesses on a real port, and in-process Twisted listeners.
+Real jesync servers for the tcp and process tiers, on real ports:
+L{ServerThread} (L{serve_in_thread}), the server C{twistd jesync} would
+build, in a thread of the test's process, for the tests that need a real
+server over real TCP; L{ServerProcess} (L{start_server}), C{twistd jesync}
+itself, for the tests about the process; and L{FakeServer}, a misbehaving
+one.
 """
 
 from __future__ import annotations
@@ -17,17 +21,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Sequence
 
-from twisted.internet import defer, endpoints
 from twisted.internet.error import ConnectionDone
 from twisted.internet.threads import blockingCallFromThread
 from twisted.logger import formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
-from twisted.internet.interfaces import IListeningPort
 
-from jesync.connections.connection import LockConnection
-from jesync.protocols.jesync import JESyncFactory
 from jesync.server import build_server
-from jesync.service import LockService
 from jesync.tap import Options, settings_from
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -506,61 +505,4 @@ class FakeServer:
 def fake_server(testcase, respond: Callable[[bytes], Optional[bytes]]) -> FakeServer:
     server = FakeServer(respond)
     testcase.addCleanup(server.close)
-    return server
-
-
-class _TrackedProtocol(LockConnection):
-    def connectionMade(self) -> None:
-        super().connectionMade()
-        self.factory.connections[self] = defer.Deferred()
-
-    def connectionLost(self, reason: object = None) -> None:
-        super().connectionLost(reason)
-        self.factory.connections.pop(self).callback(None)
-
-
-class _TrackedFactory(JESyncFactory):
-    """Keeps its open connections, each with a Deferred that fires when it closes (no attributes of our own on the protocol)."""
-
-    def __init__(self, service: LockService) -> None:
-        super().__init__(service)
-        self.connections: dict[_TrackedProtocol, defer.Deferred[None]] = {}
-
-    def buildProtocol(self, addr: object) -> _TrackedProtocol:
-        return _TrackedProtocol(self)
-
-
-class InProcessServer:
-    """A jesync server listening on 127.0.0.1 in the test's own reactor."""
-
-    def __init__(self, reactor, port: IListeningPort, factory: _TrackedFactory) -> None:
-        self.reactor = reactor
-        self.port = port
-        self.factory = factory
-        self.service = factory.service
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port.getHost().port}"
-
-    def drop_connections(self) -> defer.Deferred[object]:
-        """Abort every client connection (as a crashed server would); fire once they are gone."""
-        connections = dict(self.factory.connections)
-        for connection in connections:
-            connection.transport.abortConnection()
-        return defer.gatherResults(list(connections.values()))
-
-    @defer.inlineCallbacks
-    def stop(self):
-        yield self.port.stopListening()
-        yield self.drop_connections()
-
-
-@defer.inlineCallbacks
-def listen_in_process(testcase, reactor):
-    """An L{InProcessServer}, stopped (its connections dropped) when C{testcase} ends."""
-    factory = _TrackedFactory(LockService(reactor))
-    port = yield endpoints.serverFromString(reactor, "tcp:0:interface=127.0.0.1").listen(factory)
-    server = InProcessServer(reactor, port, factory)
-    testcase.addCleanup(server.stop)
     return server

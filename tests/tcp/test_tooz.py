@@ -36,7 +36,7 @@ try:
     from tooz import coordination
 except ImportError as error:  # the test extra installs it under CPython
     raise SkipTest(
-        f"the tooz backend's tests need tooz (pip install 'jesync[tooz]'; the test extra installs it under "
+        f"the tooz backend's tests need tooz (pip install '.[tooz]' from a checkout; the test extra installs it under "
         f"CPython only: under PyPy, tooz's psutil must be built against PyPy's C headers, pypy3-dev): {error}"
     )
 

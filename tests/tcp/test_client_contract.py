@@ -33,7 +33,6 @@ import time
 from typing import Any, Callable, Optional
 
 from twisted.internet import defer
-from twisted.internet.threads import blockingCallFromThread
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -50,7 +49,7 @@ from jesync.client import (
     ServerError,
     TwistedClient,
 )
-from tests.servers import _new_reactor, fake_server, free_port, serve_in_thread
+from tests.servers import ReactorThread, fake_server, free_port, serve_in_thread
 
 WITHIN = 5.0  # seconds anything that should happen "at once" may take
 CALL_WITHIN = 30.0  # seconds any one call may take (the longest wait asked for here is 10 s)
@@ -228,14 +227,9 @@ class TwistedDriver(Driver):
 
     def __init__(self, test: SynchronousTestCase) -> None:
         super().__init__(test)
-        self.reactor = _new_reactor()
-        self._thread = threading.Thread(target=self.reactor.run, kwargs={"installSignalHandlers": False}, daemon=True)
-        self._thread.start()
-        test.addCleanup(self._stop)  # (added first: runs after every client's close)
-
-    def _stop(self) -> None:
-        self.reactor.callFromThread(self.reactor.stop)
-        self._thread.join(WITHIN)
+        self._running = ReactorThread()
+        self.reactor = self._running.reactor
+        test.addCleanup(self._running.stop)  # (added first: runs after every client's close)
 
     def make(self, servers: Any, **options: Any) -> Any:
         return TwistedClient(self.reactor, servers, **options)
@@ -247,7 +241,7 @@ class TwistedDriver(Driver):
                 return result.addTimeout(CALL_WITHIN, self.reactor)
             return result
 
-        return blockingCallFromThread(self.reactor, bounded)
+        return self._running.call(bounded)
 
     def start(self, function: Callable[[], Any]) -> Pending:
         outcome: list[Any] = []

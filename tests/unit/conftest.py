@@ -1,6 +1,6 @@
 """
-The unit tier's one rule, enforced: a unit test opens no socket to anything,
-starts no process and no thread.  Time is a L{twisted.internet.task.Clock},
+The unit tier's one rule, enforced (under pytest): a unit test connects or
+binds no socket, starts no process and no thread.  Time is a L{twisted.internet.task.Clock},
 a connection a L{twisted.internet.testing.StringTransport} or an in-memory
 pair (L{jesync.testing}), so the tier runs in seconds and the same on any
 machine.  A test that needs more belongs to C{tests/tcp} (a listener in this

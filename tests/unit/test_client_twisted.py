@@ -3,10 +3,10 @@ The Twisted client against the real server, in memory (L{jesync.testing}):
 the real C{TwistedClient} and the server's real factories, paired over
 iosim, on a clock the test moves.  Its requests and replies, its handles
 (a failsafe that runs out, C{owned()}, C{holders()}) and C{lock_many} with
-fencing tokens.  What the client does against a server that is not
-jesync's, or a port nothing listens on over real TCP, is in
-tests/tcp/test_client_twisted.py (and, for an older server,
-tests/tcp/test_client_contract.py).
+fencing tokens.  What the client does over real TCP, against the real
+server, servers that are not jesync's (silent, refusing, answering
+garbage, older) and a port nothing listens on, is in the client contract
+(L{tests.tcp.test_client_contract}, C{TwistedClientContractTests}).
 """
 
 from __future__ import annotations

@@ -308,6 +308,24 @@ class JESyncLineFramingTests(LineFramingContract, ProtocolTestCase):
     def unfinished(self) -> tuple[bytes, Callable[[], None]]:
         return b"lock k", lambda: self.assertEqual(self.service.listing(), [])
 
+    @settings(max_examples=50, deadline=None)
+    @given(st.lists(st.integers(min_value=1, max_value=40), min_size=1, max_size=30))
+    def test_chunking_never_changes_what_a_stream_does(self, sizes: list[int]) -> None:
+        """However a stream that takes, renews and releases locks is cut, the replies (and the table) are the same."""
+        stream = b"lock a 2\r\nlock b 1 0\nstatus a\n\n  \nLOCK a\nlock\nrelease a\nstatus-by-key\n" * 3
+        client = UnitServer().connect()  # (a table of its own: hypothesis runs every example in one test)
+        position = 0
+        while position < len(stream):
+            for size in sizes:
+                client.send(stream[position : position + size])
+                position += size
+        self.assertEqual(
+            client.take(),
+            b"GRANTED 1 0 a 120\nGRANTED 1 0 b 120\nSTATUS 1 0 a\n"
+            b"INVALID_COMMAND\nINVALID_COMMAND\nINVALID_COMMAND\nINVALID_PARAMETER: missing key\n"
+            b"RELEASED 0 0 a\nSTATUS 1 0 b\nEND\n" * 3,
+        )
+
     def test_longest_lock_line(self) -> None:
         client = self.connect()
         self.server.policy.max_key_length = MAX_LINE

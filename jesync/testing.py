@@ -37,8 +37,8 @@ from typing import Any, List, Optional, Sequence, Tuple
 
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionAborted, ConnectionDone, ConnectionLost, ConnectionRefusedError
-from twisted.internet.interfaces import IListeningPort, IProtocol, IProtocolFactory
-from twisted.internet.protocol import Protocol
+from twisted.internet.interfaces import IConnector, IListeningPort, IProtocol, IProtocolFactory
+from twisted.internet.protocol import ClientFactory, Protocol
 from twisted.internet.testing import MemoryReactorClock
 from twisted.python.failure import Failure
 from twisted.test import iosim
@@ -128,19 +128,30 @@ class _Reactor(MemoryReactorClock):
     """
     The server's and its clients' reactor: Twisted's memory reactor (and
     clock), whose C{listenTCP} returns a port that can be stopped, and
-    whose port 0 is a port of its own.
+    whose port 0 is a port of its own.  Each C{connectTCP} is kept with
+    its own connector in L{attempts} until the server pairs it (the
+    reactor's C{connectors} also holds C{connectSSL}'s and C{connectUNIX}'s).
     """
 
     def __init__(self) -> None:
         super().__init__()
         self.ports: List[_Port] = []
         self._numbers = itertools.count(49152)
+        #: each C{connectTCP} not paired yet: host, port, factory and its connector
+        self.attempts: List[Tuple[str, int, ClientFactory, IConnector]] = []
 
     def listenTCP(self, port: int, factory: IProtocolFactory, backlog: int = 50, interface: str = "") -> _Port:
         super().listenTCP(port, factory, backlog, interface)
         listening = _Port(self, port or next(self._numbers), factory, interface)
         listening.startListening()
         return listening
+
+    def connectTCP(
+        self, host: str, port: int, factory: ClientFactory, timeout: float = 30, bindAddress: Any = None
+    ) -> IConnector:
+        connector = super().connectTCP(host, port, factory, timeout, bindAddress)
+        self.attempts.append((host, port, factory, connector))
+        return connector
 
     def port_for(self, number: int) -> Optional[_Port]:
         return next((port for port in self.ports if port.number == number), None)
@@ -278,39 +289,45 @@ class MemoryServer:
     def _pair(self, client: IProtocol, port: _Port, host: str) -> iosim.IOPump:
         """
         Connect C{client} (from C{host}) to C{port}'s factory: each end a
-        transport with the addresses its socket would have.
+        transport with the addresses its socket would have.  A factory that
+        builds no protocol closes the connection at once, as a real port
+        does (the client sees it connect, then close).
         """
         client_address = IPv4Address("TCP", host, next(self._client_ports))
         server_host = port.interface if port.interface != "0.0.0.0" else "127.0.0.1"
         server_address = IPv4Address("TCP", server_host, port.number)
-        server = port.factory.buildProtocol(client_address)
+        built = port.factory.buildProtocol(client_address)
+        refused = built is None
+        server = Protocol() if built is None else built
         server_transport = _Transport(server, isServer=True, hostAddress=server_address, peerAddress=client_address)
         client_transport = _Transport(client, isServer=False, hostAddress=client_address, peerAddress=server_address)
         server_transport.other, client_transport.other = client_transport, server_transport
         pump = iosim.connect(
             server, server_transport, client, client_transport, greet=False, clock=self.reactor
         )
+        if refused:
+            server_transport.loseConnection()
         self._pumps.append(pump)
         return pump
 
     def _accept(self) -> bool:
-        """Pair every C{connectTCP} made so far with its listener; refuse those with none. Whether any was."""
-        attempts: List[Tuple[Any, ...]] = list(self.reactor.tcpClients)
-        if not attempts:
-            return False
-        del self.reactor.tcpClients[:]
-        connectors = self.reactor.connectors[: len(attempts)]
-        del self.reactor.connectors[: len(attempts)]
-        for (host, number, factory, _, _), connector in zip(attempts, connectors):
+        """
+        Pair every C{connectTCP} made so far with its listener; refuse those
+        with none.  A client factory that builds no protocol is told its
+        connection was lost, as a real connector's is.  Whether there was any.
+        """
+        attempts, self.reactor.attempts = self.reactor.attempts, []
+        for host, number, factory, connector in attempts:
             port = self.reactor.port_for(number)
             if port is None or port.interface not in ("0.0.0.0", host):
                 factory.clientConnectionFailed(connector, Failure(ConnectionRefusedError()))
                 continue
             protocol = factory.buildProtocol(IPv4Address("TCP", host, number))
             if protocol is None:
+                factory.clientConnectionLost(connector, Failure(ConnectionDone()))
                 continue
             self._pair(protocol, port, "127.0.0.1")
-        return True
+        return bool(attempts)
 
     # -- moving bytes and time -------------------------------------------
 

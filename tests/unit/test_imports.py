@@ -22,10 +22,9 @@ from twisted.trial.unittest import SynchronousTestCase
 ROOT = Path(__file__).resolve().parents[2]
 
 
-UPPER_LAYERS = ("jesync.protocols", "jesync.cluster", "jesync.server", "jesync.tap", "jesync.client")
+UPPER_LAYERS = ("jesync.protocols", "jesync.cluster", "jesync.server", "jesync.tap", "jesync.client", "jesync.testing")
 #: The lowest serving layers.
 LOWER_LAYERS = ("jesync.connections", "jesync.service", "jesync.sessions")
-
 
 
 def modules_of(package: Path) -> Dict[str, Path]:
@@ -182,6 +181,10 @@ class ImportGraphTests(SynchronousTestCase):
             if within(imported, UPPER_LAYERS)
         ]
         self.assertEqual(upward, [], "imports that point up:\n" + "\n".join(upward))
+
+    def test_nothing_in_jesync_imports_the_test_harness(self) -> None:
+        """L{jesync.testing} sits at the top: no module of jesync imports it (what none imports, none reaches)."""
+        self.assertEqual(sorted(module for module, imported in self.graph.items() if "jesync.testing" in imported), [])
 
     def test_the_walk_sees_every_kind_of_import(self) -> None:
         """

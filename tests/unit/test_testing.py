@@ -11,8 +11,11 @@ from __future__ import annotations
 import re
 import unittest
 from pathlib import Path
+from typing import Optional
 
-from twisted.internet.error import ConnectionAborted, ConnectionDone, ConnectionLost
+from twisted.internet.error import ConnectionAborted, ConnectionDone, ConnectionLost, ConnectionRefusedError
+from twisted.internet.protocol import ClientFactory, Protocol
+from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.client import ConnectFailed, KeyStatus
@@ -182,6 +185,61 @@ class ClientTests(SynchronousTestCase):
         server.stop()
         self.assertEqual(server.service.listing(), [])
         self.assertTrue(server.server.factories["elock"].stopped)
+
+
+class Recording(ClientFactory):
+    """A client factory that records what it is told (builds a L{Protocol}, or none if C{builds} is false)."""
+
+    def __init__(self, builds: bool = True) -> None:
+        self.builds = builds
+        self.told: list = []
+
+    def buildProtocol(self, addr: object) -> Optional[Protocol]:
+        return Protocol() if self.builds else None
+
+    def clientConnectionFailed(self, connector: object, reason: Failure) -> None:
+        self.told.append(("failed", connector, reason.type))
+
+    def clientConnectionLost(self, connector: object, reason: Failure) -> None:
+        self.told.append(("lost", connector, reason.type))
+
+
+class ConnectorTests(SynchronousTestCase):
+    def test_each_attempt_has_its_own_connector(self) -> None:
+        """
+        A connectUNIX or connectSSL on the same reactor (never paired: only
+        TCP is) does not shift which connector a TCP attempt is told about.
+        """
+        server = MemoryServer()
+        unix, ssl = Recording(), Recording()
+        server.reactor.connectUNIX("/nowhere.sock", unix)
+        server.reactor.connectSSL("127.0.0.1", 11400, ssl, None)
+        refused, accepted = Recording(), Recording()
+        refused_connector = server.reactor.connectTCP("127.0.0.1", 1, refused)
+        server.reactor.connectTCP("127.0.0.1", 11400, accepted)
+        server.flush()
+        self.assertEqual(refused.told, [("failed", refused_connector, ConnectionRefusedError)])
+        self.assertEqual((accepted.told, unix.told, ssl.told), ([], [], []))
+        self.assertEqual(server.connections, 1)
+
+    def test_a_client_factory_that_builds_nothing_is_told(self) -> None:
+        """A client factory that builds no protocol is told its connection was lost, as by a real connector."""
+        server = MemoryServer()
+        server.reactor.connectSSL("127.0.0.1", 11400, Recording(), None)
+        factory = Recording(builds=False)
+        connector = server.reactor.connectTCP("127.0.0.1", 11400, factory)
+        server.flush()
+        self.assertEqual(factory.told, [("lost", connector, ConnectionDone)])
+        self.assertEqual(server.connections, 0)
+
+    def test_a_listener_that_builds_nothing_closes(self) -> None:
+        """A server factory whose buildProtocol returns None closes the connection at once, as a real port does."""
+        server = MemoryServer()
+        self.patch(server.server.factories["jesync"], "buildProtocol", lambda addr: None)
+        peer = server.connect()
+        self.assertTrue(peer.closed)
+        self.assertIsInstance(peer.lost.value, ConnectionDone)
+        self.assertEqual(server.connections, 0)
 
 
 class SettingsTests(SynchronousTestCase):

@@ -9,13 +9,13 @@ sockets is L{tests.tcp.test_tls}.
 from __future__ import annotations
 
 from twisted.python import usage
+from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.tap import Options
-from tests.server_case import ServerTestCase
 from tests.tls_certificates import make_certificate, skip_without_tls, ssl_port
 
 
-class TLSOptionTests(ServerTestCase):
+class TLSOptionTests(SynchronousTestCase):
     skip = skip_without_tls
 
     def refusal(self, *argv: str, port_arguments: str = "") -> str:

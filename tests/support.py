@@ -6,12 +6,24 @@ L{StringTransport} with a L{Clock} (L{UnitServer}, L{UnitClient}).
 Integration tests run a real listening server in-process (L{TCPServer}) and
 talk to it with L{LineClient}, whose reads are Deferreds with a bounded
 timeout: tests wait on events, never on sleeps.
+
+Below them, what the tests of several tiers share: the options twistd
+would parse (L{parse}), throwaway files (L{short_temp_dir}, L{write_file}),
+the log (L{capture_log}), sockets and ports (L{keepalive_options},
+L{taken_port}), and the skip without C{prometheus_client}.
 """
 
 from __future__ import annotations
 
+import errno
+import importlib
+import os
+import shutil
+import socket
+import tempfile
 from collections import deque
-from typing import Callable
+from socket import SO_KEEPALIVE, SOL_SOCKET
+from typing import Any, Callable
 
 from twisted.internet import reactor
 from twisted.internet.address import IPv4Address
@@ -28,10 +40,11 @@ from twisted.internet.interfaces import IPullProducer
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
+from twisted.logger import formatEvent, globalLogPublisher
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from jesync import ELockFactory, JESyncFactory, LockService
+from jesync import ELockFactory, JESyncFactory, LockService, tap
 from jesync.connections.policy import ConnectionPolicy
 
 # How long any single awaited event may take before the test fails.
@@ -484,3 +497,121 @@ def without_tokens(listing: bytes) -> bytes:
             assert token.isdigit() and len(rest.split()) == 5, line
             lines[index] = rest
     return b"\n".join(lines)
+
+
+def wait_until(predicate, timeout: float = TIMEOUT):
+    """A Deferred that fires once C{predicate()} is true (checked every millisecond), or fails after C{timeout}."""
+    done: Deferred = Deferred()
+    deadline = reactor.seconds() + timeout
+
+    def check() -> None:
+        if predicate():
+            done.callback(None)
+        elif reactor.seconds() > deadline:
+            done.errback(AssertionError(f"not true within {timeout} s: {predicate}"))
+        else:
+            reactor.callLater(0.001, check)
+
+    check()
+    return done
+
+
+@inlineCallbacks
+def hold_keys(client, keys: list[bytes], batch: int):
+    """C{client} takes every key in C{keys} for good (never expiring), C{batch} requests at a time."""
+    for start in range(0, len(keys), batch):
+        some = keys[start : start + batch]
+        replies = yield client.ask(b"".join(b"lock %s 1 -1 0\n" % key for key in some), len(some))
+        assert replies == b"".join(b"GRANTED 1 0 %s 0\n" % key for key in some), replies[:200]
+
+
+# -- shared by the tests of several tiers: options, files, ports, skips ----------
+
+
+def parse(*argv: str) -> tap.Options:
+    options = tap.Options()
+    options.parseOptions(list(argv))
+    return options
+
+
+def short_temp_dir(test) -> str:
+    """A fresh directory with a path short enough for UNIX sockets."""
+    path = tempfile.mkdtemp(prefix="jesync-")
+    test.addCleanup(shutil.rmtree, path, True)
+    return path
+
+
+LOCAL = "tcp:0:interface=127.0.0.1"
+LINUX_KEEPALIVE = hasattr(socket, "TCP_KEEPIDLE")
+TOKEN = b"s3cret-Token_42"
+
+
+def write_file(test, content: bytes, name: str = "token") -> str:
+    path = os.path.join(short_temp_dir(test), name)
+    with open(path, "wb") as file:
+        file.write(content)
+    return path
+
+
+def capture_log(test) -> list[str]:
+    """Every log event from now to the end of the test, formatted."""
+    lines: list[str] = []
+
+    def observe(event: dict) -> None:
+        text = formatEvent(event)
+        if text:
+            lines.append(text)
+
+    globalLogPublisher.addObserver(observe)
+    test.addCleanup(globalLogPublisher.removeObserver, observe)
+    return lines
+
+
+def keepalive_options(sock: socket.socket) -> tuple[int, ...]:
+    """SO_KEEPALIVE, and (Linux) TCP_KEEPIDLE, TCP_KEEPINTVL, TCP_KEEPCNT."""
+    options = (sock.getsockopt(SOL_SOCKET, SO_KEEPALIVE),)
+    if LINUX_KEEPALIVE:
+        options += tuple(
+            sock.getsockopt(socket.IPPROTO_TCP, option)
+            for option in (socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL, socket.TCP_KEEPCNT)
+        )
+    return options
+
+
+def peer_of(client: LineClient) -> bytes:
+    """How the server names C{client} (its host:port)."""
+    return b"127.0.0.1:%d" % client.transport.getHost().port
+
+
+def taken_port(test) -> int:
+    """A port on 127.0.0.1 that something else listens on, for the rest of the test."""
+    holder = socket.socket()
+    test.addCleanup(holder.close)
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    return holder.getsockname()[1]
+
+
+def accepts(port: int) -> bool:
+    """Whether something accepts connections on 127.0.0.1:C{port}."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+IN_USE = os.strerror(errno.EADDRINUSE).lower()
+
+
+def strictly_increasing(tokens: list[Any]) -> bool:
+    return all(isinstance(token, int) for token in tokens) and all(a < b for a, b in zip(tokens, tokens[1:]))
+
+
+try:
+    for _module in ("prometheus_client.exposition", "prometheus_client.parser", "jesync.metrics"):
+        importlib.import_module(_module)
+except ImportError:
+    skip_without_prometheus = "prometheus_client is not installed (pip install '.[metrics]')"
+else:
+    skip_without_prometheus = None

@@ -22,10 +22,9 @@ from typing import List, Optional, Tuple
 from jesync.fencing import AHEAD
 from jesync.protocols.dlock_pb2 import Response
 from tests.cluster import TAKEOVER_WITHIN, TTL, MemberProcess, start_cluster
+from tests.dlock_messages import lock as dlock_lock, status_name
 from tests.etcd_server import start_etcd, start_etcd_cluster
 from tests.servers import environment, twistd_command
-from tests.tcp.test_dlock import lock as dlock_lock
-from tests.tcp.test_dlock import status_name
 
 WITHIN = 20.0
 

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.support import TIMEOUT
-from tests.tcp.test_metrics import skip_without_prometheus
+from tests.support import TIMEOUT, skip_without_prometheus
 
 
 class ClusterMetricsTokenTests(SynchronousTestCase):

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.process.test_docs import ROOT, page_blocks
+from tests.doc_pages import ROOT, page_blocks
 
 # Where the page puts each block: the declaration at the end of its
 # group ("Operations", after --verbose's, so before --version), and the use

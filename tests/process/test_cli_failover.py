@@ -20,8 +20,8 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.cli import EXIT_LOCK_LOST
 from jesync.client import KeyStatus
+from tests.failover import WITHIN, closed_address, watch
 from tests.servers import environment, serve_in_thread
-from tests.tcp.test_client_failover import WITHIN, closed_address, watch
 
 
 class CommandLineFailoverTests(SynchronousTestCase):

@@ -19,7 +19,7 @@ from unittest import SkipTest
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.process.test_docs import blocks, section
+from tests.doc_pages import blocks, section
 from tests.servers import ROOT, environment, free_port, start_server
 
 CLIENTS_PAGE = ROOT / "docs" / "clients.md"

@@ -59,8 +59,8 @@ from jesync.client import (
 from jesync.client.pipeline import discard
 from jesync.client.session import Session
 from jesync.errors import ProtectedMode
+from tests.client_pki import PKI, TOKEN, _AtExit, skip_without_tls, temp_dir, write
 from tests.servers import ServerProcess, ServerThread, environment, free_port
-from tests.tcp.test_client_security import PKI, TOKEN, _AtExit, skip_without_tls, temp_dir, write
 
 #: What the server says to a client that protected mode refuses (JESync's limit reply).
 PROTECTED_LINE = "INVALID_PARAMETER: " + ProtectedMode.MESSAGE

@@ -17,8 +17,8 @@ import tempfile
 from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.cli import EXIT_CONFIG, EXIT_REFUSED, EXIT_UNAVAILABLE
+from tests.client_pki import secured_server
 from tests.servers import environment
-from tests.tcp.test_client_security import secured_server
 
 
 class CommandLineTests(SynchronousTestCase):

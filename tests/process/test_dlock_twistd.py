@@ -11,20 +11,16 @@ from __future__ import annotations
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
-from twisted.trial.unittest import TestCase
 
-from tests.process import test_twistd
+from tests.dlock_messages import lock, outcome, ping, unlock
 from tests.support import TIMEOUT, DlockClient
-from tests.tcp.test_dlock import lock, outcome, ping, unlock
+from tests.twistd_process import TwistdTestCase
 
 
-class TwistdTests(TestCase):
-    """C{twistd -n jesync --dlock-port ...} as a subprocess (L{tests.process.test_twistd}'s helpers)."""
+class TwistdTests(TwistdTestCase):
+    """C{twistd -n jesync --dlock-port ...} as a subprocess (L{tests.twistd_process}'s helpers)."""
 
     timeout = 60
-    spawn = test_twistd.TwistdTests.spawn
-    run_server = test_twistd.TwistdTests.run_server
-    terminate = test_twistd.TwistdTests.terminate
 
     @inlineCallbacks
     def test_twistd_dlock_port(self):

@@ -9,18 +9,13 @@ L{tests.unit.test_imports}.)
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
 import jesync
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.fresh_python import ROOT, loaded_after, run_python
 
 # The server's modules, and the reactor (installed by importing it).
 SERVER_MODULES = (
@@ -36,42 +31,6 @@ SERVER_MODULES = (
     "jesync.options",
     "twisted.internet.reactor",
 )
-
-
-def run_python(code: str) -> Any:
-    """
-    Run C{code} in a fresh interpreter that imports this checkout's jesync
-    (as L{tests.servers.environment} arranges, without importing the server
-    here) and return what it printed, as JSON.
-    """
-    path = os.environ.get("PYTHONPATH")
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + (os.pathsep + path if path else ""))
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    if result.returncode != 0:
-        raise AssertionError(f"the subprocess failed ({result.returncode}):\n{result.stderr}")
-    return json.loads(result.stdout)
-
-
-def loaded_after(statement: str, prefixes: tuple[str, ...]) -> dict[str, Any]:
-    """
-    After running C{statement} in a fresh interpreter: the modules loaded
-    that are, or are inside, one of C{prefixes}; and where jesync came from.
-    """
-    code = (
-        "import json, sys\n"
-        f"{statement}\n"
-        "import jesync\n"
-        f"prefixes = {prefixes!r}\n"
-        "loaded = sorted(m for m in sys.modules if any(m == p or m.startswith(p + '.') for p in prefixes))\n"
-        "print(json.dumps({'loaded': loaded, 'jesync': jesync.__file__}))\n"
-    )
-    return run_python(code)
 
 
 class ImportTests(SynchronousTestCase):

@@ -19,11 +19,10 @@ from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.error import ProcessTerminated
 from twisted.internet.task import deferLater
-from twisted.trial.unittest import TestCase
 
-from tests.process import test_twistd
 from tests.servers import free_port
-from tests.tcp.test_listen_failure import IN_USE, accepts, taken_port
+from tests.support import IN_USE, accepts, short_temp_dir, taken_port
+from tests.twistd_process import REPOSITORY, TwistdTestCase, assert_usage_error_status
 
 # How long a twistd that cannot listen may take to end (it ends before its
 # reactor runs; this only bounds a slow machine).
@@ -66,12 +65,10 @@ parser = Parser()
 """
 
 
-class TwistdTests(TestCase):
+class TwistdTests(TwistdTestCase):
     """C{twistd jesync} as a subprocess, on a port something else holds."""
 
     timeout = 90
-    spawn = test_twistd.TwistdTests.spawn
-    run_server = test_twistd.TwistdTests.run_server
 
     @inlineCallbacks
     def assert_not_started(self, process, message: bytes):
@@ -158,7 +155,7 @@ class TwistdTests(TestCase):
     @inlineCallbacks
     def test_fails_once_running(self):
         """An endpoint that fails only once the reactor runs: twistd stops, with status 1."""
-        plugins = os.path.join(test_twistd.short_temp_dir(self), "twisted", "plugins")
+        plugins = os.path.join(short_temp_dir(self), "twisted", "plugins")
         os.makedirs(plugins)
         with open(os.path.join(plugins, "jesync_test_slowfail.py"), "w") as file:
             file.write(SLOW_FAILING_PLUGIN)
@@ -171,7 +168,7 @@ class TwistdTests(TestCase):
             f"tcp:{free}:interface=127.0.0.1",
             "--elock-port",
             "jesync-test-slowfail:0.1",
-            PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(plugins)), test_twistd.REPOSITORY]),
+            PYTHONPATH=os.pathsep.join([os.path.dirname(os.path.dirname(plugins)), REPOSITORY]),
         )
         yield self.assert_not_started(process, b"cannot listen on jesync-test-slowfail:0.1: address already in use")
         self.assertIn(b"JESyncFactory starting on %d\n" % free, process.output)
@@ -182,7 +179,7 @@ class TwistdTests(TestCase):
     def test_option_error_is_brief(self):
         """An option error: the error and a hint, exit status 1; not the whole --help."""
         process = self.spawn("jesync", "--max-keys=-1")
-        test_twistd.assert_usage_error_status(self, (yield process.wait_ended()))
+        assert_usage_error_status(self, (yield process.wait_ended()))
         self.assertEqual(
             process.errors,
             b"twistd jesync: --max-keys -1: must be 0 (no limit) or more\n"
@@ -193,7 +190,7 @@ class TwistdTests(TestCase):
     @inlineCallbacks
     def test_ssl_without_tls_extra(self):
         """Without pyOpenSSL (hidden here by a stand-in that fails to import), ssl: says how to get it."""
-        hiding = test_twistd.short_temp_dir(self)
+        hiding = short_temp_dir(self)
         os.makedirs(os.path.join(hiding, "OpenSSL"))
         with open(os.path.join(hiding, "OpenSSL", "__init__.py"), "w") as file:
             file.write("raise ImportError('No module named OpenSSL (hidden by the test)')\n")
@@ -203,9 +200,9 @@ class TwistdTests(TestCase):
             "jesync",
             "--port",
             "ssl:11443:privateKey=key.pem:certKey=cert.pem",
-            PYTHONPATH=os.pathsep.join([hiding, test_twistd.REPOSITORY]),
+            PYTHONPATH=os.pathsep.join([hiding, REPOSITORY]),
         )
-        test_twistd.assert_usage_error_status(self, (yield process.wait_ended()))
+        assert_usage_error_status(self, (yield process.wait_ended()))
         self.assertEqual(
             process.errors,
             b"twistd jesync: --port ssl:11443:privateKey=key.pem:certKey=cert.pem: TLS needs pyOpenSSL: "

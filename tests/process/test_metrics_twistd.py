@@ -11,18 +11,16 @@ from __future__ import annotations
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.metrics_server import MetricsTokenServer
 from tests.servers import start_server
-from tests.tcp import test_metrics
-from tests.tcp.test_metrics import skip_without_prometheus
+from tests.support import skip_without_prometheus
 
 
-class TwistdMetricsTokenTests(SynchronousTestCase):
+class TwistdMetricsTokenTests(MetricsTokenServer, SynchronousTestCase):
     """A real twistd server: /metrics needs the --auth-token-file token unless --metrics-public; /health never."""
 
     skip = skip_without_prometheus
     serve = staticmethod(start_server)
-    start = test_metrics.MetricsTokenTests.start
-    get = test_metrics.MetricsTokenTests.get
 
     def test_token_needed_and_rotated_on_sighup(self) -> None:
         import signal

@@ -10,20 +10,16 @@ log line or the process ending, with a bounded timeout.
 
 from __future__ import annotations
 
-import re
 import warnings
 from socket import SO_RCVBUF, SOL_SOCKET
 
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
-from twisted.internet.endpoints import TCP4ClientEndpoint
 from twisted.internet.error import ConnectionDone, ProcessDone
-from twisted.trial.unittest import TestCase
 from twisted.web.client import Agent, HTTPConnectionPool, readBody
 
-from tests.process import test_twistd
-from tests.support import TIMEOUT
-from tests.tcp.test_operations import TOKEN, write_file
+from tests.support import TIMEOUT, TOKEN, write_file
+from tests.twistd_process import TwistdTestCase, assert_usage_error_status
 
 LOCAL = "tcp:0:interface=127.0.0.1"
 
@@ -37,27 +33,6 @@ def largest_send_buffer() -> int:
         return 8 * 2**20
 
 
-class TwistdTestCase(TestCase):
-    """Runs C{twistd} with L{tests.process.test_twistd.TwistdTests}' helpers (but not its tests)."""
-
-    timeout = 60
-    spawn = test_twistd.TwistdTests.spawn
-    run_server = test_twistd.TwistdTests.run_server
-    connect = test_twistd.TwistdTests.connect
-    terminate = test_twistd.TwistdTests.terminate
-
-    @inlineCallbacks
-    def port(self, process, factory: bytes):
-        """The port C{factory} listens on, once twistd says so."""
-        match = yield process.wait_for(re.escape(factory) + rb" starting on (\d+)\n")
-        return TCP4ClientEndpoint(reactor, "127.0.0.1", int(match.group(1)), timeout=int(TIMEOUT))
-
-    @inlineCallbacks
-    def summary(self, process) -> bytes:
-        match = yield process.wait_for(rb"\] jesync starting: ([^\n]*)\n")
-        return match.group(1)
-
-
 class AuthTokenTests(TwistdTestCase):
     @inlineCallbacks
     def test_never_shown(self):
@@ -69,7 +44,7 @@ class AuthTokenTests(TwistdTestCase):
         self.assertIsInstance((yield helping.wait_ended()), ProcessDone)
         self.assertIn(b"--auth-token-file=", helping.output)
         self.assertNotIn(TOKEN, helping.output)
-        test_twistd.assert_usage_error_status(self, (yield refused.wait_ended()))
+        assert_usage_error_status(self, (yield refused.wait_ended()))
         self.assertIn(b"--auth-token-file: %s must hold one token, without spaces" % bad.encode(), refused.output)
         self.assertNotIn(TOKEN, refused.output)
         self.assertNotIn(b"other-half", refused.output)

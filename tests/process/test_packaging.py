@@ -25,7 +25,7 @@ from packaging.utils import canonicalize_name
 from twisted.trial.unittest import SkipTest, SynchronousTestCase
 
 import jesync
-from tests.process.test_import_isolation import loaded_after
+from tests.fresh_python import loaded_after
 
 ROOT = Path(__file__).resolve().parents[2]
 

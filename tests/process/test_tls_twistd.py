@@ -11,8 +11,8 @@ from __future__ import annotations
 from twisted.internet.defer import inlineCallbacks
 from twisted.internet.error import ConnectionDone
 
-from tests.process.test_operations_twistd import TwistdTestCase
-from tests.tcp.test_tls import connect_tls, make_certificate, ssl_port, skip_without_tls
+from tests.tls_certificates import connect_tls, make_certificate, skip_without_tls, ssl_port
+from tests.twistd_process import TwistdTestCase
 
 
 class TwistdTLSTests(TwistdTestCase):

@@ -2,7 +2,7 @@
 The tooz backend where a process of its own is the point: a coordinator's
 process is killed (its connection closes with it, and the server frees its
 locks at once), and what C{import jesync} loads in a fresh interpreter (no
-tooz).  The server is L{tests.tcp.test_tooz}'s (in a thread of this
+tooz).  The server is L{tests.tooz_case}'s (in a thread of this
 process); so are the entry point registration and the subprocesses'
 environment that finds it.
 """
@@ -15,7 +15,7 @@ import time
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from tests.tcp.test_tooz import WITHIN, ToozTestCase, subprocess_environment
+from tests.tooz_case import WITHIN, ToozTestCase, subprocess_environment
 
 
 class ImportTests(SynchronousTestCase):

@@ -16,10 +16,10 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from twisted.internet.error import ConnectionDone
 
-from tests.support import TIMEOUT, LineClient
-from tests.tcp import test_tls
-from tests.tcp.test_operations import LOCAL, TOKEN, Server, ServerTestCase, listening_port, write_file
-from tests.unit.test_auth_deadlines import listeners
+from tests.auth_listeners import listeners
+from tests.server_case import Server, ServerTestCase, listening_port
+from tests.support import LOCAL, TIMEOUT, TOKEN, LineClient, write_file
+from tests.tls_certificates import connect_tls, make_certificate, skip_without_tls, ssl_port
 
 #: The servers' --auth-timeout, and what a connection timed out is told.
 AUTH_TIMEOUT = "0.5"
@@ -92,11 +92,11 @@ class TCPTests(ServerTestCase):
 class TLSHandshakeTests(ServerTestCase):
     """A TLS client that never completes its handshake is aborted at the auth deadline, not after the close grace."""
 
-    skip = test_tls.skip_without_tls
+    skip = skip_without_tls
 
     @inlineCallbacks
     def test_an_unfinished_handshake_is_aborted_at_the_deadline(self):
-        key_path, certificate_path, pem = test_tls.make_certificate(self)
+        key_path, certificate_path, pem = make_certificate(self)
         path = write_file(self, TOKEN + b"\n")
         server = yield Server.start(
             self,
@@ -106,7 +106,7 @@ class TLSHandshakeTests(ServerTestCase):
             AUTH_TIMEOUT,
             "--shutdown-grace",
             "60",
-            port=test_tls.ssl_port(key_path, certificate_path),
+            port=ssl_port(key_path, certificate_path),
             elock=False,
         )
         endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", server.ports["jesync"].getHost().port)
@@ -119,7 +119,7 @@ class TLSHandshakeTests(ServerTestCase):
         self.assertEqual(client.unread(), b"")
         self.assertEqual(len(server.policy.connections), 0)
         # A TLS client that completes its handshake still gets the refusal.
-        tls_client = yield test_tls.connect_tls(server.ports["jesync"].getHost().port, pem)
+        tls_client = yield connect_tls(server.ports["jesync"].getHost().port, pem)
         server.clients.append(tls_client)
         yield tls_client.wait_closed(timeout=TIMEOUT)
         self.assertEqual(tls_client.unread(), b"INVALID_PARAMETER: " + TIMEOUT_REPLY + b"\n")

@@ -50,13 +50,10 @@ from jesync.client import (
     TwistedClient,
 )
 from tests.servers import ReactorThread, fake_server, free_port, serve_in_thread
+from tests.support import strictly_increasing
 
 WITHIN = 5.0  # seconds anything that should happen "at once" may take
 CALL_WITHIN = 30.0  # seconds any one call may take (the longest wait asked for here is 10 s)
-
-
-def strictly_increasing(tokens: list[Any]) -> bool:
-    return all(isinstance(token, int) for token in tokens) and all(a < b for a, b in zip(tokens, tokens[1:]))
 
 
 def older_server(line: bytes) -> Optional[bytes]:

@@ -32,8 +32,8 @@ from jesync.client import (
     ServerError,
 )
 from jesync.client.elock import ELockClient, ELockHandle
+from tests.client_case import WITHIN, ClientTestCase
 from tests.servers import fake_server, free_port, serve_in_thread
-from tests.tcp.test_client_blocking import WITHIN, ClientTestCase
 
 
 class Proxy:

@@ -36,29 +36,17 @@ from jesync.client import (
     TwistedClient,
 )
 from jesync.client.address import ClusterAddress
-from tests.servers import ServerThread, fake_server, free_port, serve_in_thread
+from tests.failover import WITHIN, closed_address, watch
+from tests.servers import ServerThread, fake_server, serve_in_thread
 
-WITHIN = 10.0  # seconds anything bounded here may take, on a loaded machine
 #: Short timeouts, so that a paused member is passed over quickly.
 FAST = dict(connect_timeout=0.5, read_timeout=0.5, retry_backoff=0.05, retry_backoff_max=0.1)
-
-
-def closed_address() -> str:
-    """A loopback address nothing listens on: a standby, which refuses connections."""
-    return f"127.0.0.1:{free_port()}"
 
 
 def pause(testcase: Any, server: ServerThread) -> None:
     """Pause C{server} (its listening socket still accepts); resume it when the test ends."""
     server.pause()
     testcase.addCleanup(server.resume)
-
-
-def watch(testcase: Any, address: str) -> Client:
-    """A client of one stand-in alone, to see what it holds (closed when the test ends)."""
-    client = Client(address, environ={})
-    testcase.addCleanup(client.close)
-    return client
 
 
 # -- the blocking client ---------------------------------------------------

@@ -29,8 +29,8 @@ from jesync.client import (
 from jesync.client.handle import LockState
 from jesync.client.session import Session
 from jesync.client.wire import Reply
+from tests.client_case import WITHIN, ClientTestCase
 from tests.servers import serve_in_thread
-from tests.tcp.test_client_blocking import WITHIN, ClientTestCase
 
 
 # -- the session, scripted ------------------------------------------------------

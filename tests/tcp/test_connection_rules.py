@@ -22,40 +22,13 @@ from __future__ import annotations
 
 from socket import SO_SNDBUF, SOL_SOCKET
 
-from twisted.internet import reactor
-from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.defer import inlineCallbacks
 from twisted.internet.error import ConnectionDone
 
 from jesync.connections.connection import STREAM_TURN
 from jesync.interfaces import Totals
-from tests.support import TIMEOUT, unsent_bytes
-from tests.tcp.test_operations import TOKEN, Server, ServerTestCase, write_file
-
-
-def wait_until(predicate, timeout: float = TIMEOUT):
-    """A Deferred that fires once C{predicate()} is true (checked every millisecond), or fails after C{timeout}."""
-    done: Deferred = Deferred()
-    deadline = reactor.seconds() + timeout
-
-    def check() -> None:
-        if predicate():
-            done.callback(None)
-        elif reactor.seconds() > deadline:
-            done.errback(AssertionError(f"not true within {timeout} s: {predicate}"))
-        else:
-            reactor.callLater(0.001, check)
-
-    check()
-    return done
-
-
-@inlineCallbacks
-def hold_keys(client, keys: list[bytes], batch: int):
-    """C{client} takes every key in C{keys} for good (never expiring), C{batch} requests at a time."""
-    for start in range(0, len(keys), batch):
-        some = keys[start : start + batch]
-        replies = yield client.ask(b"".join(b"lock %s 1 -1 0\n" % key for key in some), len(some))
-        assert replies == b"".join(b"GRANTED 1 0 %s 0\n" % key for key in some), replies[:200]
+from tests.server_case import Server, ServerTestCase
+from tests.support import TOKEN, hold_keys, unsent_bytes, wait_until, write_file
 
 
 class HalfCloseTests(ServerTestCase):

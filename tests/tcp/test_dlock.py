@@ -6,15 +6,14 @@ time, fencing tokens, access tokens, and a client of the reference that
 reads each response with one C{Read}.
 
 The tests run C{twistd jesync}'s service in this process
-(L{tests.tcp.test_operations.Server}, started with C{dlock=True}; the old
+(L{tests.server_case.Server}, started with C{dlock=True}; the old
 client's, L{tests.servers.serve_in_thread}) and talk to it over real TCP
 with L{tests.support.DlockClient}, alongside JESync and elock clients on the
 same lock table.  Where time is the point (wait_micro, release_micro, the
 idle and auth timeouts) the factory, or the server twistd builds, runs on a
 L{Clock} over a L{StringTransport} instead: L{tests.unit.test_dlock};
-C{twistd} itself is L{tests.process.test_dlock_twistd}.  The message
-helpers here (L{lock}, L{ping}, L{parse_responses}, ...) serve those and
-other tests too.
+C{twistd} itself is L{tests.process.test_dlock_twistd}.  The messages
+(L{lock}, L{ping}, L{parse_responses}, ...) are L{tests.dlock_messages}'.
 
 Nothing sleeps: every step waits for a response, a close, or the server
 having read what was sent, with a bounded timeout.
@@ -36,68 +35,26 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.protocols import dlock_pb2
 from jesync.metrics_connections import CountedFactory
+from tests.dlock_messages import (
+    MAX_UINT64,
+    REFERENCE_FIELDS,
+    Request,
+    Response,
+    field_names,
+    lock,
+    outcome,
+    ping,
+    status_name,
+    unlock,
+)
+from tests.server_case import Server, ServerTestCase, listening_port
 from tests.servers import free_port, serve_in_thread
-from tests.support import TIMEOUT, DlockClient, dlock_frame
-from tests.tcp.test_operations import TOKEN, Server, ServerTestCase, listening_port, write_file
+from tests.support import TIMEOUT, TOKEN, DlockClient, dlock_frame, write_file
 
-Request = dlock_pb2.Request
-Response = dlock_pb2.Response
-RequestLock = dlock_pb2.RequestLock
-
-MAX_UINT64 = 2**64 - 1
-#: The fields the reference server's responses carry (temoto/dlock,
-#: dlock-server/handler.go): everything but jesync's fencing_tokens.
-REFERENCE_FIELDS = {"version", "request_id", "status", "error_text", "keys", "server_unix_time"}
 SECOND_NS = 10**9
 
 
 # -- messages ---------------------------------------------------------------------
-
-
-def ping(id: int = 1, **fields) -> Request:
-    fields.setdefault("version", 2)
-    return Request(id=id, type=dlock_pb2.Ping, **fields)
-
-
-def lock(
-    keys, id: int = 1, wait_micro: int = 0, release_micro: int = 0, fencing_tokens: bool = False, **fields
-) -> Request:
-    """
-    A Lock request (C{wait_micro} 0: wait without limit; C{release_micro} 0:
-    held until disconnect; C{fencing_tokens}: ask for the keys' tokens, which
-    the reference's clients never do).
-    """
-    fields.setdefault("version", 2)
-    body = RequestLock(
-        keys=list(keys), wait_micro=wait_micro, release_micro=release_micro, fencing_tokens=fencing_tokens
-    )
-    return Request(id=id, type=dlock_pb2.Lock, lock=body, **fields)
-
-
-def unlock(keys, id: int = 1, **fields) -> Request:
-    fields.setdefault("version", 2)
-    return Request(id=id, type=dlock_pb2.Unlock, lock=RequestLock(keys=list(keys)), **fields)
-
-
-def status_name(response: Response) -> str:
-    return dlock_pb2.ResponseStatus.Name(response.status)
-
-
-def outcome(response: Response) -> tuple:
-    """What a test compares first: (status, request_id, keys)."""
-    return (status_name(response), response.request_id, list(response.keys))
-
-
-def parse_responses(data: bytes) -> list[Response]:
-    """Every response in C{data}, which must be whole frames."""
-    responses = []
-    while data:
-        assert len(data) >= 4, data
-        end = 4 + int.from_bytes(data[:4], "big")
-        assert len(data) >= end, data
-        responses.append(Response.FromString(data[4:end]))
-        data = data[end:]
-    return responses
 
 
 def junk() -> bytes:
@@ -122,11 +79,6 @@ def sized_ping(size: int) -> bytes:
         if len(body) == size:
             return len(body).to_bytes(4, "big") + body
     raise AssertionError(f"no ping of {size} bytes")
-
-
-def field_names(response: Response) -> set:
-    """The fields set in C{response} (a field at its default, as proto3 sends it, is not)."""
-    return {field.name for field, _ in response.ListFields()}
 
 
 # -- integration: real TCP ------------------------------------------------------------

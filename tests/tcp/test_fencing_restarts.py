@@ -20,9 +20,8 @@ from typing import Optional
 from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.fencing import AHEAD, ROOM, TokenMark
-from tests.process.test_twistd import short_temp_dir
 from tests.servers import ServerThread
-from tests.support import TIMEOUT
+from tests.support import TIMEOUT, short_temp_dir
 
 #: How many times L{RestartTests} restarts a server with a state directory.
 RESTARTS = 20

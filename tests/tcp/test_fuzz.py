@@ -20,8 +20,7 @@ from twisted.trial.unittest import TestCase
 
 from jesync import ELockFactory, JESyncFactory, LockService
 from jesync.connections.policy import ConnectionPolicy
-from tests.support import TIMEOUT, ConnectionTracker, LineClient
-from tests.unit.test_fuzz import (
+from tests.fuzz_streams import (
     ELOCK_LINE,
     FUZZ,
     JESYNC_LINE,
@@ -33,6 +32,7 @@ from tests.unit.test_fuzz import (
     reply_lines,
     streams,
 )
+from tests.support import TIMEOUT, ConnectionTracker, LineClient
 
 
 def examples(strategy: st.SearchStrategy, count: int) -> list:

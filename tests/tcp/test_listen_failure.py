@@ -27,31 +27,8 @@ from zope.interface import implementer
 
 from jesync.listening import ListenFailed, Listener
 from jesync.server import ServerSettings, build_server
-from tests.process import test_twistd
 from tests.servers import free_port
-from tests.support import TIMEOUT, LineClient
-from tests.tcp.test_operations import capture_log
-
-
-def taken_port(test) -> int:
-    """A port on 127.0.0.1 that something else listens on, for the rest of the test."""
-    holder = socket.socket()
-    test.addCleanup(holder.close)
-    holder.bind(("127.0.0.1", 0))
-    holder.listen(1)
-    return holder.getsockname()[1]
-
-
-def accepts(port: int) -> bool:
-    """Whether something accepts connections on 127.0.0.1:C{port}."""
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=2):
-            return True
-    except OSError:
-        return False
-
-
-IN_USE = os.strerror(errno.EADDRINUSE).lower()
+from tests.support import IN_USE, TIMEOUT, LineClient, accepts, capture_log, short_temp_dir, taken_port
 
 
 @implementer(IListeningPort)
@@ -100,7 +77,7 @@ class InProcessTests(TestCase):
         Once the port is free, starting again works.
         """
         log = capture_log(self)
-        directory = test_twistd.short_temp_dir(self)
+        directory = short_temp_dir(self)
         path = os.path.join(directory, "j.sock")
         holder = socket.socket()
         self.addCleanup(holder.close)

@@ -14,8 +14,8 @@ from __future__ import annotations
 from twisted.internet.defer import inlineCallbacks
 
 from jesync.connections.listings import FREE_ROWS, ROW_BYTES
-from tests.tcp.test_connection_rules import hold_keys, wait_until
-from tests.tcp.test_operations import Server, ServerTestCase
+from tests.server_case import Server, ServerTestCase
+from tests.support import hold_keys, wait_until
 
 
 class ListingBudgetTCPTests(ServerTestCase):

@@ -24,7 +24,9 @@ from twisted.web.client import Agent, HTTPConnectionPool, readBody
 from twisted.web.server import Site
 
 from jesync.service import LockService
+from tests.metrics_server import MetricsTokenServer
 from tests.servers import serve_in_thread
+from tests.support import skip_without_prometheus
 
 try:
     from prometheus_client.exposition import CONTENT_TYPE_LATEST
@@ -32,9 +34,7 @@ try:
 
     from jesync.metrics import LockMetrics, metrics_resource
 except ImportError:
-    skip_without_prometheus = "prometheus_client is not installed (pip install '.[metrics]')"
-else:
-    skip_without_prometheus = None
+    pass  # (the tests that need them are skipped: skip_without_prometheus)
 
 # How long any one HTTP request may take before the test fails.
 TIMEOUT = 5.0
@@ -215,7 +215,7 @@ class BearerTokenTests(TestCase):
         compare.assert_called_once_with(b"s3crex", b"s3cret")
 
 
-class MetricsTokenTests(SynchronousTestCase):
+class MetricsTokenTests(MetricsTokenServer, SynchronousTestCase):
     """
     The real server (C{twistd jesync}'s, built from its options, in a thread
     of this process: L{serve_in_thread}): /metrics needs the
@@ -224,51 +224,6 @@ class MetricsTokenTests(SynchronousTestCase):
 
     skip = skip_without_prometheus
     serve = staticmethod(serve_in_thread)
-
-    def start(self, *extra: str) -> tuple[str, str]:
-        """
-        A server with a token file (holding first-t0ken-8c1f) and these
-        options: (its metrics URL base, the token file's path).
-        """
-        import os
-        import tempfile
-
-        from tests.servers import free_port
-
-        directory = tempfile.mkdtemp()
-        path = os.path.join(directory, "token")
-        with open(path, "wb") as file:
-            file.write(b"first-t0ken-8c1f\n")
-        self.addCleanup(os.rmdir, directory)
-        self.addCleanup(os.unlink, path)
-        port = free_port()
-        self.server = self.serve(
-            self,
-            extra_args=["--auth-token-file", path, "--metrics", f"tcp:{port}:interface=127.0.0.1", *extra],
-            auth_token=b"first-t0ken-8c1f",
-        )
-        return f"http://127.0.0.1:{port}", path
-
-    def get(self, url: str, token: bytes | None = None) -> tuple[int, bytes]:
-        """GET C{url} (with the bearer C{token}): (status, body); waits for the metrics listener if need be."""
-        import time
-        import urllib.error
-        import urllib.request
-
-        request = urllib.request.Request(url)
-        if token is not None:
-            request.add_header("Authorization", "Bearer " + token.decode())
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with urllib.request.urlopen(request, timeout=TIMEOUT) as response:
-                    return response.status, response.read()
-            except urllib.error.HTTPError as error:
-                return error.code, error.read()
-            except urllib.error.URLError:
-                # (the metrics listener may start a moment after the lock port answers)
-                self.assertLess(time.monotonic(), deadline, f"{url} did not answer")
-                time.sleep(0.05)
 
     def test_a_client_without_the_token_is_closed_after_the_auth_timeout(self) -> None:
         """

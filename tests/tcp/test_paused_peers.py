@@ -36,10 +36,10 @@ from jesync.connections.connection import HOLD_BUFFER
 from jesync.connections.hangup import GONE, INPUT_ENDED, PEER_CHECK, peer_state
 from jesync.connections.policy import socket_of
 from jesync.interfaces import KeyStatus
-from tests.support import TIMEOUT, UnitServer, dlock_frame
-from tests.tcp.test_connection_rules import wait_until
-from tests.tcp.test_operations import Server, ServerTestCase
-from tests.tcp import test_tls
+from tests.server_case import Server, ServerTestCase
+from tests.support import TIMEOUT, UnitServer, dlock_frame, wait_until
+from tests.tls_certificates import skip_without_tls
+from tests.tls_server import TLSServer
 
 # What an elock client pipelines behind its waiting lock: more than
 # HOLD_BUFFER, so that the server stops reading it.
@@ -192,7 +192,7 @@ class DlockHeldBehindAWaitTests(PausedPeerTestCase):
 
     @inlineCallbacks
     def test_reset_is_noticed(self):
-        from tests.tcp.test_dlock import lock, ping
+        from tests.dlock_messages import lock, ping
 
         server = yield Server.start(self, elock=False, dlock=True)
         holder = yield server.jesync()
@@ -250,12 +250,10 @@ class JESyncNotReadingTests(PausedPeerTestCase):
         self.assertEqual((yield holder.ask(b"release held\nstatus held\n", 2)), b"RELEASED 0 0 held\nSTATUS 0 0 held\n")
 
 
-class TLSNotReadingTests(JESyncNotReadingTests):
+class TLSNotReadingTests(TLSServer, JESyncNotReadingTests):
     """The same, over TLS: the check looks at the socket beneath the TLS layer."""
 
-    skip = test_tls.skip_without_tls
-    start = test_tls.TLSTests.start
-    connect = test_tls.TLSTests.connect
+    skip = skip_without_tls
 
     @inlineCallbacks
     def test_fin_ends_the_wait(self):

@@ -3,8 +3,8 @@ JESync over TLS: C{--port ssl:...} with a throwaway self-signed certificate,
 served in this process (the service L{jesync.tap.makeService} builds) to
 clients that trust that certificate, over real sockets.  The same served by
 C{twistd jesync} is L{tests.process.test_tls_twistd}; the TLS options refused
-as twistd reads them, L{tests.unit.test_tls}.  The certificate helpers here
-(L{make_certificate}, L{ssl_port}, L{connect_tls}) serve those too.
+as twistd reads them, L{tests.unit.test_tls}.  The certificates and the
+server over TLS are L{tests.tls_certificates}' and L{tests.tls_server}'.
 
 Keys and certificates are made with C{cryptography}, and no test here may
 see a DeprecationWarning (pyOpenSSL's, Twisted's or jesync's): TLS goes
@@ -14,8 +14,6 @@ under PyPy (whose pins hold pyOpenSSL at 25.1 and Twisted at 25.5).
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import os
 import ssl
 import socket
@@ -27,93 +25,18 @@ from twisted.internet.error import ConnectionDone
 from twisted.internet.threads import deferToThread
 
 from jesync.interfaces import Totals
-from tests.support import TIMEOUT, LineClient, without_tokens
-from tests.tcp.test_operations import LINUX_KEEPALIVE, Server, ServerTestCase, capture_log, keepalive_options, peer_of
-from tests.process.test_twistd import short_temp_dir
-
-try:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec, rsa
-    from cryptography.x509.oid import NameOID
-    from twisted.internet.endpoints import SSL4ClientEndpoint, connectProtocol
-    from twisted.internet.ssl import Certificate, CertificateOptions
-except ImportError as error:  # pragma: no cover - the test extra installs twisted[tls]
-    skip_without_tls = f"TLS needs twisted[tls] (pyOpenSSL, service_identity, cryptography): {error}"
-else:
-    skip_without_tls = None
-
-
-def make_certificate(test, key_type: str = "ec") -> tuple[str, str, bytes]:
-    """
-    A self-signed certificate for localhost and 127.0.0.1: (key path,
-    certificate path, certificate PEM).  Its key is C{ec} (P-256) or
-    C{rsa} (2048 bits: the key static-RSA suites such as C{AES128-SHA} need).
-    """
-    key = ec.generate_private_key(ec.SECP256R1()) if key_type == "ec" else rsa.generate_private_key(65537, 2048)
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    certificate = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(hours=1))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    directory = short_temp_dir(test)
-    key_path = os.path.join(directory, "key.pem")
-    certificate_path = os.path.join(directory, "cert.pem")
-    with open(key_path, "wb") as file:
-        file.write(
-            key.private_bytes(
-                serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-            )
-        )
-    pem = certificate.public_bytes(serialization.Encoding.PEM)
-    with open(certificate_path, "wb") as file:
-        file.write(pem)
-    return key_path, certificate_path, pem
-
-
-def ssl_port(key_path: str, certificate_path: str) -> str:
-    return f"ssl:0:privateKey={key_path}:certKey={certificate_path}:interface=127.0.0.1"
-
-
-def client_options(pem: bytes) -> CertificateOptions:
-    """
-    TLS options for a client that trusts the certificate C{pem} alone: the
-    server must present that very certificate (or one it signed, which these
-    tests never make), so no host name check is needed on top.
-
-    Not L{twisted.internet.ssl.optionsForClientTLS}, whose host name check
-    needs it to set a callback on its context after pyOpenSSL 25.1 (PyPy's)
-    has made a connection from it to check the cipher list: pyOpenSSL warns
-    (DeprecationWarning: "Attempting to mutate a Context after a Connection
-    was created") at every call with Twisted 25.5 (Twisted's issue 12500).
-    The newer pyOpenSSL and Twisted that CPython gets (26.4 and 26.10 here)
-    do not, but PyPy's pins rule them out.  A L{CertificateOptions} with a
-    C{trustRoot} verifies the chain and changes nothing once its context is
-    made, under both.
-    """
-    return CertificateOptions(trustRoot=Certificate.loadPEM(pem))
-
-
-@inlineCallbacks
-def connect_tls(port: int, pem: bytes):
-    """A L{LineClient} over TLS to 127.0.0.1:C{port}, trusting only C{pem}."""
-    endpoint = SSL4ClientEndpoint(reactor, "127.0.0.1", port, client_options(pem), timeout=int(TIMEOUT))
-    client = yield connectProtocol(endpoint, LineClient()).addTimeout(TIMEOUT, reactor)
-    return client
+from tests.server_case import Server, ServerTestCase
+from tests.support import (
+    LINUX_KEEPALIVE,
+    TIMEOUT,
+    capture_log,
+    keepalive_options,
+    peer_of,
+    short_temp_dir,
+    without_tokens,
+)
+from tests.tls_certificates import make_certificate, skip_without_tls, ssl_port
+from tests.tls_server import TLSServer
 
 
 def deprecations(warned: list[dict]) -> list[str]:
@@ -125,7 +48,7 @@ def deprecations(warned: list[dict]) -> list[str]:
     ]
 
 
-class TLSTests(ServerTestCase):
+class TLSTests(TLSServer, ServerTestCase):
     skip = skip_without_tls
 
     def setUp(self):
@@ -146,23 +69,6 @@ class TLSTests(ServerTestCase):
             if not issubclass(warning["category"], DeprecationWarning):
                 warnings.warn_explicit(warning["message"], warning["category"], warning["filename"], warning["lineno"])
         self.assertEqual(deprecations(warned), [])
-
-    @inlineCallbacks
-    def start(self, *argv: str, key_type: str = "ec"):
-        key_path, certificate_path, self.pem = make_certificate(self, key_type)
-        server = yield Server.start(self, *argv, port=ssl_port(key_path, certificate_path), elock=False)
-        return server
-
-    @inlineCallbacks
-    def connect(self, server: Server):
-        client = yield connect_tls(server.ports["jesync"].getHost().port, self.pem)
-        server.clients.append(client)
-        client.kind = "jesync"
-        # the TCP port the server sees (under TLS)
-        client.served = yield server._server_side("jesync", client.transport.getHost().port).addTimeout(
-            TIMEOUT, reactor
-        )
-        return client
 
     @inlineCallbacks
     def test_lock_and_release(self):

@@ -25,7 +25,7 @@ from jesync.protocols.jesync import JESyncFactory
 from jesync.protocols.memcache import MemcacheFactory
 from jesync.service import LockService
 from jesync.store import ObjectStore
-from tests.support import UnitClient, connect_unit
+from tests.support import UnitClient, connect_unit, parse
 
 REMOTE = IPv4Address("TCP", "192.0.2.7", 50000)
 MESSAGE = ProtectedMode.MESSAGE.encode()
@@ -84,7 +84,7 @@ class RefusalTests(SynchronousTestCase):
         self.assertRefused(factory, b"SERVER_ERROR " + MESSAGE + b"\r\n")
 
     def test_dlock(self) -> None:
-        from tests.tcp.test_dlock import parse_responses
+        from tests.dlock_messages import parse_responses
 
         client = self.connect(DlockFactory(self.service, policy=self.policy))
         [response] = parse_responses(client.take())
@@ -121,8 +121,8 @@ class TokenRotationTests(SynchronousTestCase):
         self.assertIsNone(policy.auth_token)
 
     def test_every_protocol_follows_the_rotation(self) -> None:
-        from tests.tcp.test_dlock import parse_responses, ping
-        from tests.tcp.test_dlock import dlock_frame
+        from tests.dlock_messages import parse_responses, ping
+        from tests.support import dlock_frame
 
         clock = Clock()
         service = LockService(clock)
@@ -180,7 +180,8 @@ class RotatedOutTests(SynchronousTestCase):
         return connect_unit(factory, IPv4Address("TCP", "127.0.0.1", self._port))
 
     def test_every_protocol_closes_them_at_the_end_of_the_grace_period(self) -> None:
-        from tests.tcp.test_dlock import dlock_frame, lock, parse_responses, ping
+        from tests.dlock_messages import lock, parse_responses, ping
+        from tests.support import dlock_frame
 
         jesync = JESyncFactory(self.service, policy=self.policy)
         elock = ELockFactory(self.service, policy=self.policy)
@@ -292,9 +293,8 @@ class OptionsTests(SynchronousTestCase):
 
     def server(self, *argv: str):
         from jesync import tap
-        from tests.process import test_twistd
 
-        return tap.makeService(test_twistd.parse(*argv))
+        return tap.makeService(parse(*argv))
 
     def token_file(self, token: bytes = b"s3cret") -> str:
         import os
@@ -319,9 +319,7 @@ class OptionsTests(SynchronousTestCase):
     def test_bad_protected_mode(self) -> None:
         from twisted.python import usage
 
-        from tests.process import test_twistd
-
-        error = self.assertRaises(usage.UsageError, test_twistd.parse, "--protected-mode", "maybe")
+        error = self.assertRaises(usage.UsageError, parse, "--protected-mode", "maybe")
         self.assertIn("--protected-mode", str(error))
 
     def test_admin_port(self) -> None:

@@ -19,7 +19,7 @@ from jesync.client.address import TCPAddress
 from jesync.client.cluster import Members
 from jesync.client.config import Backoff
 from jesync.client.errors import ConnectFailed as Failed
-from tests.unit.test_client_handles import FakeSession
+from tests.fake_session import FakeSession
 
 
 def failure(member: str, retryable: bool = True) -> Failed:

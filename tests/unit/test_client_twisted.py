@@ -26,7 +26,7 @@ from jesync.client import (
     TwistedClient,
 )
 from jesync.testing import MemoryServer
-from tests.tcp.test_client_contract import strictly_increasing
+from tests.support import strictly_increasing
 
 
 class TwistedClientTestCase(SynchronousTestCase):

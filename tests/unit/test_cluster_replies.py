@@ -23,9 +23,8 @@ from jesync.connections.policy import IDurability
 from jesync.interfaces import ILockObserver, IOwnerChanges
 from jesync.protocols.dlock import DlockFactory
 from jesync.sessions import TimedGrants
+from tests.dlock_messages import lock as dlock_lock, parse_responses, status_name
 from tests.support import UnitServer
-from tests.tcp.test_dlock import lock as dlock_lock
-from tests.tcp.test_dlock import parse_responses, status_name
 
 
 @implementer(ILockObserver, IOwnerChanges, IDurability)

@@ -28,9 +28,7 @@ from jesync.protocols import dlock_pb2
 from jesync.protocols.dlock import DlockFactory
 from jesync.server import build_server
 from jesync.service import LockService
-from tests.process import test_twistd
-from tests.support import UnitClient, connect_unit, dlock_frame
-from tests.tcp.test_dlock import (
+from tests.dlock_messages import (
     MAX_UINT64,
     REFERENCE_FIELDS,
     Request,
@@ -43,7 +41,7 @@ from tests.tcp.test_dlock import (
     status_name,
     unlock,
 )
-from tests.tcp.test_operations import TOKEN, write_file
+from tests.support import TOKEN, UnitClient, connect_unit, dlock_frame, parse, write_file
 
 # Wait timeouts and expiries fire at most one tick (10 ms) after their time, never before it.
 TICK = 0.01
@@ -517,7 +515,7 @@ class OptionsTests(SynchronousTestCase):
     """The dlock options, as far as the service makeService builds."""
 
     def dlock_factory(self, *argv: str) -> DlockFactory:
-        server = tap.makeService(test_twistd.parse("--dlock-port", "tcp:0", *argv))
+        server = tap.makeService(parse("--dlock-port", "tcp:0", *argv))
         factory = server.factories["dlock"]
         self.assertIsInstance(factory, DlockFactory)
         return factory
@@ -526,7 +524,7 @@ class OptionsTests(SynchronousTestCase):
         factory = self.dlock_factory()
         self.assertEqual((factory.max_message, factory.max_keys, factory.idle_timeout), (16384, 1000, 60.0))
         self.assertIsNone(factory.policy.auth_token)
-        self.assertIsNone(tap.makeService(test_twistd.parse()).factories["dlock"])
+        self.assertIsNone(tap.makeService(parse()).factories["dlock"])
 
     def test_given(self) -> None:
         factory = self.dlock_factory(
@@ -539,7 +537,7 @@ class OptionsTests(SynchronousTestCase):
     def test_bad_values(self) -> None:
         for argv in (["--dlock-max-message", "3"], ["--dlock-max-keys", "0"], ["--dlock-idle-timeout", "-1"]):
             with self.assertRaises(usage.UsageError, msg=argv):
-                test_twistd.parse("--dlock-port", "tcp:0", *argv)
+                parse("--dlock-port", "tcp:0", *argv)
 
 
 # -- the server twistd builds, on a Clock ----------------------------------------------
@@ -556,7 +554,7 @@ class BuiltServer:
 
     def __init__(self, *argv: str) -> None:
         self.clock = Clock()
-        options = test_twistd.parse("--dlock-port", "tcp:0:interface=127.0.0.1", *argv)
+        options = parse("--dlock-port", "tcp:0:interface=127.0.0.1", *argv)
         self.server = build_server(self.clock, tap.settings_from(options))
         self.factories = self.server.factories
         self._port = 50000

@@ -23,7 +23,7 @@ from jesync.fencing import AHEAD, EVERY, MARK_FILE, RENEW_BELOW, ROOM, IDurableM
 from jesync.interfaces import ITokenMark
 from jesync.server import ServerSettings, build_server
 from jesync.service import LockService
-from tests.process.test_twistd import parse, short_temp_dir
+from tests.support import parse, short_temp_dir
 
 
 class ServiceTokenTests(SynchronousTestCase):

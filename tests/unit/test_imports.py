@@ -216,3 +216,23 @@ class ImportGraphTests(SynchronousTestCase):
             [["top", "top.sub", "top"], ["top.late", "top.lower.deep", "top.late"]],
         )
         self.assertEqual(reachable(graph, "top.alone"), {"top.lower": ["top.alone", "top.lower"]})
+
+
+class TestModuleImportTests(SynchronousTestCase):
+    def test_no_test_module_imports_another(self) -> None:
+        """A test module imports its helpers from the modules at tests/ top level, never from a test module."""
+        found = []
+        for path in sorted((ROOT / "tests").rglob("test_*.py")):
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom):
+                    names = [f"{node.module or ''}.{alias.name}" for alias in node.names]
+                elif isinstance(node, ast.Import):
+                    names = [alias.name for alias in node.names]
+                else:
+                    continue
+                found += [
+                    f"{path.relative_to(ROOT)}:{node.lineno}: {name}"
+                    for name in names
+                    if any(part.startswith("test_") for part in name.split("."))
+                ]
+        self.assertEqual(found, [])

@@ -21,8 +21,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.listening import listen_error, public_endpoint
 from jesync.server import ServerSettings
-from tests.process import test_twistd
-from tests.tcp.test_listen_failure import IN_USE
+from tests.support import IN_USE, parse
 
 
 class PublicEndpointTests(SynchronousTestCase):
@@ -99,7 +98,7 @@ class TLSExtraTests(SynchronousTestCase):
         with mock.patch.dict(sys.modules, hidden):
             for option in ["--port", "--elock-port", "--dlock-port", "--memcache-port", "--metrics"]:
                 error = self.assertRaises(
-                    usage.UsageError, test_twistd.parse, option, "ssl:11443:privateKey=key.pem:certKey=cert.pem"
+                    usage.UsageError, parse, option, "ssl:11443:privateKey=key.pem:certKey=cert.pem"
                 )
                 self.assertEqual(
                     str(error),
@@ -107,4 +106,4 @@ class TLSExtraTests(SynchronousTestCase):
                     "pip install 'jesync[tls]'",
                 )
             # other endpoints need no TLS
-            self.assertEqual(test_twistd.parse("--port", "tcp:7777")["ports"], ["tcp:7777"])
+            self.assertEqual(parse("--port", "tcp:7777")["ports"], ["tcp:7777"])

@@ -402,7 +402,7 @@ class KeysTests(SynchronousTestCase):
     KEYS = 3000
 
     def setUp(self) -> None:
-        from tests.unit.test_memcache_protocol import Unit
+        from tests.memcache_messages import Unit
 
         self.unit = Unit()
         budget = ListingBudget(self.KEYS * REFERENCE_BYTES * 3 // 2, self.unit.clock)
@@ -436,7 +436,7 @@ class KeysTests(SynchronousTestCase):
         self.assertEqual(self.budget.held, 0)
 
     def test_binary(self) -> None:
-        from tests.unit.test_memcache_protocol import binary, responses
+        from tests.memcache_messages import binary, responses
 
         slow = self.not_reading()
         slow.send(binary(0x50, b"key.", opaque=1))
@@ -455,7 +455,7 @@ class KeysTests(SynchronousTestCase):
 
     def test_refused_before_the_store_is_walked(self) -> None:
         """The budget is checked by the most a C{keys} could list (every object), before the store is walked."""
-        from tests.unit.test_memcache_protocol import binary, responses
+        from tests.memcache_messages import binary, responses
 
         slow = self.not_reading()
         slow.send(b"keys\r\n")
@@ -489,7 +489,7 @@ class KeysTests(SynchronousTestCase):
 
     def test_small_store_answered_with_the_budget_spent(self) -> None:
         """A store too small to fill a piece is walked first: what lists little is answered, charged nothing."""
-        from tests.unit.test_memcache_protocol import binary, responses
+        from tests.memcache_messages import binary, responses
 
         self.unit.store.flush()
         for key in self.keys[:100]:

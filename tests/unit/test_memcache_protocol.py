@@ -12,65 +12,14 @@ from __future__ import annotations
 
 import struct
 
-from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
 from twisted.logger import LogLevel, globalLogPublisher
 from twisted.trial.unittest import SynchronousTestCase
 
-from jesync.connections.policy import ConnectionPolicy, Connections
+from jesync.connections.policy import Connections
 from jesync.protocols.memcache import MemcacheFactory
-from jesync.service import LockService
-from jesync.store import ObjectStore
-from tests.support import UnitClient
-
-HEADER = struct.Struct(">BBHBBHIIQ")
-
-
-def binary(
-    opcode: int, key: bytes = b"", extras: bytes = b"", value: bytes = b"", opaque: int = 0, cas: int = 0
-) -> bytes:
-    body = extras + key + value
-    return HEADER.pack(0x80, opcode, len(key), len(extras), 0, 0, len(body), opaque, cas) + body
-
-
-def responses(data: bytes) -> list[tuple[int, int, int, bytes, bytes, bytes]]:
-    """(opcode, status, opaque, extras, key, value) of each binary response in C{data}."""
-    found = []
-    while data:
-        magic, opcode, key_length, extras_length, _, status, body_length, opaque, _ = HEADER.unpack_from(data)
-        assert magic == 0x81, data
-        body = data[24 : 24 + body_length]
-        found.append(
-            (
-                opcode,
-                status,
-                opaque,
-                body[:extras_length],
-                body[extras_length : extras_length + key_length],
-                body[extras_length + key_length :],
-            )
-        )
-        data = data[24 + body_length :]
-    return found
-
-
-class Unit:
-    def __init__(self, **policy) -> None:
-        self.clock = Clock()
-        self.clock.advance(1_800_000_000)
-        self.service = LockService(self.clock)
-        self.store = ObjectStore(self.service, memory=1 << 20, max_item=1000)
-        self.factory = MemcacheFactory(self.store, policy=ConnectionPolicy(**policy))
-        self._port = 40000
-
-    def connect(self) -> UnitClient:
-        self._port += 1
-        peer = IPv4Address("TCP", "127.0.0.1", self._port)
-        transport = StringTransport(peerAddress=peer)
-        protocol = self.factory.buildProtocol(peer)
-        protocol.makeConnection(transport)
-        return UnitClient(protocol, transport)
+from tests.memcache_messages import HEADER, Unit, binary, responses
+from tests.support import parse
 
 
 class MixedTests(SynchronousTestCase):
@@ -388,9 +337,8 @@ class OptionsTests(SynchronousTestCase):
 
     def factory(self, *argv: str) -> MemcacheFactory:
         from jesync import tap
-        from tests.process import test_twistd
 
-        server = tap.makeService(test_twistd.parse("--memcache-port", "tcp:0:interface=127.0.0.1", *argv))
+        server = tap.makeService(parse("--memcache-port", "tcp:0:interface=127.0.0.1", *argv))
         factory = server.factories["memcache"]
         assert isinstance(factory, MemcacheFactory)
         self.assertIn("memcached on tcp:0:interface=127.0.0.1", server.summary)
@@ -398,11 +346,10 @@ class OptionsTests(SynchronousTestCase):
 
     def test_defaults(self) -> None:
         from jesync import tap
-        from tests.process import test_twistd
 
         store = self.factory().store
         self.assertEqual((store.memory, store.max_item), (64 * 1024**2, 1024**2))
-        self.assertIsNone(tap.makeService(test_twistd.parse()).factories["memcache"])
+        self.assertIsNone(tap.makeService(parse()).factories["memcache"])
 
     def test_sizes_with_units(self) -> None:
         store = self.factory("--memcache-memory", "1g", "--memcache-max-item", "512k").store
@@ -414,8 +361,6 @@ class OptionsTests(SynchronousTestCase):
     def test_bad_values(self) -> None:
         from twisted.python import usage
 
-        from tests.process import test_twistd
-
         for argv in (
             ["--memcache-memory", "0"],
             ["--memcache-memory", "lots"],
@@ -424,7 +369,7 @@ class OptionsTests(SynchronousTestCase):
             ["--memcache-port", "bogus:1"],
         ):
             with self.assertRaises(usage.UsageError, msg=argv):
-                test_twistd.parse("--memcache-port", "tcp:0", *argv)
+                parse("--memcache-port", "tcp:0", *argv)
 
     def test_the_store_is_swept_while_the_server_runs(self) -> None:
         from jesync.server import ServerSettings, build_server

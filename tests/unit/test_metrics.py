@@ -28,7 +28,7 @@ from zope.interface.verify import verifyObject
 from jesync.errors import LockTimeout
 from jesync.interfaces import ILockObserver
 from jesync.service import LockService
-from tests.tcp.test_metrics import skip_without_prometheus
+from tests.support import skip_without_prometheus
 
 try:
     from prometheus_client import CollectorRegistry

@@ -26,9 +26,16 @@ from jesync.connections.policy import KEEPALIVE_PROBES, Connections, tune_tcp
 from jesync.protocols.elock import ELockFactory
 from jesync.protocols.jesync import JESyncFactory
 from jesync.lock_server import LockServer
-from tests.support import UnitServer, without_tokens
-from tests.process.test_twistd import parse, short_temp_dir
-from tests.tcp.test_operations import LINUX_KEEPALIVE, TOKEN, keepalive_options, write_file
+from tests.support import (
+    LINUX_KEEPALIVE,
+    TOKEN,
+    UnitServer,
+    keepalive_options,
+    parse,
+    short_temp_dir,
+    without_tokens,
+    write_file,
+)
 
 # Timers fire at most one tick after their time, never before it.
 TICK = 1 / TICKS_PER_SECOND

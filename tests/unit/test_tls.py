@@ -2,20 +2,20 @@
 The TLS options as C{twistd jesync} reads them, with nothing listening: a
 cipher string that selects nothing, a version below 1.2 and C{sslmethod=}
 are refused with one line each.  The certificates are
-L{tests.tcp.test_tls}'s (made with C{cryptography}); TLS over real sockets
-is there too.
+L{tests.tls_certificates}' (made with C{cryptography}); TLS over real
+sockets is L{tests.tcp.test_tls}.
 """
 
 from __future__ import annotations
 
 from twisted.python import usage
+from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.tap import Options
-from tests.tcp.test_operations import ServerTestCase
-from tests.tcp.test_tls import make_certificate, ssl_port, skip_without_tls
+from tests.tls_certificates import make_certificate, skip_without_tls, ssl_port
 
 
-class TLSOptionTests(ServerTestCase):
+class TLSOptionTests(SynchronousTestCase):
     skip = skip_without_tls
 
     def refusal(self, *argv: str, port_arguments: str = "") -> str:

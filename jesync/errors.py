@@ -33,6 +33,27 @@ class AlreadyWaiting(Exception):
         self.key = key
 
 
+class ModeConflict(Exception):
+    """
+    The owner holds the key in the other mode: a shared holder asked for it
+    exclusive (an upgrade) or an exclusive holder asked for it shared (a
+    downgrade).  Neither exists: it is refused at once, nothing changes, and
+    the owner keeps its grant (so no two upgrading readers can deadlock).
+    Release it and ask again in the mode wanted.
+
+    @ivar key: the key.
+    @ivar held: the mode the owner holds it in (C{"shared"} or C{"exclusive"}).
+    """
+
+    def __init__(self, key: str, held: str) -> None:
+        wanted = "exclusive" if held == "shared" else "shared"
+        super().__init__(
+            f"{key!r} is held {held} by this owner: no upgrade or downgrade to {wanted}; release it first"
+        )
+        self.key = key
+        self.held = held
+
+
 def show_number(value: float) -> str:
     """A count or a number of seconds as people write it: 10, not 10.0; 0.2 as 0.2."""
     return str(int(value)) if value == int(value) else str(value)

@@ -31,6 +31,39 @@ at all: a new request for it is granted at once or queued by looking at its
 holders only.  Where a multi-key request waits, a new request also looks for
 a candidate ahead of it.
 
+Modes: a request is exclusive (all of the above: counting semaphores
+included) or shared.  Shared holders are compatible with each other, any
+number of them, and with nothing exclusive; so a key's holders are all
+shared or all exclusive.  The grant rule with modes: a shared request may
+join shared holders or none (C{max_concurrent} does not apply to it: it must
+be 1, and a shared grant's C{max_concurrent} is 1, which keeps every
+exclusive request out while one holds); an exclusive request may join no
+shared holder, and exclusive holders by the rule above.  Fairness keeps one
+arrival order per key: a waiter is admitted only if the grant rule admits it
+I{and} no waiter of the other mode arrived before it and still waits.  So a
+waiting exclusive request holds back every later shared one (readers cannot
+starve a writer), a waiting shared request is not passed by a later
+exclusive one (a counting semaphore's included), and the shared requests
+that reach the head of a queue together are granted together, in the same
+change.  Between exclusive requests nothing changes: with no shared request
+waiting, a C{lock k 3} still passes a waiting C{lock k 1}.  A multi-key
+request has one mode for all its keys; a shared one is granted when each of
+its keys admits it (shared holders or none, no exclusive waiter ahead of it),
+and shared requests never hold each other back.  There is no upgrade and no
+downgrade: an owner that holds a key and asks for it in the other mode is
+refused at once with L{jesync.errors.ModeConflict} (its grant stays as it
+is; never a wait, so two readers that both want to write cannot deadlock).
+Asking again in the same mode is a renewal, as ever.  Expiry, release,
+release on disconnect, fencing tokens (one per grant, shared or not) and the
+limits are the same for both modes.  The plain path costs what it did: an
+exclusive request without a value tests two identities more, and a key no
+shared request waits for takes the exclusive path as before.
+
+Holder values: a request may carry a value (bytes, at most L{MAX_VALUE},
+4 KiB), kept on its grant (C{Grant.value}) for anyone to read through
+C{holders}: a leader's address, an owner's label.  A renewal with a value
+replaces it; one without keeps it.
+
 Fencing tokens: every grant gets a token, an integer larger than any the
 service gave before (so strictly increasing per key, and across keys):
 C{max(last + 1, now in microseconds)}, C{now} read from the service's clock.
@@ -66,12 +99,17 @@ from twisted.internet.interfaces import IReactorTime
 from zope.interface import implementer
 
 from jesync.deadlines import Deadlines
-from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout
+from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout, ModeConflict
 from jesync.interfaces import IGrant, ILockObserver, ILockService, ITokenMark, KeyStatus, ListingOrder, Totals
 from jesync.listing import listing_sort_key
 
 DEFAULT_EXPIRES = 120
 WAIT_FOREVER = -1
+#: The two modes of a request and a grant.
+EXCLUSIVE = "exclusive"
+SHARED = "shared"
+#: The longest holder value, in bytes.
+MAX_VALUE = 4096
 
 _new_status = tuple.__new__
 
@@ -80,7 +118,7 @@ _new_status = tuple.__new__
 class Grant:
     """One owner's hold on a key: the handle L{LockService.acquire} returns."""
 
-    __slots__ = ("_service", "key", "owner", "max_concurrent", "granted_at", "expires_at", "token")
+    __slots__ = ("_service", "key", "owner", "max_concurrent", "granted_at", "expires_at", "token", "mode", "value")
 
     def __init__(
         self,
@@ -91,6 +129,8 @@ class Grant:
         granted_at: float,
         expires_at: float | None,
         token: int,
+        mode: str,
+        value: bytes | None,
     ) -> None:
         self._service = service
         self.key = key
@@ -99,6 +139,10 @@ class Grant:
         self.granted_at = granted_at
         self.expires_at = expires_at
         self.token = token
+        #: EXCLUSIVE or SHARED (a shared grant's max_concurrent is 1).
+        self.mode = mode
+        #: What its holder set (bytes, at most MAX_VALUE), or None.
+        self.value = value
 
     @property
     def seconds_left(self) -> float | None:
@@ -119,10 +163,24 @@ class _Waiter:
 
     A multi-key request has C{keys}: the keys it waits for (in the queue of
     each), C{key} being the first; and C{asked}: every key it asked for, those
-    its owner held already included.  Both are None for one key.
+    its owner held already included.  Both are None for one key.  C{shared}:
+    a shared request (its C{max_concurrent} is 1); C{value}: the value its
+    grants will carry.
     """
 
-    __slots__ = ("key", "owner", "max_concurrent", "expires", "requested_at", "timeout_at", "deferred", "keys", "asked")
+    __slots__ = (
+        "key",
+        "owner",
+        "max_concurrent",
+        "expires",
+        "requested_at",
+        "timeout_at",
+        "deferred",
+        "keys",
+        "asked",
+        "shared",
+        "value",
+    )
 
     def __init__(
         self,
@@ -133,6 +191,8 @@ class _Waiter:
         requested_at: float,
         timeout_at: float | None,
         deferred: Deferred,
+        shared: bool,
+        value: bytes | None,
     ) -> None:
         self.key = key
         self.owner = owner
@@ -141,6 +201,8 @@ class _Waiter:
         self.requested_at = requested_at
         self.timeout_at = timeout_at
         self.deferred: Deferred | None = deferred
+        self.shared = shared
+        self.value = value
         self.keys: tuple[str, ...] | None = None
         self.asked: tuple[str, ...] | None = None
 
@@ -152,16 +214,18 @@ class _Lock:
     C{waiters} is created on the first wait and dropped when nobody waits.  A
     waiter that leaves from the middle (timeout, cancel, or granted through
     another of its keys) is only marked and skipped later, so leaving is
-    O(1); C{waiting} counts the live ones, C{multi} the live multi-key ones.
+    O(1); C{waiting} counts the live ones, C{multi} the live multi-key ones,
+    C{shared} the live shared ones.  Holders are all exclusive or all shared.
     """
 
-    __slots__ = ("holders", "waiters", "waiting", "multi")
+    __slots__ = ("holders", "waiters", "waiting", "multi", "shared")
 
     def __init__(self) -> None:
         self.holders: list[Grant] = []
         self.waiters: deque[_Waiter] | None = None
         self.waiting = 0
         self.multi = 0
+        self.shared = 0
 
     def limit(self) -> float:
         """The most holders every current holder accepts."""
@@ -175,7 +239,7 @@ class _ManyGranted:
     when it is granted).
     """
 
-    __slots__ = ("grants", "owner", "asked", "expires")
+    __slots__ = ("grants", "owner", "asked", "expires", "value")
 
     def __init__(self, grants: List[Grant], waiter: _Waiter) -> None:
         assert waiter.asked is not None
@@ -183,6 +247,7 @@ class _ManyGranted:
         self.owner = waiter.owner
         self.asked = waiter.asked
         self.expires = waiter.expires
+        self.value = waiter.value
 
 
 _Held = Union[Grant, _Waiter]
@@ -200,6 +265,26 @@ def check_request(max_concurrent: int, timeout: float, expires: float) -> None:
         raise ValueError("Timeout should be -1 (wait for ever) or at least 0")
     if expires < 0:
         raise ValueError("Expire timeout should be greater or equal than 0")
+
+
+def check_mode(mode: str, max_concurrent: int, value: bytes | None) -> bool:
+    """
+    Raise ValueError for an unknown mode, a shared request with a
+    C{max_concurrent} other than 1, or a value that is not bytes or is
+    longer than L{MAX_VALUE}; return whether the request is shared.
+    """
+    if value is not None:
+        if not isinstance(value, bytes):
+            raise ValueError("A value should be bytes")
+        if len(value) > MAX_VALUE:
+            raise ValueError(f"A value should be at most {MAX_VALUE} bytes")
+    if mode == EXCLUSIVE:
+        return False
+    if mode != SHARED:
+        raise ValueError(f"Mode should be {EXCLUSIVE!r} or {SHARED!r}")
+    if max_concurrent != 1:
+        raise ValueError("A shared request takes no max concurrent (it should be 1)")
+    return True
 
 
 #: C{token_check} without a mark: above every 64-bit token.
@@ -272,8 +357,10 @@ class LockService:
         max_concurrent: int = 1,
         timeout: float = WAIT_FOREVER,
         expires: float = DEFAULT_EXPIRES,
+        mode: str = EXCLUSIVE,
+        value: bytes | None = None,
     ) -> Deferred[Grant]:
-        result = self.request(key, owner, max_concurrent, timeout, expires)
+        result = self.request(key, owner, max_concurrent, timeout, expires, mode, value)
         return succeed(result) if isinstance(result, Grant) else result
 
     def request(
@@ -283,13 +370,21 @@ class LockService:
         max_concurrent: int = 1,
         timeout: float = WAIT_FOREVER,
         expires: float = DEFAULT_EXPIRES,
+        mode: str = EXCLUSIVE,
+        value: bytes | None = None,
     ) -> Union[Grant, Deferred[Grant]]:
         check_request(max_concurrent, timeout, expires)
+        # (the plain request, exclusive without a value, tests two identities)
+        shared = False if mode is EXCLUSIVE and value is None else check_mode(mode, max_concurrent, value)
         held = self._owners.get(owner)
         current = held.get(key) if held is not None else None
         if current is not None:
             if isinstance(current, Grant):
+                if (current.mode is SHARED) is not shared:
+                    return fail(ModeConflict(key, current.mode))
                 self._renew(current, expires)
+                if value is not None:
+                    current.value = value
                 return current
             return fail(AlreadyWaiting(key))
 
@@ -301,12 +396,18 @@ class LockService:
                 raise LimitReached("max-keys", self.max_keys)
             lock = self._locks[key] = _Lock()
         granted = len(lock.holders)
-        if (
-            granted < max_concurrent
-            and granted < lock.limit()
-            and (not lock.multi or self._candidate(lock) is None)
-        ):
-            grant = self._grant(lock, key, owner, max_concurrent, expires)
+        if shared:
+            # Shared holders (or none), and no exclusive request waiting.
+            admitted = (not granted or lock.holders[0].mode is SHARED) and lock.waiting == lock.shared
+        else:
+            admitted = (
+                granted < max_concurrent
+                and granted < lock.limit()
+                and not lock.shared
+                and (not lock.multi or self._candidate(lock) is None)
+            )
+        if admitted:
+            grant = self._grant(lock, key, owner, max_concurrent, expires, SHARED if shared else EXCLUSIVE, value)
             if self.observer is not None:
                 self.observer.granted(grant, 0.0)
             return grant
@@ -317,11 +418,13 @@ class LockService:
         now = self.clock.seconds()
         timeout_at = None if timeout == WAIT_FOREVER else now + timeout
         deferred: Deferred[Grant] = Deferred(lambda d: self._withdraw(waiter))
-        waiter = _Waiter(key, owner, max_concurrent, expires, now, timeout_at, deferred)
+        waiter = _Waiter(key, owner, max_concurrent, expires, now, timeout_at, deferred, shared, value)
         if lock.waiters is None:
             lock.waiters = deque()
         lock.waiters.append(waiter)
         lock.waiting += 1
+        if shared:
+            lock.shared += 1
         self._waiting += 1
         self.version += 1
         self._owner_entries(owner)[key] = waiter
@@ -335,8 +438,10 @@ class LockService:
         owner: Hashable,
         timeout: float = WAIT_FOREVER,
         expires: float = DEFAULT_EXPIRES,
+        mode: str = EXCLUSIVE,
+        value: bytes | None = None,
     ) -> Deferred[List[Grant]]:
-        result = self.request_many(keys, owner, timeout, expires)
+        result = self.request_many(keys, owner, timeout, expires, mode, value)
         return succeed(result) if isinstance(result, list) else result
 
     def request_many(
@@ -345,11 +450,15 @@ class LockService:
         owner: Hashable,
         timeout: float = WAIT_FOREVER,
         expires: float = DEFAULT_EXPIRES,
+        mode: str = EXCLUSIVE,
+        value: bytes | None = None,
     ) -> Union[List[Grant], Deferred[List[Grant]]]:
         asked = tuple(dict.fromkeys(keys))
         if not asked:
             raise ValueError("No keys given")
         check_request(1, timeout, expires)
+        shared = check_mode(mode, 1, value)
+        mode = SHARED if shared else EXCLUSIVE
         held = self._owners.get(owner)
         renewals = []
         wanted = []
@@ -359,6 +468,8 @@ class LockService:
                 return fail(AlreadyWaiting(key))
             if current is None:
                 wanted.append(key)
+            elif current.mode is not mode:
+                return fail(ModeConflict(key, current.mode))
             else:
                 renewals.append(current)
         if wanted and self.max_held is not None and held is not None:
@@ -369,13 +480,27 @@ class LockService:
             raise LimitReached("max-keys", self.max_keys)
         # A key with no holder and no waiter is free; a key with no holder and
         # a waiter has a candidate ahead of this request (anyone may join
-        # no holders).
-        busy = [key for key in wanted if key in locks and (locks[key].holders or locks[key].waiting)]
+        # no holders).  A shared request is also admitted by shared holders
+        # when no exclusive request waits.
+        if shared:
+            busy = [
+                key
+                for key in wanted
+                if key in locks
+                and (
+                    (locks[key].holders and locks[key].holders[0].mode is not SHARED)
+                    or locks[key].waiting != locks[key].shared
+                )
+            ]
+        else:
+            busy = [key for key in wanted if key in locks and (locks[key].holders or locks[key].waiting)]
         if not busy:
             for grant in renewals:
                 self._renew(grant, expires)
+                if value is not None:
+                    grant.value = value
             for key in wanted:
-                grant = self._grant(self._lock_of(key), key, owner, 1, expires)
+                grant = self._grant(self._lock_of(key), key, owner, 1, expires, mode, value)
                 if self.observer is not None:
                     self.observer.granted(grant, 0.0)
             entries = self._owners[owner]
@@ -387,7 +512,7 @@ class LockService:
         now = self.clock.seconds()
         timeout_at = None if timeout == WAIT_FOREVER else now + timeout
         deferred: Deferred[List[Grant]] = Deferred(lambda d: self._withdraw(waiter))
-        waiter = _Waiter(wanted[0], owner, 1, expires, now, timeout_at, deferred)
+        waiter = _Waiter(wanted[0], owner, 1, expires, now, timeout_at, deferred, shared, value)
         waiter.keys = tuple(wanted)
         waiter.asked = asked
         entries = self._owner_entries(owner)
@@ -398,6 +523,7 @@ class LockService:
             lock.waiters.append(waiter)
             lock.waiting += 1
             lock.multi += 1
+            lock.shared += shared
             entries[key] = waiter
         self._waiting += 1
         self.version += 1
@@ -429,6 +555,8 @@ class LockService:
                 cancelled.append(self._leave(entry))
                 if entry.keys is not None:
                     freed.update(dict.fromkeys(entry.keys))
+                elif entry.shared or self._locks[key].shared:
+                    freed[key] = None  # (it may have held back waiters of the other mode)
         granted: _Granted = []
         for key in freed:
             granted.extend(self._admit(key, self._locks[key]))
@@ -533,7 +661,16 @@ class LockService:
         if self.max_total_waits is not None and self._waiting >= self.max_total_waits:
             raise LimitReached("max-total-waits", self.max_total_waits)
 
-    def _grant(self, lock: _Lock, key: str, owner: Hashable, max_concurrent: int, expires: float) -> Grant:
+    def _grant(
+        self,
+        lock: _Lock,
+        key: str,
+        owner: Hashable,
+        max_concurrent: int,
+        expires: float,
+        mode: str,
+        value: bytes | None,
+    ) -> Grant:
         now = self.clock.seconds()
         expires_at = now + expires if expires else None
         token = int(now * 1000000)
@@ -542,7 +679,7 @@ class LockService:
         if token > self.token_check and self.token_mark is not None:
             token = self.token_mark.reached(token)
         self.last_token = token
-        grant = Grant(self, key, owner, max_concurrent, now, expires_at, token)
+        grant = Grant(self, key, owner, max_concurrent, now, expires_at, token, mode, value)
         if lock.holders:
             lock.holders.append(grant)
         else:
@@ -567,15 +704,30 @@ class LockService:
             self._expiries.add(grant, grant.expires_at)
 
     def _candidate(self, lock: _Lock) -> _Waiter | None:
-        """The first waiter (in arrival order) the grant rule admits, if any."""
+        """
+        The first exclusive waiter (in arrival order) the grant rule admits
+        and no shared waiter precedes, if any.
+        """
         joining = len(lock.holders) + 1
         if not lock.waiting or joining > lock.limit():
             return None
         assert lock.waiters is not None
         for waiter in lock.waiters:
-            if waiter.deferred is not None and waiter.max_concurrent >= joining:
-                return waiter
+            if waiter.deferred is not None and (waiter.max_concurrent >= joining or waiter.shared):
+                return None if waiter.shared else waiter
         return None
+
+    def _shared_admits(self, lock: _Lock, waiter: _Waiter) -> bool:
+        """Whether C{lock} admits the shared C{waiter}: shared holders (or none), no exclusive waiter before it."""
+        if lock.holders and lock.holders[0].mode is not SHARED:
+            return False
+        assert lock.waiters is not None
+        for other in lock.waiters:
+            if other is waiter:
+                return True
+            if other.deferred is not None and not other.shared:
+                return False
+        return False  # (not in the queue: cannot happen)
 
     def _admit(self, key: str, lock: _Lock) -> _Granted:
         """
@@ -588,6 +740,9 @@ class LockService:
         granted: _Granted = []
         if not lock.waiting:
             return granted
+        if lock.shared and lock.holders and lock.holders[0].mode is SHARED:
+            assert lock.waiters is not None
+            return self._admit_shared(key, lock, lock.waiters)
         limit = lock.limit()
         while lock.waiting:
             waiters = lock.waiters  # _leave may have compacted it
@@ -598,9 +753,15 @@ class LockService:
             if joining > limit:
                 break
             for index, waiter in enumerate(waiters):
-                if waiter.deferred is not None and waiter.max_concurrent >= joining:
+                if waiter.deferred is not None and (waiter.max_concurrent >= joining or waiter.shared):
                     break
             else:
+                break
+            if waiter.shared:
+                # Shared requests first in line (none if an exclusive one is
+                # ahead of them) are granted together.
+                if index == 0:
+                    granted.extend(self._admit_shared(key, lock, waiters))
                 break
             if waiter.keys is not None:
                 # A multi-key candidate: granted if it is the candidate of
@@ -610,11 +771,37 @@ class LockService:
                 break
             del waiters[index]
             deferred = self._leave(waiter, lock)
-            grant = self._grant(lock, key, waiter.owner, waiter.max_concurrent, waiter.expires)
+            grant = self._grant(lock, key, waiter.owner, waiter.max_concurrent, waiter.expires, EXCLUSIVE, waiter.value)
             if self.observer is not None:
                 self.observer.granted(grant, grant.granted_at - waiter.requested_at)
             granted.append((deferred, grant))
             limit = min(limit, waiter.max_concurrent)
+        return granted
+
+    def _admit_shared(self, key: str, lock: _Lock, waiters: deque[_Waiter]) -> _Granted:
+        """
+        Grant the shared waiters at the head of C{key}'s queue (up to the
+        first exclusive one), if its holders are shared or none: each one
+        for C{key} alone, each multi-key one that every key it waits for
+        admits.  (Granted ones are only marked: C{waiters} is not changed
+        while it is walked.)
+        """
+        granted: _Granted = []
+        if lock.holders and lock.holders[0].mode is not SHARED:
+            return granted
+        for waiter in waiters:
+            if waiter.deferred is None:
+                continue
+            if not waiter.shared:
+                break
+            if waiter.keys is None:
+                deferred = self._leave(waiter, lock)
+                grant = self._grant(lock, key, waiter.owner, 1, waiter.expires, SHARED, waiter.value)
+                if self.observer is not None:
+                    self.observer.granted(grant, grant.granted_at - waiter.requested_at)
+                granted.append((deferred, grant))
+            elif all(other == key or self._shared_admits(self._locks[other], waiter) for other in waiter.keys):
+                granted.append(self._grant_many(waiter))
         return granted
 
     def _grant_many(self, waiter: _Waiter) -> tuple[Deferred, _ManyGranted]:
@@ -622,8 +809,9 @@ class LockService:
         deferred = self._leave(waiter)
         assert waiter.keys is not None and waiter.asked is not None
         grants = []
+        mode = SHARED if waiter.shared else EXCLUSIVE
         for key in waiter.keys:
-            grant = self._grant(self._locks[key], key, waiter.owner, 1, waiter.expires)
+            grant = self._grant(self._locks[key], key, waiter.owner, 1, waiter.expires, mode, waiter.value)
             if self.observer is not None:
                 self.observer.granted(grant, grant.granted_at - waiter.requested_at)
             grants.append(grant)
@@ -641,10 +829,10 @@ class LockService:
         if waiter.timeout_at is not None:
             self._wait_timeouts.discard(waiter, waiter.timeout_at)
         if waiter.keys is None:
-            self._shrink_queue(lock or self._locks[waiter.key], 0)
+            self._shrink_queue(lock or self._locks[waiter.key], 0, waiter.shared)
         else:
             for key in waiter.keys:
-                self._shrink_queue(self._locks[key], 1)
+                self._shrink_queue(self._locks[key], 1, waiter.shared)
             spread = self._spread.get(waiter.owner)
             if spread is not None:
                 spread -= len(waiter.keys) - 1
@@ -654,10 +842,12 @@ class LockService:
                     del self._spread[waiter.owner]
         return deferred
 
-    def _shrink_queue(self, lock: _Lock, multi: int) -> None:
-        """One waiter (C{multi}: a multi-key one) has left C{lock}'s queue."""
+    def _shrink_queue(self, lock: _Lock, multi: int, shared: bool) -> None:
+        """One waiter (C{multi}: a multi-key one; C{shared}: a shared one) has left C{lock}'s queue."""
         lock.waiting -= 1
         lock.multi -= multi
+        if shared:
+            lock.shared -= 1
         self.version += 1
         waiters = lock.waiters
         assert waiters is not None
@@ -738,6 +928,8 @@ class LockService:
         for entry in answer:
             if id(entry) not in new:
                 self._renew(entry, given.expires)  # type: ignore[arg-type]
+                if given.value is not None:
+                    entry.value = given.value  # type: ignore[union-attr]
         deferred.callback(answer)
 
     def _holds(self, grant: Grant) -> bool:
@@ -755,8 +947,9 @@ class LockService:
         for key in keys:
             self._forget_entry(waiter.owner, entries, key)
         granted: _Granted = []
-        if waiter.keys is not None:
-            # Where it was the candidate, others may be now.
+        if waiter.keys is not None or waiter.shared or self._locks[waiter.key].shared:
+            # Where it was the candidate, or held back waiters of the other
+            # mode, others may be admitted now.
             for key in keys:
                 granted.extend(self._admit(key, self._locks[key]))
         for key in keys:
@@ -774,7 +967,15 @@ class LockService:
         if waiter.keys is None:
             error = LockTimeout(waiter.key)
         else:
-            busy = [key for key in waiter.keys if self._candidate(self._locks[key]) is not waiter]
+            busy = [
+                key
+                for key in waiter.keys
+                if not (
+                    self._shared_admits(self._locks[key], waiter)
+                    if waiter.shared
+                    else self._candidate(self._locks[key]) is waiter
+                )
+            ]
             error = LockTimeout(waiter.key, busy)
         self._withdraw(waiter)
         if self.observer is not None:

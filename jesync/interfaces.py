@@ -34,6 +34,13 @@ class IGrant(Interface):
         "Its fencing token: an int larger than every token the service gave before it"
         " (across restarts too, under the clock assumption of jesync.service); a renewal keeps it."
     )
+    mode = Attribute(
+        '"exclusive" or "shared" (jesync.service.EXCLUSIVE, SHARED); a shared grant\'s max_concurrent is 1.'
+    )
+    value = Attribute(
+        "The bytes its holder set with its request (at most jesync.service.MAX_VALUE, 4096), or None;"
+        " a renewal with a value replaces it, one without keeps it."
+    )
 
     def release() -> bool:
         """
@@ -49,8 +56,11 @@ class ILockService(Interface):
     A table of named counting locks, shared by every protocol and embedder.
 
     An owner is any hashable object (a protocol connection, usually).  A key is
-    held by at most as many owners as every holder's C{max_concurrent} allows;
-    other requests wait in arrival order.
+    held exclusively by at most as many owners as every holder's
+    C{max_concurrent} allows, or shared by any number of owners, never both;
+    other requests wait in arrival order, and a waiting request of one mode
+    holds back later requests of the other (the rule is
+    L{jesync.service}'s).
     """
 
     clock = Attribute("The IReactorTime that wait timeouts and expiries run on.")
@@ -67,15 +77,20 @@ class ILockService(Interface):
         max_concurrent: int = 1,
         timeout: float = -1,
         expires: float = 120,
+        mode: str = "exclusive",
+        value=None,
     ):
         """
         Ask for C{key} on behalf of C{owner}.
 
         @param max_concurrent: how many holders (this one included) the
-            requester accepts; at least 1.
+            requester accepts; at least 1 (exactly 1 for a shared request).
         @param timeout: seconds to wait; -1 waits for ever, 0 does not wait.
         @param expires: seconds after the grant at which it is released
             automatically (the failsafe); 0 means never.
+        @param mode: C{"exclusive"} or C{"shared"}: shared holders admit each
+            other and nothing exclusive.
+        @param value: bytes (at most 4096) its grant carries, or None.
         @raise ValueError: if a parameter is out of range (nothing changes).
         @raise jesync.errors.LimitReached: if the request would pass one of
             the service's limits (nothing changes).
@@ -84,7 +99,9 @@ class ILockService(Interface):
             C{expires}) and the same grant is returned.  It fails with
             L{jesync.errors.LockTimeout} when the wait times out, with
             L{jesync.errors.AlreadyWaiting} at once if C{owner} already waits
-            for C{key} (the first request still stands), and with
+            for C{key} (the first request still stands), with
+            L{jesync.errors.ModeConflict} at once if C{owner} holds C{key} in
+            the other mode (no upgrade, no downgrade; its grant stays), and with
             L{twisted.internet.defer.CancelledError} if it is cancelled or the
             owner goes away first.
         """
@@ -95,6 +112,8 @@ class ILockService(Interface):
         max_concurrent: int = 1,
         timeout: float = -1,
         expires: float = 120,
+        mode: str = "exclusive",
+        value=None,
     ):
         """
         L{acquire}, without a Deferred for a grant made (or renewed) at once:
@@ -104,9 +123,12 @@ class ILockService(Interface):
             Deferred L{acquire} would return.  Raises as L{acquire} does.
         """
 
-    def acquire_many(keys, owner: Hashable, timeout: float = -1, expires: float = 120):
+    def acquire_many(
+        keys, owner: Hashable, timeout: float = -1, expires: float = 120, mode: str = "exclusive", value=None
+    ):
         """
-        Ask for several keys at once, all or nothing, a mutex on each.
+        Ask for several keys at once, all or nothing, each one in C{mode}: a
+        mutex on each, or shared on each (with C{value} on each grant).
 
         The request waits in the queue of every key it does not hold yet, in
         the one arrival order of all requests, and is granted when it is the
@@ -115,7 +137,10 @@ class ILockService(Interface):
         later passes it.  Keys C{owner} holds already are part of the
         answer, renewed with C{expires} when the request is granted (one that
         times out or is refused leaves them as they were); a key given twice
-        counts once.
+        counts once.  A key held already in the other mode refuses the
+        request with L{jesync.errors.ModeConflict}; a shared request is
+        granted when each of its keys admits it, and shared requests never
+        hold each other back.
 
         @param keys: a non-empty sequence of keys.
         @raise ValueError: for no keys, or a parameter out of range.
@@ -128,7 +153,9 @@ class ILockService(Interface):
             C{busy}.
         """
 
-    def request_many(keys, owner: Hashable, timeout: float = -1, expires: float = 120):
+    def request_many(
+        keys, owner: Hashable, timeout: float = -1, expires: float = 120, mode: str = "exclusive", value=None
+    ):
         """
         L{acquire_many} without a Deferred when every key is granted (or
         renewed) at once: the list of grants then, the Deferred otherwise.

@@ -5,14 +5,23 @@ clock advances, and after every step compares it with a plain-Python model of
 the lock table written from the documented semantics (the docstrings of
 L{jesync.service} and L{ILockService}):
 
-- the grant rule: with C{g} holders, a request R may join when
-  C{g + 1 <= R.max_concurrent} and C{g + 1 <= H.max_concurrent} for every
-  holder H; waiters are considered in arrival order and the first that may
-  join is granted, repeatedly, until none may;
+- the grant rule: with C{g} holders, an exclusive request R may join when
+  no holder is shared, C{g + 1 <= R.max_concurrent} and
+  C{g + 1 <= H.max_concurrent} for every holder H; a shared request may join
+  when every holder is shared (or there is none);
+- fairness: a waiter is admitted when the grant rule admits it and no
+  waiter of the other mode came before it; waiters are considered in
+  arrival order and the first admitted is granted, repeatedly, until none
+  is (so the shared requests at the head are granted in one change);
 - a request is granted at once or queued (or, with timeout 0, times out);
-  a holder asking again renews (expiry restarts from now with the new
-  C{expires}, C{max_concurrent} kept, the same grant returned); a waiter
-  asking again gets L{AlreadyWaiting} and changes nothing;
+  a holder asking again in the same mode renews (expiry restarts from now
+  with the new C{expires}, C{max_concurrent} kept, its value replaced by a
+  new one given, the same grant returned); in the other mode it gets
+  L{ModeConflict} and changes nothing; a waiter asking again gets
+  L{AlreadyWaiting} and changes nothing;
+- values: a grant carries its request's value (None, or bytes up to
+  C{MAX_VALUE}); a shared request with C{max_concurrent} other than 1, or a
+  value over the limit, raises ValueError and changes nothing;
 - expiry counts from the grant (0: never); a wait times out C{timeout}
   seconds after the request (-1: never);
 - C{release_all} releases an owner's grants, fails its waits with
@@ -38,6 +47,10 @@ of the same change before the service has told it), so the service's
 grant given up before it is told is answered with CancelledError and given
 back.
 
+Broken services (L{BrokenServiceTests}): the same machine run against a
+service that lets a shared request pass a waiting exclusive one, and against
+one that grants an upgrade, must fail: the model catches both.
+
 The test is white-box where it must be: it compares the service's private
 table (C{_locks}, C{_owners}, its two deadline sets) entry by entry, and
 observes its timers through L{ObservedLockService}.
@@ -48,13 +61,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from hypothesis import Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, precondition, rule
+from hypothesis.stateful import initialize, precondition, rule, run_state_machine_as_test
 from twisted.internet.defer import CancelledError, Deferred
+from twisted.trial.unittest import SynchronousTestCase
 
-from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout
+from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout, ModeConflict
 from jesync.interfaces import KeyStatus, Totals
-from jesync.service import Grant, LockService
+from jesync.service import EXCLUSIVE, MAX_VALUE, SHARED, Grant, LockService, check_mode, check_request
 from tests.model import ObservedLockService, ServiceModelMachine, model_settings, model_test_case, step
 
 KEYS = ["a", "b", "c"]
@@ -81,6 +96,8 @@ reactions = st.sampled_from(
     ]
 )
 # Steps across deadlines, and small ones within and across ticks.
+modes = st.sampled_from([EXCLUSIVE, SHARED])
+values = st.sampled_from([None, b"v1", b"", b"x" * MAX_VALUE])
 advances = st.sampled_from([1.0, 0.5, 0.25, 0.999, 2.0, 5.0, 7.5, 0.001, 0.004, 0.0099, 0.01, 0.013])
 
 
@@ -98,11 +115,13 @@ class Request:
     timeout: float
     expires: float
     deferred: Deferred
+    shared: bool = False
+    value: Optional[bytes] = None
     # What the Deferred fired with, in order: ("grant", grant) or ("error", exception)
     outcomes: list = field(default_factory=list)
     # What the model says it fired with: None while pending, else
     # ("grant", rid of the holder whose grant it is), ("timeout",),
-    # ("already",) or ("cancelled",)
+    # ("already",), ("conflict",) or ("cancelled",)
     expected: Optional[tuple] = None
 
 
@@ -113,6 +132,8 @@ class Holder:
     max_concurrent: int
     granted_at: float
     expires_at: Optional[float]
+    shared: bool = False
+    value: Optional[bytes] = None
 
 
 @dataclass
@@ -122,6 +143,8 @@ class Waiter:
     max_concurrent: int
     expires: float
     timeout_at: Optional[float]
+    shared: bool = False
+    value: Optional[bytes] = None
 
 
 class Model:
@@ -150,20 +173,35 @@ class Model:
     def waiter(self, key: str, owner: str) -> Optional[Waiter]:
         return next((w for w in self.waiters[key] if w.owner == owner), None)
 
-    def may_join(self, key: str, max_concurrent: int) -> bool:
+    def may_join(self, key: str, max_concurrent: int, shared: bool = False) -> bool:
         """The grant rule."""
+        if shared:
+            return all(h.shared for h in self.holders[key])
         joining = len(self.holders[key]) + 1
-        return joining <= max_concurrent and all(joining <= h.max_concurrent for h in self.holders[key])
+        return (
+            not any(h.shared for h in self.holders[key])
+            and joining <= max_concurrent
+            and all(joining <= h.max_concurrent for h in self.holders[key])
+        )
+
+    def admitted(self, key: str, waiter: Waiter) -> bool:
+        """The grant rule admits it, and no waiter of the other mode came before it."""
+        earlier = self.waiters[key][: self.waiters[key].index(waiter)]
+        return self.may_join(key, waiter.max_concurrent, waiter.shared) and all(
+            w.shared == waiter.shared for w in earlier
+        )
 
     def admit(self, key: str, now: float) -> None:
-        """Grant the first waiter (in arrival order) that may join, until none may."""
+        """Grant the first waiter (in arrival order) admitted, until none is."""
         while True:
-            waiter = next((w for w in self.waiters[key] if self.may_join(key, w.max_concurrent)), None)
+            waiter = next((w for w in self.waiters[key] if self.admitted(key, w)), None)
             if waiter is None:
                 return
             self.waiters[key].remove(waiter)
             expires_at = now + waiter.expires if waiter.expires else None
-            self.holders[key].append(Holder(waiter.rid, waiter.owner, waiter.max_concurrent, now, expires_at))
+            self.holders[key].append(
+                Holder(waiter.rid, waiter.owner, waiter.max_concurrent, now, expires_at, waiter.shared, waiter.value)
+            )
             self.verdicts[waiter.rid] = ("grant", waiter.rid)
             self.untold.add(waiter.rid)
 
@@ -183,7 +221,7 @@ class Model:
 
     # -- operations
 
-    def limits_passed(self, key: str, owner: str, max_concurrent: int, timeout: float) -> set[str]:
+    def limits_passed(self, key: str, owner: str, max_concurrent: int, timeout: float, shared: bool = False) -> set[str]:
         """The limits a request would pass (a renewal or a repeated request passes none)."""
         if self.holder(key, owner) is not None or self.waiter(key, owner) is not None:
             return set()
@@ -195,22 +233,29 @@ class Model:
         if self.max_keys is not None and key not in in_use and len(in_use) >= self.max_keys:
             passed.add("max-keys")
         # (a request with timeout 0 never waits, so it is never refused for max-waiters)
-        would_wait = not self.may_join(key, max_concurrent) and timeout != 0
+        would_wait = timeout != 0 and not (
+            self.may_join(key, max_concurrent, shared) and all(w.shared == shared for w in self.waiters[key])
+        )
         if self.max_waiters is not None and would_wait and len(self.waiters[key]) >= self.max_waiters:
             passed.add("max-waiters")
         return passed
 
-    def acquire(self, rid, key, owner, max_concurrent, timeout, expires, now) -> None:
+    def acquire(self, rid, key, owner, max_concurrent, timeout, expires, now, shared=False, value=None) -> None:
         held = self.holder(key, owner)
         if held is not None:
+            if held.shared != shared:
+                self.verdicts[rid] = ("conflict",)
+                return
             held.expires_at = now + expires if expires else None
+            if value is not None:
+                held.value = value
             self.verdicts[rid] = ("grant", held.rid)
             return
         if self.waiter(key, owner) is not None:
             self.verdicts[rid] = ("already",)
             return
         timeout_at = None if timeout == -1 else now + timeout
-        self.waiters[key].append(Waiter(rid, owner, max_concurrent, expires, timeout_at))
+        self.waiters[key].append(Waiter(rid, owner, max_concurrent, expires, timeout_at, shared, value))
         self.admit(key, now)
         self.untold.discard(rid)  # granted at once: the Deferred has fired
         if rid not in self.verdicts and timeout == 0:
@@ -236,11 +281,12 @@ class Model:
                 self.verdicts[waiter.rid] = ("cancelled",)
         self.admit_all(now)
 
-    def cancel(self, key: str, rid: int) -> None:
+    def cancel(self, key: str, rid: int, now: float) -> None:
         for waiter in self.waiters[key]:
             if waiter.rid == rid:
                 self.waiters[key].remove(waiter)
                 self.verdicts[rid] = ("cancelled",)
+                self.admit(key, now)  # (it may have held back waiters of the other mode)
                 return
         if rid in self.untold:
             # granted, not yet told: it fails, and the grant is given back
@@ -260,11 +306,12 @@ class Model:
         self._remove_holder(key, held)
         self.admit(key, now)
 
-    def time_out(self, key: str, owner: str) -> None:
+    def time_out(self, key: str, owner: str, now: float) -> None:
         waiter = self.waiter(key, owner)
         assert waiter is not None
         self.waiters[key].remove(waiter)
         self.verdicts[waiter.rid] = ("timeout",)
+        self.admit(key, now)  # (it may have held back waiters of the other mode)
 
     # -- derived views
 
@@ -352,27 +399,45 @@ class LockServiceMachine(ServiceModelMachine):
         self.make_service(max_keys=max_keys, max_waiters=max_waiters, max_held=max_held)
         self.model.max_keys, self.model.max_waiters, self.model.max_held = max_keys, max_waiters, max_held
 
-    def _acquire(self, key, owner, max_concurrent, timeout, expires) -> Optional[Request]:
+    def _acquire(self, key, owner, max_concurrent, timeout, expires, mode=EXCLUSIVE, value=None) -> Optional[Request]:
         """A request, unless a limit refuses it (then nothing changes: the checks see to that)."""
-        passed = self.model.limits_passed(key, owner, max_concurrent, timeout)
-        call = f"acquire{(key, owner, max_concurrent, timeout, expires)!r}"
+        shared = mode == SHARED
+        if shared:
+            max_concurrent = 1
+        passed = self.model.limits_passed(key, owner, max_concurrent, timeout, shared)
+        call = f"acquire{(key, owner, max_concurrent, timeout, expires, mode, value and value[:8])!r}"
         try:
-            deferred = self.service.acquire(key, owner, max_concurrent, timeout, expires)
+            if mode == EXCLUSIVE and value is None:
+                deferred = self.service.acquire(key, owner, max_concurrent, timeout, expires)
+            else:
+                deferred = self.service.acquire(key, owner, max_concurrent, timeout, expires, mode, value)
         except LimitReached as error:
             assert error.limit in passed, f"{call} refused for {error.limit}, the model says {passed or 'no limit'}"
             return None
         assert not passed, f"{call} was not refused, the model says it passes {passed}"
         rid = len(self.requests)
-        request = Request(rid, key, owner, max_concurrent, timeout, expires, deferred)
+        request = Request(rid, key, owner, max_concurrent, timeout, expires, deferred, shared, value)
         self.requests.append(request)
         self.track(request, deferred)
-        self.model.acquire(rid, key, owner, max_concurrent, timeout, expires, self.now())
+        self.model.acquire(rid, key, owner, max_concurrent, timeout, expires, self.now(), shared, value)
         return request
 
     @rule(key=keys, owner=owners, max_concurrent=max_concurrents, timeout=timeouts, expires=expiries)
     @step
     def acquire(self, key, owner, max_concurrent, timeout, expires) -> None:
         self._acquire(key, owner, max_concurrent, timeout, expires)
+
+    @rule(key=keys, owner=owners, mode=modes, timeout=timeouts, expires=expiries, value=values)
+    @step
+    def acquire_mode(self, key, owner, mode, timeout, expires, value) -> None:
+        """Requests of either mode, with or without a value."""
+        self._acquire(key, owner, 1, timeout, expires, mode, value)
+
+    @rule(owner=owners, timeout=st.sampled_from([-1, -1, 0, 0.5, 1, 3]), expires=expiries, value=values)
+    @step
+    def acquire_read(self, owner, timeout, expires, value) -> None:
+        """Readers on the mutexes' and semaphores' key: queues of mixed modes."""
+        self._acquire("a", owner, 1, timeout, expires, SHARED, value)
 
     # (several rules that request: swarm testing disables a random subset of
     # rules in each run, and runs without requests test little)
@@ -395,7 +460,16 @@ class LockServiceMachine(ServiceModelMachine):
     def renew(self, index, max_concurrent, timeout, expires) -> None:
         """A holder asks again (its max_concurrent and timeout are ignored): a renewal."""
         key, holder = self.holding()[index % len(self.holding())]
-        self._acquire(key, holder.owner, max_concurrent, timeout, expires)
+        mode = SHARED if holder.shared else EXCLUSIVE
+        self._acquire(key, holder.owner, max_concurrent, timeout, expires, mode)
+
+    @precondition(lambda self: self.holding())
+    @rule(index=st.integers(min_value=0), mode=modes, timeout=timeouts, expires=expiries, value=values)
+    @step
+    def renew_mode(self, index, mode, timeout, expires, value) -> None:
+        """A holder asks again in either mode: a renewal (its value replaced or kept), or an upgrade or downgrade refused."""
+        key, holder = self.holding()[index % len(self.holding())]
+        self._acquire(key, holder.owner, 1, timeout, expires, mode, value)
 
     @precondition(lambda self: self.waiting())
     @rule(index=st.integers(min_value=0), max_concurrent=max_concurrents, timeout=timeouts)
@@ -421,6 +495,25 @@ class LockServiceMachine(ServiceModelMachine):
             pass
         else:
             raise AssertionError(f"acquire{(key, owner, *bad)!r} did not raise ValueError")
+
+    @rule(
+        key=keys,
+        owner=owners,
+        bad=st.sampled_from(
+            [(2, SHARED, None), (3, SHARED, None), (1, "read", None), (1, SHARED, b"x" * (MAX_VALUE + 1)),
+             (1, EXCLUSIVE, b"x" * (MAX_VALUE + 1)), (1, EXCLUSIVE, "text")]
+        ),
+    )
+    @step
+    def acquire_invalid_mode(self, key, owner, bad) -> None:
+        """A shared request with a max_concurrent, an unknown mode, a value too long: ValueError, nothing changes."""
+        max_concurrent, mode, value = bad
+        try:
+            self.service.acquire(key, owner, max_concurrent, -1, 1, mode, value)
+        except ValueError:
+            pass
+        else:
+            raise AssertionError(f"acquire{(key, owner, max_concurrent, mode)!r} did not raise ValueError")
 
     @rule(key=keys, owner=owners)
     @step
@@ -474,7 +567,7 @@ class LockServiceMachine(ServiceModelMachine):
 
     def cancel(self, rid: int) -> None:
         request = self.requests[rid]
-        self.model.cancel(request.key, rid)
+        self.model.cancel(request.key, rid, self.now())
         request.deferred.cancel()
 
     # -- callbacks that act on the service while it delivers grants
@@ -565,7 +658,7 @@ class LockServiceMachine(ServiceModelMachine):
         if kind == "expiry":
             self.model.expire(item.key, item.owner, now)
         else:
-            self.model.time_out(item.key, item.owner)
+            self.model.time_out(item.key, item.owner, now)
 
     # -- checks
 
@@ -602,7 +695,12 @@ class LockServiceMachine(ServiceModelMachine):
                 assert value is self._handle(owner_rid), f"{label}: not the grant of request {owner_rid}"
                 assert (value.key, value.owner) == (request.key, request.owner), f"{label}: {value!r}"
             else:
-                expected_type = {"timeout": LockTimeout, "already": AlreadyWaiting, "cancelled": CancelledError}
+                expected_type = {
+                    "timeout": LockTimeout,
+                    "already": AlreadyWaiting,
+                    "conflict": ModeConflict,
+                    "cancelled": CancelledError,
+                }
                 assert kind == "error" and type(value) is expected_type[verdict[0]], (
                     f"{label}: {outcomes!r}, expected {verdict[0]}"
                 )
@@ -623,16 +721,19 @@ class LockServiceMachine(ServiceModelMachine):
             actual_holders = {}
             actual_waiters = []
             if lock is not None:
-                actual_holders = {g.owner: (g.max_concurrent, g.expires_at, g) for g in lock.holders}
+                actual_holders = {
+                    g.owner: (g.max_concurrent, g.expires_at, g, g.mode, g.value) for g in lock.holders
+                }
                 assert len(actual_holders) == len(lock.holders), f"{key!r}: an owner holds twice"
                 actual_waiters = [
-                    (w.owner, w.max_concurrent, w.expires, w.timeout_at)
+                    (w.owner, w.max_concurrent, w.expires, w.timeout_at, w.shared, w.value)
                     for w in (lock.waiters or ())
                     if w.deferred is not None
                 ]
                 assert lock.waiting == len(actual_waiters), f"{key!r}: waiting count {lock.waiting}"
             expected_holders = {
-                h.owner: (h.max_concurrent, h.expires_at, self._handle(h.rid)) for h in model.holders[key]
+                h.owner: (h.max_concurrent, h.expires_at, self._handle(h.rid), SHARED if h.shared else EXCLUSIVE, h.value)
+                for h in model.holders[key]
             }
             # holders(), in the order they were granted, and since when
             actual_order = [(g.owner, g.granted_at) for g in service.holders(key)]
@@ -641,7 +742,9 @@ class LockServiceMachine(ServiceModelMachine):
             assert actual_holders == expected_holders, (
                 f"holders of {key!r}: service {actual_holders}, model {expected_holders}"
             )
-            expected_waiters = [(w.owner, w.max_concurrent, w.expires, w.timeout_at) for w in model.waiters[key]]
+            expected_waiters = [
+                (w.owner, w.max_concurrent, w.expires, w.timeout_at, w.shared, w.value) for w in model.waiters[key]
+            ]
             assert actual_waiters == expected_waiters, (
                 f"waiters for {key!r}: service {actual_waiters}, model {expected_waiters}"
             )
@@ -661,19 +764,35 @@ class LockServiceMachine(ServiceModelMachine):
         )
 
     def _check_grant_rule(self) -> None:
-        """Straight from the service's state: no holder over its limit, no grantable waiter left."""
+        """
+        Straight from the service's state: holders all shared or all
+        exclusive, no exclusive holder over its limit, no admissible waiter
+        left (the grant rule admits it and no waiter of the other mode is
+        before it).
+        """
         for key, lock in self.service._locks.items():
             granted = len(lock.holders)
-            assert all(h.max_concurrent >= granted for h in lock.holders), (
-                f"{key!r}: {granted} holders {lock.holders!r} exceed a holder's max_concurrent"
-            )
+            modes_held = {h.mode for h in lock.holders}
+            assert len(modes_held) <= 1, f"{key!r}: holders of both modes {lock.holders!r}"
+            shared_held = modes_held == {SHARED}
+            if not shared_held:
+                assert all(h.max_concurrent >= granted for h in lock.holders), (
+                    f"{key!r}: {granted} holders {lock.holders!r} exceed a holder's max_concurrent"
+                )
             limit = min((h.max_concurrent for h in lock.holders), default=granted + 1)
+            seen_modes = set()
             for waiter in lock.waiters or ():
-                if waiter.deferred is not None:
-                    assert not (granted + 1 <= waiter.max_concurrent and granted + 1 <= limit), (
-                        f"{key!r}: {waiter.owner!r} (max {waiter.max_concurrent}) could join "
-                        f"{granted} holders but waits"
-                    )
+                if waiter.deferred is None:
+                    continue
+                if waiter.keys is None and seen_modes <= {waiter.shared}:
+                    if waiter.shared:
+                        assert granted and not shared_held, f"{key!r}: shared {waiter.owner!r} could join but waits"
+                    else:
+                        assert shared_held or not (granted + 1 <= waiter.max_concurrent and granted + 1 <= limit), (
+                            f"{key!r}: {waiter.owner!r} (max {waiter.max_concurrent}) could join "
+                            f"{granted} holders but waits"
+                        )
+                seen_modes.add(waiter.shared)
 
     def _check_public_views(self) -> None:
         service, model = self.service, self.model
@@ -703,3 +822,82 @@ SETTINGS = model_settings(500, 50)
 
 class LockServiceModelTests(model_test_case(LockServiceMachine, SETTINGS)):
     """The service agrees with the model, run after run."""
+
+
+# -- broken services: the model must catch them ------------------------------------
+
+
+class ReadersFirstService(GivingBackLockService):
+    """Broken: a new shared request joins shared holders even when an exclusive request waits (writers starve)."""
+
+    def request(self, key, owner, max_concurrent=1, timeout=-1, expires=120, mode=EXCLUSIVE, value=None):
+        check_request(max_concurrent, timeout, expires)
+        check_mode(mode, max_concurrent, value)
+        lock = self._locks.get(key)
+        if mode == SHARED and lock is not None and lock.holders and lock.holders[0].mode is SHARED:
+            if owner not in self._owners:  # (no renewal, no limit to pass)
+                return self._grant(lock, key, owner, 1, expires, SHARED, value)
+        return super().request(key, owner, max_concurrent, timeout, expires, mode, value)
+
+
+class UpgradingService(GivingBackLockService):
+    """Broken: a shared holder asking for its key exclusive is made exclusive in place, readers or not."""
+
+    def request(self, key, owner, max_concurrent=1, timeout=-1, expires=120, mode=EXCLUSIVE, value=None):
+        check_request(max_concurrent, timeout, expires)
+        check_mode(mode, max_concurrent, value)
+        grant = self.grant_of(key, owner)
+        if grant is not None and grant.mode is SHARED and mode == EXCLUSIVE:
+            grant.mode = EXCLUSIVE
+            grant.max_concurrent = max_concurrent
+            return grant
+        return super().request(key, owner, max_concurrent, timeout, expires, mode, value)
+
+
+class SemaphoresFirstService(GivingBackLockService):
+    """Broken: exclusive requests ignore the shared requests waiting before them."""
+
+    def request(self, key, owner, max_concurrent=1, timeout=-1, expires=120, mode=EXCLUSIVE, value=None):
+        check_request(max_concurrent, timeout, expires)
+        check_mode(mode, max_concurrent, value)
+        lock = self._locks.get(key)
+        if mode == EXCLUSIVE and lock is not None and lock.holders and owner not in self._owners:
+            if lock.holders[0].mode is EXCLUSIVE and len(lock.holders) < min(max_concurrent, lock.limit()):
+                return self._grant(lock, key, owner, max_concurrent, expires, EXCLUSIVE, value)
+        return super().request(key, owner, max_concurrent, timeout, expires, mode, value)
+
+
+# Stop at the first failure: finding it is the test, shrinking it is not.
+BROKEN_SETTINGS = settings(model_settings(300, 50), phases=[Phase.generate], report_multiple_bugs=False)
+
+
+# How the model reports a grant it would not have made: the request should
+# still wait, should have timed out (timeout 0), or should have been refused
+# by max-waiters (the model has it waiting).
+GRANTED_TOO_SOON = ("the model says it still waits", "expected timeout", "the model says it passes {'max-waiters'}")
+
+
+class BrokenServiceTests(SynchronousTestCase):
+    """The model test fails against services that break the modes' rules."""
+
+    def assertModelFails(self, service_class: type, *findings: str) -> None:
+        """The model test fails against C{service_class}, with a message that says one of C{findings}."""
+        machine = type(f"{service_class.__name__}Machine", (LockServiceMachine,), {"service_class": service_class})
+        try:
+            run_state_machine_as_test(machine, settings=BROKEN_SETTINGS)
+        except AssertionError as error:
+            self.assertTrue(any(finding in str(error) for finding in findings), str(error))
+            return
+        self.fail(f"the model did not catch {service_class.__name__}")
+
+    def test_readers_passing_a_waiting_writer(self) -> None:
+        self.assertModelFails(ReadersFirstService, *GRANTED_TOO_SOON)
+
+    def test_upgrade_granted(self) -> None:
+        self.assertModelFails(UpgradingService, "expected conflict")
+
+    def test_semaphores_passing_a_waiting_reader(self) -> None:
+        self.assertModelFails(SemaphoresFirstService, *GRANTED_TOO_SOON)
+
+    def tearDown(self) -> None:
+        self.flushLoggedErrors()

@@ -8,16 +8,22 @@ module docstring of L{jesync.service} and the docstrings of C{acquire_many} and
 C{request_many} in L{jesync.interfaces}), recomputed naively from scratch after
 every change:
 
-- with C{g} holders, a request R may join them when C{g + 1 <= R.max_concurrent}
-  and C{g + 1 <= H.max_concurrent} for every holder H; a multi-key request asks
-  for a mutex (C{max_concurrent} 1) on each key it does not hold yet;
-- every waiting request is in one arrival order; in each key's queue the
-  I{candidate} is the first waiter the grant rule admits; a request (one key
-  or several) is granted when it is the candidate of every key it waits for;
-  the model grants such requests one at a time until none is left;
-- a new request is granted at once only when it would be the candidate of
-  every key it asks for; otherwise it waits (or, with timeout 0, fails with
-  L{LockTimeout} naming in C{busy} the keys in the way);
+- with C{g} holders, an exclusive request R may join them when none is
+  shared, C{g + 1 <= R.max_concurrent} and C{g + 1 <= H.max_concurrent} for
+  every holder H; a shared request may join shared holders (or none); a
+  multi-key request asks for a mutex (C{max_concurrent} 1) on each key it
+  does not hold yet, or for each shared;
+- every waiting request is in one arrival order; in each key's queue an
+  exclusive waiter is I{admitted} when no shared waiter is before it and it
+  is the first waiter the grant rule admits (the I{candidate}); a shared
+  waiter is admitted when the key's holders are shared (or none) and no
+  exclusive waiter is before it; a request (one key or several) is granted
+  when every key it waits for admits it; the model grants such requests one
+  at a time until none is left;
+- a new request is granted at once only when it would be admitted by every
+  key it asks for; otherwise it waits (or, with timeout 0, fails with
+  L{LockTimeout} naming in C{busy} the keys in the way); a key its owner holds
+  in the other mode refuses it with L{ModeConflict}, nothing changed;
 - keys the owner holds already are part of the answer, renewed with the
   request's C{expires} when it is granted (a request that times out, fails at
   once or is refused leaves them as they were); the answer is made when the
@@ -67,9 +73,9 @@ from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
-from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout
+from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout, ModeConflict
 from jesync.interfaces import KeyStatus, Totals
-from jesync.service import Grant, LockService
+from jesync.service import EXCLUSIVE, SHARED, Grant, LockService
 from tests.model import TICK, ServiceModelMachine, model_settings, model_test_case, step
 
 KEYS = ["a", "b", "c", "d"]
@@ -103,6 +109,7 @@ class Holder:
     # the service's handle for it, and its token, once seen
     grant: Optional[Grant] = None
     token: Optional[int] = None
+    shared: bool = False
 
 
 @dataclass(eq=False)
@@ -117,6 +124,7 @@ class Wait:
     timeout_at: Optional[float]
     multi: bool
     asked: tuple  # every distinct key asked for, in order
+    shared: bool = False
 
 
 @dataclass(eq=False)
@@ -134,6 +142,7 @@ class Request:
     deferred: Optional[Deferred]
     # ("grant", Grant or list of Grants) or ("error", exception), in the order fired
     outcomes: list = field(default_factory=list)
+    shared: bool = False
 
     @property
     def multi(self) -> bool:
@@ -168,17 +177,33 @@ class Model:
     def wait_of(self, key: str, owner: str) -> Optional[Wait]:
         return next((w for w in self.waits_for(key) if w.owner == owner), None)
 
-    def admits(self, key: str, max_concurrent: int) -> bool:
-        """The grant rule: may a request with C{max_concurrent} join C{key}'s holders?"""
+    def admits(self, key: str, max_concurrent: int, shared: bool = False) -> bool:
+        """The grant rule: may a request with C{max_concurrent} (or shared) join C{key}'s holders?"""
+        if shared:
+            return all(h.shared for h in self.holders[key])
         joining = len(self.holders[key]) + 1
-        return joining <= max_concurrent and all(joining <= h.max_concurrent for h in self.holders[key])
+        return (
+            not any(h.shared for h in self.holders[key])
+            and joining <= max_concurrent
+            and all(joining <= h.max_concurrent for h in self.holders[key])
+        )
 
     def candidate(self, key: str, new: Optional[Wait] = None) -> Optional[Wait]:
         """The first waiter for C{key} (C{new} last, if given) that the grant rule admits."""
         for wait in [*self.queue, *([new] if new is not None else [])]:
-            if key in wait.keys and self.admits(key, wait.max_concurrent):
+            if key in wait.keys and self.admits(key, wait.max_concurrent, wait.shared):
                 return wait
         return None
+
+    def admitted(self, key: str, wait: Wait, new: Optional[Wait] = None) -> bool:
+        """Whether C{key} admits C{wait} (C{new} last in the queue, if given)."""
+        queue = [w for w in [*self.queue, *([new] if new is not None else [])] if key in w.keys]
+        earlier = queue[: queue.index(wait)]
+        if any(w.shared != wait.shared for w in earlier):
+            return False
+        if wait.shared:
+            return self.admits(key, 1, True)
+        return self.candidate(key, new) is wait
 
     def entries(self, owner: str) -> int:
         """What counts toward max-held: grants, plus waits (a multi-key wait once)."""
@@ -201,7 +226,7 @@ class Model:
         """Grant any request that is the candidate of every key it waits for, until none is."""
         while True:
             for wait in self.queue:
-                if all(self.candidate(key) is wait for key in wait.keys):
+                if all(self.admitted(key, wait) for key in wait.keys):
                     self._grant(wait, now)
                     break
             else:
@@ -212,7 +237,7 @@ class Model:
         new = []
         for key in wait.keys:
             expires_at = now + wait.expires if wait.expires else None
-            new.append(Holder(wait.rid, key, wait.owner, wait.max_concurrent, now, expires_at))
+            new.append(Holder(wait.rid, key, wait.owner, wait.max_concurrent, now, expires_at, shared=wait.shared))
             self.holders[key].append(new[-1])
             self.holders_made += 1
         if wait.multi:
@@ -252,9 +277,12 @@ class Model:
 
     # -- operations (each returns the limit a request passes, and then changes nothing)
 
-    def request(self, rid, key, owner, max_concurrent, timeout, expires, now) -> Optional[str]:
+    def request(self, rid, key, owner, max_concurrent, timeout, expires, now, shared=False) -> Optional[str]:
         held = self.holder(key, owner)
         if held is not None:
+            if held.shared != shared:
+                self.verdicts[rid] = ("conflict", key)
+                return None
             self._renew(held, expires, now)
             self.verdicts[rid] = ("grant", [held])
             return None
@@ -267,8 +295,8 @@ class Model:
         if self.max_keys is not None and key not in active and len(active) >= self.max_keys:
             return "max-keys"
         timeout_at = None if timeout == -1 else now + timeout
-        wait = Wait(rid, owner, (key,), max_concurrent, expires, timeout_at, False, (key,))
-        if self.candidate(key, wait) is not wait:
+        wait = Wait(rid, owner, (key,), max_concurrent, expires, timeout_at, False, (key,), shared)
+        if not self.admitted(key, wait, wait):
             if timeout == 0:
                 self.verdicts[rid] = ("timeout", [key])
                 return None
@@ -280,11 +308,15 @@ class Model:
         self.settle(now)
         return None
 
-    def request_many(self, rid, keys, owner, timeout, expires, now) -> Optional[str]:
+    def request_many(self, rid, keys, owner, timeout, expires, now, shared=False) -> Optional[str]:
         asked = tuple(dict.fromkeys(keys))
         for key in asked:
             if self.wait_of(key, owner) is not None:
                 self.verdicts[rid] = ("already", key)
+                return None
+            held = self.holder(key, owner)
+            if held is not None and held.shared != shared:
+                self.verdicts[rid] = ("conflict", key)
                 return None
         renewed = [self.holder(key, owner) for key in asked if self.holder(key, owner) is not None]
         wanted = tuple(key for key in asked if self.holder(key, owner) is None)
@@ -295,8 +327,8 @@ class Model:
         if new_keys and self.max_keys is not None and len(active) + len(new_keys) > self.max_keys:
             return "max-keys"
         timeout_at = None if timeout == -1 else now + timeout
-        wait = Wait(rid, owner, wanted, 1, expires, timeout_at, True, asked)
-        in_the_way = [key for key in wanted if self.candidate(key, wait) is not wait]
+        wait = Wait(rid, owner, wanted, 1, expires, timeout_at, True, asked, shared)
+        in_the_way = [key for key in wanted if not self.admitted(key, wait, wait)]
         if in_the_way:
             if timeout == 0:
                 self.verdicts[rid] = ("timeout", in_the_way)
@@ -353,7 +385,7 @@ class Model:
 
     def time_out(self, wait: Wait, now: float) -> None:
         # busy: the keys where it is not the candidate, when the time runs out
-        busy = [key for key in wait.keys if self.candidate(key) is not wait]
+        busy = [key for key in wait.keys if not self.admitted(key, wait)]
         self.queue.remove(wait)
         self.verdicts[wait.rid] = ("timeout", busy)
         self.settle(now)
@@ -437,21 +469,29 @@ class MultiKeyMachine(ServiceModelMachine):
             if held.grant is None and isinstance(grant, Grant):
                 held.grant, held.token = grant, grant.token
 
-    def _request(self, api: str, asked: tuple, owner: str, max_concurrent: int, timeout, expires) -> Optional[Request]:
+    def _request(
+        self, api: str, asked: tuple, owner: str, max_concurrent: int, timeout, expires, mode: str = EXCLUSIVE
+    ) -> Optional[Request]:
         """One request through C{api}, on the model first and then on the service."""
         rid = len(self.requests)
         now = self.now()
+        shared = mode == SHARED
         if api in ("request", "acquire"):
             (key,) = asked
-            passed = self.model.request(rid, key, owner, max_concurrent, timeout, expires, now)
-            call = f"{api}{(key, owner, max_concurrent, timeout, expires)!r}"
+            passed = self.model.request(rid, key, owner, max_concurrent, timeout, expires, now, shared)
+            call = f"{api}{(key, owner, max_concurrent, timeout, expires, mode)!r}"
         else:
-            passed = self.model.request_many(rid, asked, owner, timeout, expires, now)
-            call = f"{api}({list(asked)!r}, {owner!r}, {timeout!r}, {expires!r})"
+            passed = self.model.request_many(rid, asked, owner, timeout, expires, now, shared)
+            call = f"{api}({list(asked)!r}, {owner!r}, {timeout!r}, {expires!r}, {mode!r})"
         method = getattr(self.service, api)
         try:
             if api in ("request", "acquire"):
-                result = method(key, owner, max_concurrent, timeout, expires)
+                if shared:
+                    result = method(key, owner, max_concurrent, timeout, expires, mode)
+                else:
+                    result = method(key, owner, max_concurrent, timeout, expires)
+            elif shared:
+                result = method(list(asked), owner, timeout, expires, mode)
             else:
                 result = method(list(asked), owner, timeout, expires)
         except LimitReached as error:
@@ -460,7 +500,7 @@ class MultiKeyMachine(ServiceModelMachine):
         assert passed is None, f"{call} was not refused, the model says it passes {passed}"
         request = Request(
             rid, api, tuple(dict.fromkeys(asked)), owner, max_concurrent, timeout, expires, now,
-            result if isinstance(result, Deferred) else None,
+            result if isinstance(result, Deferred) else None, shared=shared,
         )
         self.requests.append(request)
         self.track(request, result)
@@ -492,6 +532,53 @@ class MultiKeyMachine(ServiceModelMachine):
     def request_contended(self, owner, max_concurrent, timeout, expires) -> None:
         """A single-key request for the key the multi-key requests below all want."""
         self._request("request", ("a",), owner, max_concurrent, timeout, expires)
+
+    @rule(key=keys, owner=owners, timeout=timeouts, expires=expiries, api=st.sampled_from(["request", "acquire"]))
+    @step
+    def request_one_shared(self, key, owner, timeout, expires, api) -> None:
+        """A single-key shared request."""
+        self._request(api, (key,), owner, 1, timeout, expires, SHARED)
+
+    @rule(owner=owners, timeout=timeouts, expires=expiries)
+    @step
+    def request_contended_shared(self, owner, timeout, expires) -> None:
+        """A shared request for the key the multi-key requests all want."""
+        self._request("request", ("a",), owner, 1, timeout, expires, SHARED)
+
+    @rule(
+        asked=key_lists,
+        owner=owners,
+        timeout=timeouts,
+        expires=expiries,
+        api=st.sampled_from(["request_many", "acquire_many"]),
+    )
+    @step
+    def request_many_shared(self, asked, owner, timeout, expires, api) -> None:
+        """Several keys at once, shared."""
+        self._request(api, tuple(asked), owner, 1, timeout, expires, SHARED)
+
+    @rule(
+        others=st.lists(st.sampled_from(KEYS[1:]), min_size=1, max_size=2, unique=True),
+        owner=owners,
+        timeout=timeouts,
+        expires=expiries,
+    )
+    @step
+    def request_many_contended_shared(self, others, owner, timeout, expires) -> None:
+        """Shared multi-key requests overlapping on "a"."""
+        self._request("request_many", ("a", *others), owner, 1, timeout, expires, SHARED)
+
+    @precondition(lambda self: self.holding())
+    @rule(index=st.integers(min_value=0), mode=st.sampled_from([EXCLUSIVE, SHARED]), many=st.booleans())
+    @step
+    def ask_again_in_a_mode(self, index, mode, many) -> None:
+        """A holder asks again in either mode: a renewal, or a ModeConflict that changes nothing."""
+        held = self.holding()[index % len(self.holding())]
+        if many:
+            other = KEYS[(KEYS.index(held.key) + 1) % len(KEYS)]
+            self._request("request_many", (held.key, other), held.owner, 1, 1, 1, mode)
+        else:
+            self._request("request", (held.key,), held.owner, 1, 1, 1, mode)
 
     @rule(
         asked=key_lists,
@@ -730,12 +817,17 @@ class MultiKeyMachine(ServiceModelMachine):
                     assert grant is held.grant, f"{label}: {grant!r} is not the handle of the model's holder"
                 assert len({g.token for g in grants}) == len(grants), f"{label}: tokens {[g.token for g in grants]}"
                 continue
-            expected_type = {"timeout": LockTimeout, "already": AlreadyWaiting, "cancelled": CancelledError}
+            expected_type = {
+                "timeout": LockTimeout,
+                "already": AlreadyWaiting,
+                "conflict": ModeConflict,
+                "cancelled": CancelledError,
+            }
             assert kind == "error" and type(value) is expected_type[verdict[0]], (
                 f"{label}: {outcomes!r}, expected {verdict[0]}"
             )
-            if verdict[0] == "already":
-                assert value.key == verdict[1], f"{label}: AlreadyWaiting names {value.key!r}, not {verdict[1]!r}"
+            if verdict[0] in ("already", "conflict"):
+                assert value.key == verdict[1], f"{label}: {value!r} names {value.key!r}, not {verdict[1]!r}"
             elif verdict[0] == "timeout":
                 assert value.key in request.asked, f"{label}: LockTimeout names {value.key!r}"
                 assert value.busy == verdict[1], (
@@ -752,16 +844,19 @@ class MultiKeyMachine(ServiceModelMachine):
         for key in KEYS:
             lock = service._locks.get(key)
             holders = list(lock.holders) if lock is not None else []
-            actual = [(g.owner, g.max_concurrent, g.granted_at, g.expires_at) for g in holders]
-            expected = [(h.owner, h.max_concurrent, h.granted_at, h.expires_at) for h in model.holders[key]]
+            actual = [(g.owner, g.max_concurrent, g.granted_at, g.expires_at, g.mode) for g in holders]
+            expected = [
+                (h.owner, h.max_concurrent, h.granted_at, h.expires_at, SHARED if h.shared else EXCLUSIVE)
+                for h in model.holders[key]
+            ]
             assert actual == expected, f"holders of {key!r}: service {actual}, model {expected}"
             for grant, held in zip(holders, model.holders[key]):
                 assert held.grant is grant, f"{grant!r} is not the handle told to request {held.rid}"
                 assert grant.key == key, f"{grant!r} held under {key!r}"
             live = [w for w in (lock.waiters or ()) if w.deferred is not None] if lock is not None else []
-            actual_waits = [(w.owner, w.max_concurrent, w.expires, w.timeout_at, w.keys) for w in live]
+            actual_waits = [(w.owner, w.max_concurrent, w.expires, w.timeout_at, w.keys, w.shared) for w in live]
             expected_waits = [
-                (w.owner, w.max_concurrent, w.expires, w.timeout_at, w.keys if w.multi else None)
+                (w.owner, w.max_concurrent, w.expires, w.timeout_at, w.keys if w.multi else None, w.shared)
                 for w in model.waits_for(key)
             ]
             assert actual_waits == expected_waits, (
@@ -775,6 +870,7 @@ class MultiKeyMachine(ServiceModelMachine):
             if lock is not None:
                 assert lock.waiting == len(live), f"{key!r}: waiting count {lock.waiting}, {len(live)} live"
                 assert lock.multi == sum(w.keys is not None for w in live), f"{key!r}: multi count {lock.multi}"
+                assert lock.shared == sum(w.shared for w in live), f"{key!r}: shared count {lock.shared}"
         expiring = sum(h.expires_at is not None for h in model.all_holders())
         timing_out = sum(w.timeout_at is not None for w in model.queue)
         assert len(service._expiries) == expiring, f"{len(service._expiries)} expiries, {expiring} grants expire"
@@ -816,23 +912,27 @@ class MultiKeyMachine(ServiceModelMachine):
         """The invariants, straight from the service's own state."""
         locks = self.service._locks
 
-        def candidate(key):
+        def admitted(key, waiter):
             lock = locks[key]
+            live = [w for w in lock.waiters or () if w.deferred is not None]
+            if any(w.shared != waiter.shared for w in live[: live.index(waiter)]):
+                return False
+            if waiter.shared:
+                return all(h.mode == SHARED for h in lock.holders)
             joining = len(lock.holders) + 1
-            if any(joining > h.max_concurrent for h in lock.holders):
-                return None
-            return next(
-                (w for w in lock.waiters or () if w.deferred is not None and w.max_concurrent >= joining), None
-            )
+            if any(joining > h.max_concurrent or h.mode == SHARED for h in lock.holders):
+                return False
+            return next((w for w in live if w.max_concurrent >= joining), None) is waiter
 
         for key, lock in locks.items():
             count = len(lock.holders)
-            assert all(count <= h.max_concurrent for h in lock.holders), (
+            assert len({h.mode for h in lock.holders}) <= 1, f"{key!r} has holders of both modes: {lock.holders!r}"
+            assert all(count <= h.max_concurrent or h.mode == SHARED for h in lock.holders), (
                 f"{key!r} has {count} holders, more than one of them allows: {lock.holders!r}"
             )
             for waiter in lock.waiters or ():
                 if waiter.deferred is not None:
-                    assert not all(candidate(k) is waiter for k in waiter.keys or (waiter.key,)), (
+                    assert not all(admitted(k, waiter) for k in waiter.keys or (waiter.key,)), (
                         f"{waiter.owner!r}, waiting for {waiter.keys or waiter.key!r}, could be granted but waits"
                     )
         if self.model.queue:

@@ -26,10 +26,11 @@ release or expire) or by a candidate, which arrived earlier or is one that a
 stricter earlier request lets pass because holders stand in its way.
 
 So after every change no waiter could be granted, and while no multi-key
-request waits for a key, no waiter of that key is admitted by the grant rule
-at all: a new request for it is granted at once or queued by looking at its
-holders only.  Where a multi-key request waits, a new request also looks for
-a candidate ahead of it.
+request and no shared request waits for a key, no waiter of that key is
+admitted by the grant rule at all: a new request for it is granted at once
+or queued by looking at its holders only.  Where a multi-key request waits,
+a new request also looks for a candidate ahead of it; where a shared one
+waits, see the modes below.
 
 Modes: a request is exclusive (all of the above: counting semaphores
 included) or shared.  Shared holders are compatible with each other, any

@@ -221,7 +221,9 @@ class Model:
 
     # -- operations
 
-    def limits_passed(self, key: str, owner: str, max_concurrent: int, timeout: float, shared: bool = False) -> set[str]:
+    def limits_passed(
+        self, key: str, owner: str, max_concurrent: int, timeout: float, shared: bool = False
+    ) -> set[str]:
         """The limits a request would pass (a renewal or a repeated request passes none)."""
         if self.holder(key, owner) is not None or self.waiter(key, owner) is not None:
             return set()
@@ -467,7 +469,7 @@ class LockServiceMachine(ServiceModelMachine):
     @rule(index=st.integers(min_value=0), mode=modes, timeout=timeouts, expires=expiries, value=values)
     @step
     def renew_mode(self, index, mode, timeout, expires, value) -> None:
-        """A holder asks again in either mode: a renewal (its value replaced or kept), or an upgrade or downgrade refused."""
+        """A holder asks again in either mode: a renewal (its value replaced or kept), or a mode conflict."""
         key, holder = self.holding()[index % len(self.holding())]
         self._acquire(key, holder.owner, 1, timeout, expires, mode, value)
 
@@ -732,7 +734,9 @@ class LockServiceMachine(ServiceModelMachine):
                 ]
                 assert lock.waiting == len(actual_waiters), f"{key!r}: waiting count {lock.waiting}"
             expected_holders = {
-                h.owner: (h.max_concurrent, h.expires_at, self._handle(h.rid), SHARED if h.shared else EXCLUSIVE, h.value)
+                h.owner: (
+                    h.max_concurrent, h.expires_at, self._handle(h.rid), SHARED if h.shared else EXCLUSIVE, h.value
+                )
                 for h in model.holders[key]
             }
             # holders(), in the order they were granted, and since when

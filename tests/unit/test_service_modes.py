@@ -315,7 +315,8 @@ class ValueTests(ModesTestCase):
     def test_value_shown_by_holders(self) -> None:
         self.shared("k", "a", value=b"10.0.0.1:8080")
         self.shared("k", "b")
-        self.assertEqual([(g.owner, g.value) for g in self.service.holders("k")], [("a", b"10.0.0.1:8080"), ("b", None)])
+        shown = [(g.owner, g.value) for g in self.service.holders("k")]
+        self.assertEqual(shown, [("a", b"10.0.0.1:8080"), ("b", None)])
 
     def test_exclusive_value(self) -> None:
         self.assertEqual(self.exclusive("k", "a", value=b"leader").value, b"leader")

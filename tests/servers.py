@@ -103,10 +103,12 @@ def have_ipv6() -> bool:
     return True
 
 
-class ServerProcess:
+class LocalServer:
     """
-    C{twistd -n jesync} listening on 127.0.0.1 on a port of its own (or a
-    Unix socket), started with L{start} and waited for until it answers.
+    Where a test's server listens, and how the test knows it answers: on
+    127.0.0.1 (or ::1) on a port of its own, or on a Unix socket; C{listen}
+    is its C{--port} endpoint, C{address} what a client is given.  What
+    starts it is a subclass's: L{ServerProcess} (twistd), L{ServerThread}.
     """
 
     def __init__(
@@ -123,8 +125,6 @@ class ServerProcess:
         # ...), and the token the readiness probe authenticates with.
         self.extra_args = list(extra_args)
         self.auth_token = auth_token
-        self.process: Optional[subprocess.Popen[bytes]] = None
-        self._log = tempfile.TemporaryFile()
 
     @property
     def address(self) -> str:
@@ -132,35 +132,25 @@ class ServerProcess:
             return f"unix:{self.unix_socket}"
         return f"[::1]:{self.port}" if self.ipv6 else f"127.0.0.1:{self.port}"
 
-    def start(self) -> ServerProcess:
-        """Start (or restart, on the same port) and return once it answers a request."""
+    @property
+    def listen(self) -> str:
         if self.unix_socket:
-            listen = f"unix:{self.unix_socket}"
-        elif self.ipv6:
-            listen = f"tcp6:{self.port}:interface=\\:\\:1"
-        else:
-            listen = f"tcp:{self.port}:interface=127.0.0.1"
-        self.process = subprocess.Popen(
-            [*self.twistd_command(), "-n", "--pidfile=", "jesync", "--port", listen, *self.extra_args],
-            env=environment(),
-            stdin=subprocess.DEVNULL,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            cwd=tempfile.gettempdir(),
-        )
-        self._wait_until_ready()
-        return self
+            return f"unix:{self.unix_socket}"
+        if self.ipv6:
+            return f"tcp6:{self.port}:interface=\\:\\:1"
+        return f"tcp:{self.port}:interface=127.0.0.1"
 
-    def twistd_command(self) -> list[str]:
-        """How to run twistd (a subclass may run it with a change of its own)."""
-        return twistd_command()
-
-    def _wait_until_ready(self) -> None:
+    def _wait_until_answering(self, ended: Callable[[], Optional[str]]) -> None:
+        """
+        Return once the server answers a request; raise (after L{kill}) if it
+        does not within L{READY_WITHIN} s, or (at once) if C{ended()} says why
+        it never will.
+        """
         deadline = time.monotonic() + READY_WITHIN
         while True:
-            assert self.process is not None
-            if self.process.poll() is not None:
-                raise RuntimeError(f"twistd exited with {self.process.returncode}:\n{self.log()}")
+            why = ended()
+            if why is not None:
+                raise RuntimeError(f"{why}:\n{self.log()}")
             try:
                 with self._connect() as probe:
                     if self._answers(probe):
@@ -169,8 +159,8 @@ class ServerProcess:
                 pass
             if time.monotonic() > deadline:
                 self.kill()
-                raise RuntimeError(f"twistd did not answer within {READY_WITHIN} s:\n{self.log()}")
-            time.sleep(0.02)
+                raise RuntimeError(f"the server did not answer within {READY_WITHIN} s:\n{self.log()}")
+            time.sleep(0.01)
 
     def _answers(self, probe: socket.socket) -> bool:
         """Whether the server answers a status request (after C{auth}, with a token)."""
@@ -194,6 +184,56 @@ class ServerProcess:
             probe.connect(self.unix_socket)
             return probe
         return socket.create_connection(("::1" if self.ipv6 else "127.0.0.1", self.port), timeout=1)
+
+    def kill(self) -> None:
+        raise NotImplementedError
+
+    def log(self) -> str:
+        raise NotImplementedError
+
+
+class ServerProcess(LocalServer):
+    """
+    C{twistd -n jesync} listening on 127.0.0.1 on a port of its own (or a
+    Unix socket), started with L{start} and waited for until it answers.
+    """
+
+    def __init__(
+        self,
+        unix_socket: Optional[str] = None,
+        ipv6: bool = False,
+        extra_args: Sequence[str] = (),
+        auth_token: Optional[bytes] = None,
+    ) -> None:
+        super().__init__(unix_socket, ipv6, extra_args, auth_token)
+        self.process: Optional[subprocess.Popen[bytes]] = None
+        self._log = tempfile.TemporaryFile()
+
+    def start(self) -> ServerProcess:
+        """Start (or restart, on the same port) and return once it answers a request."""
+        self.process = subprocess.Popen(
+            [*self.twistd_command(), "-n", "--pidfile=", "jesync", "--port", self.listen, *self.extra_args],
+            env=environment(),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            cwd=tempfile.gettempdir(),
+        )
+        self._wait_until_ready()
+        return self
+
+    def twistd_command(self) -> list[str]:
+        """How to run twistd (a subclass may run it with a change of its own)."""
+        return twistd_command()
+
+    def _wait_until_ready(self) -> None:
+        self._wait_until_answering(self._exited)
+
+    def _exited(self) -> Optional[str]:
+        assert self.process is not None
+        if self.process.poll() is None:
+            return None
+        return f"twistd exited with {self.process.returncode}"
 
     def kill(self) -> None:
         """SIGKILL: the server vanishes, and the kernel closes its connections."""
@@ -239,7 +279,7 @@ def start_server(
     return server.start()
 
 
-class ServerThread:
+class ServerThread(LocalServer):
     """
     The real server in this process: C{twistd jesync}'s own options
     (L{jesync.tap.Options}) turned into settings and built by the
@@ -265,20 +305,12 @@ class ServerThread:
         extra_args: Sequence[str] = (),
         auth_token: Optional[bytes] = None,
     ) -> None:
-        self.ipv6 = ipv6
-        self.port = free_port(ipv6)
-        self.unix_socket = unix_socket
-        self.extra_args = list(extra_args)
-        self.auth_token = auth_token
+        super().__init__(unix_socket, ipv6, extra_args, auth_token)
         self.reactor: Any = None
         self.server: Any = None
         self._running: Optional[ReactorThread] = None
         self._paused: Optional[threading.Event] = None
         self._lines: list[str] = []
-
-    address = ServerProcess.address
-    _connect = ServerProcess._connect
-    _answers = ServerProcess._answers
 
     def _observe(self, event: dict) -> None:
         if self._running is not None and threading.current_thread() is self._running.thread:
@@ -286,14 +318,8 @@ class ServerThread:
 
     def start(self) -> "ServerThread":
         """Start (or restart, on the same port) and return once it answers a request."""
-        if self.unix_socket:
-            listen = f"unix:{self.unix_socket}"
-        elif self.ipv6:
-            listen = f"tcp6:{self.port}:interface=\\:\\:1"
-        else:
-            listen = f"tcp:{self.port}:interface=127.0.0.1"
         options = Options()
-        options.parseOptions(["--port", listen, *self.extra_args])
+        options.parseOptions(["--port", self.listen, *self.extra_args])
         settings = settings_from(options)
         self._running = running = ReactorThread()
         self.reactor = running.reactor
@@ -306,19 +332,11 @@ class ServerThread:
 
         try:
             running.call(serve)
-            deadline = time.monotonic() + READY_WITHIN
-            while True:
-                try:
-                    with self._connect() as probe:
-                        if self._answers(probe):
-                            return self
-                except OSError:
-                    if time.monotonic() > deadline:
-                        raise
-                time.sleep(0.005)
         except BaseException as error:
             self.kill()
             raise RuntimeError(f"the server did not start: {error}\n{self.log()}") from error
+        self._wait_until_answering(lambda: None)
+        return self
 
     def kill(self) -> None:
         """The process dying: every listening socket and connection closed at once; the lock table gone."""

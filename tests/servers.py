@@ -40,6 +40,24 @@ def environment() -> dict[str, str]:
     return dict(os.environ, PYTHONPATH=str(ROOT) + (os.pathsep + path if path else ""))
 
 
+def run_command_line(*args: str, **variables: str) -> subprocess.CompletedProcess[str]:
+    """
+    The C{jesync} command of this checkout run to completion (stdin not a
+    terminal), with no C{JESYNC_} variable in its environment but
+    C{variables}.
+    """
+    env = {name: value for name, value in environment().items() if not name.startswith("JESYNC_")}
+    env.update(variables)
+    return subprocess.run(
+        [sys.executable, "-m", "jesync.cli", *args],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
 # On Linux the server is killed if the test process dies without cleaning up
 # (prctl PR_SET_PDEATHSIG survives the exec), so no server outlives a test run.
 _DIE_WITH_PARENT = (

@@ -33,7 +33,6 @@ import os
 import socket
 import ssl
 import struct
-import subprocess
 import sys
 import tempfile
 import threading
@@ -60,7 +59,7 @@ from jesync.client.pipeline import discard
 from jesync.client.session import Session
 from jesync.errors import ProtectedMode
 from tests.client_pki import PKI, TOKEN, _AtExit, skip_without_tls, temp_dir, write
-from tests.servers import ServerProcess, ServerThread, environment, free_port
+from tests.servers import ServerProcess, ServerThread, free_port, run_command_line
 
 #: What the server says to a client that protected mode refuses (JESync's limit reply).
 PROTECTED_LINE = "INVALID_PARAMETER: " + ProtectedMode.MESSAGE
@@ -296,19 +295,6 @@ class ELockClientTests(SynchronousTestCase):
 # -- the command line -------------------------------------------------------------------
 
 
-def jesync(*args: str, **variables: str) -> subprocess.CompletedProcess[str]:
-    env = {name: value for name, value in environment().items() if not name.startswith("JESYNC_")}
-    env.update(variables)
-    return subprocess.run(
-        [sys.executable, "-m", "jesync.cli", *args],
-        env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def cli_variables(refusal: Refusal, tls: bool) -> dict[str, str]:
     options = client_options(refusal, tls)
     variables = {"JESYNC_SERVERS": address(refusal, tls)}
@@ -320,7 +306,7 @@ def cli_variables(refusal: Refusal, tls: bool) -> dict[str, str]:
 
 
 def _command_line(test: SynchronousTestCase, refusal: Refusal, tls: bool) -> None:
-    done = jesync("status", "refused", **cli_variables(refusal, tls))
+    done = run_command_line("status", "refused", **cli_variables(refusal, tls))
     test.assertEqual(done.returncode, EXIT_REFUSED, done.stderr)
     test.assertEqual(done.stdout, "")
     [line] = done.stderr.splitlines()
@@ -336,7 +322,7 @@ class CommandLineTests(SynchronousTestCase):
         variables = cli_variables(REFUSALS["protected_mode"], tls=False)
         marker = os.path.join(tempfile.mkdtemp(), "ran")
         for args in (["list"], ["ping"], ["lock", "refused", "--", sys.executable, "-c", f"open({marker!r}, 'w')"]):
-            done = jesync(*args, **variables)
+            done = run_command_line(*args, **variables)
             self.assertEqual(done.returncode, EXIT_REFUSED, (args, done.stderr))
             self.assertIn(PROTECTED_LINE, done.stderr)
         self.assertFalse(os.path.exists(marker))
@@ -670,7 +656,7 @@ class MaxConnectionsWithTokenTests(SynchronousTestCase):
         self.assertIn(f"the server closed the connection: {MAX_CONNECTIONS_LINE}", str(caught.exception))
 
     def test_command_line(self) -> None:
-        done = jesync("status", "k", JESYNC_SERVERS=self.server.address, JESYNC_AUTH_TOKEN_FILE=self.token_file)
+        done = run_command_line("status", "k", JESYNC_SERVERS=self.server.address, JESYNC_AUTH_TOKEN_FILE=self.token_file)
         self.assertEqual(done.returncode, EXIT_UNAVAILABLE, done.stderr)
         self.assertIn(MAX_CONNECTIONS_LINE, done.stderr)
         self.assertNotIn("auth token", done.stderr)

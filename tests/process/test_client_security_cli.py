@@ -10,7 +10,6 @@ process.
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -18,37 +17,22 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.cli import EXIT_CONFIG, EXIT_REFUSED, EXIT_UNAVAILABLE
 from tests.client_pki import secured_server
-from tests.servers import environment
+from tests.servers import run_command_line
 
 
 class CommandLineTests(SynchronousTestCase):
     def setUp(self) -> None:
         self.secured = secured_server()
 
-    def jesync(self, *args: str, **variables: str) -> subprocess.CompletedProcess[str]:
-        env = environment()
-        for name in list(env):
-            if name.startswith("JESYNC_"):
-                del env[name]
-        env.update(variables)
-        return subprocess.run(
-            [sys.executable, "-m", "jesync.cli", *args],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-
     def test_status_with_token(self) -> None:
-        done = self.jesync(
+        done = run_command_line(
             "status", "a", JESYNC_SERVERS=self.secured.address, JESYNC_AUTH_TOKEN_FILE=self.secured.token_file
         )
         self.assertEqual((done.returncode, done.stderr), (0, ""))
         self.assertIn("a: 0 holding, 0 waiting", done.stdout)
 
     def test_lock_over_tls(self) -> None:
-        done = self.jesync(
+        done = run_command_line(
             "lock",
             "cli-tls",
             "--",
@@ -62,12 +46,12 @@ class CommandLineTests(SynchronousTestCase):
         self.assertEqual((done.returncode, done.stdout.strip()), (0, "ran"), done.stderr)
 
     def test_without_token(self) -> None:
-        done = self.jesync("status", "a", JESYNC_SERVERS=self.secured.address)
+        done = run_command_line("status", "a", JESYNC_SERVERS=self.secured.address)
         self.assertEqual(done.returncode, EXIT_REFUSED)
         self.assertIn("auth failed", done.stderr)
 
     def test_wrong_ca(self) -> None:
-        done = self.jesync(
+        done = run_command_line(
             "status",
             "a",
             JESYNC_SERVERS=self.secured.tls_address,
@@ -80,13 +64,13 @@ class CommandLineTests(SynchronousTestCase):
     def test_unusable_settings_are_one_line_and_status_78(self) -> None:
         missing = os.path.join(tempfile.mkdtemp(), "no-such-token")
         for variables in ({"JESYNC_AUTH_TOKEN_FILE": missing}, {"JESYNC_TLS": "perhaps"}):
-            done = self.jesync("status", "a", JESYNC_SERVERS=self.secured.address, **variables)
+            done = run_command_line("status", "a", JESYNC_SERVERS=self.secured.address, **variables)
             self.assertEqual(done.returncode, EXIT_CONFIG, done.stderr)
             self.assertEqual(len(done.stderr.strip().splitlines()), 1, done.stderr)
             self.assertNotIn("Traceback", done.stderr)
 
     def test_token_is_no_option(self) -> None:
         """No command-line option takes the token itself."""
-        done = self.jesync("--help")
+        done = run_command_line("--help")
         self.assertNotIn("--auth-token ", done.stdout)
         self.assertNotIn("--token", done.stdout)

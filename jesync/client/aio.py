@@ -20,19 +20,24 @@ from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generator, Iterable,
 from jesync.client.address import Address, Member, UNIXAddress
 from jesync.client.cluster import Members
 from jesync.client.config import ConnectKeywords, ConnectOptions, Servers, client_options
-from jesync.client.errors import ConnectFailed, ConnectionLost, LockLost, describe
+from jesync.client.errors import ClientError, ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
 from jesync.client.pipeline import discard
 from jesync.client.connection import ConnectionCore
 from jesync.client.session import SERVER_CLOSED
+from jesync.client.watch import Subscription, subscribe
 from jesync.client.wire import (
     PING_KEY,
     Holder,
     Reply,
     UnexpectedReply,
+    WatchEvent,
+    check_shared,
     lock_arguments,
     lock_many_arguments,
+    lock_value,
+    watch_arguments,
 )
 from jesync.listing import sort_listing
 from jesync.wire import KeyStatus, ListingOrder
@@ -210,11 +215,21 @@ class _Connection:
     async def call(self, operation: Callable[..., None], *args: Any) -> Any:
         return await self.start(operation, *args)
 
-    async def lock(self, key: str, max_concurrent: int, timeout: int, expires: int) -> AsyncLock:
-        return await self._acquire(key, self.session.lock, key, max_concurrent, timeout, expires)
+    async def lock(
+        self,
+        key: str,
+        max_concurrent: int,
+        timeout: int,
+        expires: int,
+        shared: bool = False,
+        value: Optional[bytes] = None,
+    ) -> AsyncLock:
+        return await self._acquire(
+            key, self.session.request_lock, key, max_concurrent, timeout, expires, shared, value
+        )
 
-    async def lock_many(self, keys: tuple[str, ...], timeout: int, expires: int) -> AsyncLock:
-        return await self._acquire(keys[0], self.session.lock_many, keys, timeout, expires)
+    async def lock_many(self, keys: tuple[str, ...], timeout: int, expires: int, shared: bool = False) -> AsyncLock:
+        return await self._acquire(keys[0], self.session.request_lock_many, keys, timeout, expires, shared)
 
     async def _acquire(self, key: str, operation: Callable[..., None], *args: Any) -> AsyncLock:
         """Make a lock request (for C{key}, and others with it) and wait for the lock."""
@@ -300,6 +315,109 @@ class _LockRequest:
         await self._lock.__aexit__(kind, error, traceback)
 
 
+#: What ends an L{AsyncWatch}'s queue when it is closed.
+_CLOSED = object()
+
+
+class AsyncWatch:
+    """
+    What L{AsyncClient.watch} gives: an async iterator of the
+    L{WatchEvent}s of a key (or of every key with a prefix), in the order
+    of the changes, until L{close}; C{async with} closes it.  As
+    L{jesync.client.Watch}: if its connection drops, iterating (and L{get})
+    raises L{ConnectionLost}, after the events read before it, and again on
+    every later call; events are queued as they are read.
+    """
+
+    def __init__(self, key: str, prefix: bool) -> None:
+        self.key = key
+        self.prefix = prefix
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()
+        self._subscriptions: list[tuple[_Connection, Subscription]] = []
+        self._error: Optional[ClientError] = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<AsyncWatch {'prefix' if self.prefix else 'key'} {self.key!r}{' closed' if self._closed else ''}>"
+
+    async def _subscribe(self, connection: _Connection) -> None:
+        added: list[Subscription] = []
+        put = self._queue.put_nowait
+        answer = connection.start(subscribe(connection.session.watch, self.key, self.prefix, put, put, added))
+        self._subscriptions.extend((connection, subscription) for subscription in added)
+        await answer
+
+    async def get(self, timeout: Optional[float] = None) -> Optional[WatchEvent]:
+        """
+        The next event, waiting at most C{timeout} seconds (None: for ever);
+        None if none came in time, or once the watch is closed.  Raise
+        L{ConnectionLost} once its connection has dropped.
+        """
+        if self._error is not None:
+            raise self._error
+        if self._closed and self._queue.empty():
+            return None
+        try:
+            item = await asyncio.wait_for(self._queue.get(), timeout)
+        except asyncio.TimeoutError:
+            return None
+        if item is _CLOSED:
+            return None
+        if isinstance(item, ClientError):
+            self._error = item
+            await self.close()
+            raise item
+        event: WatchEvent = item
+        return event
+
+    def __aiter__(self) -> AsyncWatch:
+        return self
+
+    async def __anext__(self) -> WatchEvent:
+        event = await self.get()
+        if event is None:
+            raise StopAsyncIteration
+        return event
+
+    async def close(self) -> None:
+        """Stop watching (a task iterating over it stops too).  Never raises."""
+        if self._closed:
+            return
+        self._closed = True
+        subscriptions, self._subscriptions = self._subscriptions, []
+        self._queue.put_nowait(_CLOSED)
+        for connection, subscription in subscriptions:
+            try:
+                await connection.call(connection.session.unwatch, subscription)
+            except ClientError:
+                pass  # the connection is gone, and the server's watch with it
+
+    async def __aenter__(self) -> AsyncWatch:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()
+
+
+class _WatchRequest:
+    """What L{AsyncClient.watch} returns: await it for the L{AsyncWatch}, or C{async with} it."""
+
+    def __init__(self, start: Callable[[], Awaitable[AsyncWatch]]) -> None:
+        self._start = start
+        self._watch: Optional[AsyncWatch] = None
+
+    def __await__(self) -> Generator[Any, None, AsyncWatch]:
+        return self._start().__await__()
+
+    async def __aenter__(self) -> AsyncWatch:
+        self._watch = await self._start()
+        return self._watch
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        assert self._watch is not None
+        await self._watch.close()
+
+
 class AsyncClient:
     """
     An asyncio client of one or more JESync servers; the arguments are
@@ -377,10 +495,13 @@ class AsyncClient:
         expires: Optional[float] = 120,
         *,
         auto_renew: bool = False,
+        shared: bool = False,
+        value: bytes | str | None = None,
     ) -> _LockRequest:
         """
-        Acquire C{key}, as L{jesync.client.Client.lock} does: C{lock = await
-        client.lock(...)}, or C{async with client.lock(...) as lock:}.
+        Acquire C{key}, as L{jesync.client.Client.lock} does (C{shared} and
+        C{value} too): C{lock = await client.lock(...)}, or C{async with
+        client.lock(...) as lock:}.
 
         Cancelling the wait (task cancellation, C{asyncio.timeout}) cannot
         withdraw the request from the server: if it is granted later it is
@@ -388,11 +509,12 @@ class AsyncClient:
         another C{lock} for the key with L{KeyBusy}.  Prefer C{wait=}.
         """
         arguments = lock_arguments(max_concurrent, wait, expires)
+        checked = lock_value(key, value, check_shared(shared, max_concurrent))
         index = self._fleet.index_for(key)
 
         async def acquire() -> AsyncLock:
             connection = await self._connection(index, wait)
-            lock = await connection.lock(key, *arguments)
+            lock = await connection.lock(key, *arguments, shared, checked)
             if auto_renew:
                 lock.start_renewing()
             return lock
@@ -406,20 +528,21 @@ class AsyncClient:
         expires: Optional[float] = 120,
         *,
         auto_renew: bool = False,
+        shared: bool = False,
     ) -> _LockRequest:
         """
         Acquire every one of C{keys}, all or nothing, as
-        L{jesync.client.Client.lock_many} does: C{lock = await
+        L{jesync.client.Client.lock_many} does (C{shared} too): C{lock = await
         client.lock_many([...])}, or C{async with client.lock_many([...]) as
         lock:}; C{lock.tokens} has each key's fencing token.  Cancelling the
         wait is as for L{lock}.
         """
-        distinct, timeout, expires_ = lock_many_arguments(keys, wait, expires)
+        distinct, timeout, expires_ = lock_many_arguments(keys, wait, expires, check_shared(shared))
         index = self._fleet.index_for_all(distinct)
 
         async def acquire() -> AsyncLock:
             connection = await self._connection(index, wait)
-            lock = await connection.lock_many(distinct, timeout, expires_)
+            lock = await connection.lock_many(distinct, timeout, expires_, shared)
             if auto_renew:
                 lock.start_renewing()
             return lock
@@ -435,6 +558,28 @@ class AsyncClient:
         """Who holds C{key} and since when, as L{jesync.client.Client.holders}."""
         connection = await self._connection(self._fleet.index_for(key))
         return await connection.call(connection.session.holders, key)
+
+    def watch(self, key: Optional[str] = None, *, prefix: Optional[str] = None) -> _WatchRequest:
+        """
+        Watch C{key}, or every key starting with C{prefix} (C{""}: every
+        key), as L{jesync.client.Client.watch} does: C{async with
+        client.watch("leader") as events: async for event in events: ...},
+        or C{events = await client.watch(...)} (then C{await events.close()}).
+        """
+        what, is_prefix = watch_arguments(key, prefix)
+        indexes = range(len(self.servers)) if is_prefix else [self._fleet.index_for(what)]
+
+        async def start() -> AsyncWatch:
+            watch = AsyncWatch(what, is_prefix)
+            try:
+                for index in indexes:
+                    await watch._subscribe(await self._connection(index))
+            except BaseException:
+                await watch.close()
+                raise
+            return watch
+
+        return _WatchRequest(start)
 
     async def listing(self, order: ListingOrder = "key") -> list[KeyStatus]:
         """Every key in use on every server, in C{order} (C{"key"}, C{"requests"}, C{"grants"})."""

@@ -9,6 +9,7 @@ another thread's long C{lock()}.  Nothing here needs the Twisted reactor.
 
 from __future__ import annotations
 
+import queue
 import selectors
 import signal
 import socket
@@ -22,18 +23,23 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 from jesync.client.address import Address, Member, TCPAddress, UNIXAddress
 from jesync.client.cluster import Members
 from jesync.client.config import ConnectKeywords, ConnectOptions, Servers, client_options
-from jesync.client.errors import ConnectFailed, ConnectionLost, LockLost, describe
+from jesync.client.errors import ClientError, ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
 from jesync.client.connection import ConnectionCore
 from jesync.client.session import SERVER_CLOSED
+from jesync.client.watch import Subscription, subscribe
 from jesync.client.wire import (
     PING_KEY,
     Holder,
     Reply,
     UnexpectedReply,
+    WatchEvent,
+    check_shared,
     lock_arguments,
     lock_many_arguments,
+    lock_value,
+    watch_arguments,
 )
 from jesync.listing import sort_listing
 from jesync.wire import KeyStatus, ListingOrder
@@ -323,11 +329,19 @@ class _Connection:
         """Make a session request and wait for its result."""
         return self.start(operation, *args).result()
 
-    def lock(self, key: str, max_concurrent: int, timeout: int, expires: int) -> Lock:
-        return self._acquire(key, self.session.lock, key, max_concurrent, timeout, expires)
+    def lock(
+        self,
+        key: str,
+        max_concurrent: int,
+        timeout: int,
+        expires: int,
+        shared: bool = False,
+        value: Optional[bytes] = None,
+    ) -> Lock:
+        return self._acquire(key, self.session.request_lock, key, max_concurrent, timeout, expires, shared, value)
 
-    def lock_many(self, keys: tuple[str, ...], timeout: int, expires: int) -> Lock:
-        return self._acquire(keys[0], self.session.lock_many, keys, timeout, expires)
+    def lock_many(self, keys: tuple[str, ...], timeout: int, expires: int, shared: bool = False) -> Lock:
+        return self._acquire(keys[0], self.session.request_lock_many, keys, timeout, expires, shared)
 
     def _acquire(self, key: str, operation: Callable[..., None], *args: Any) -> Lock:
         """Make a lock request (for C{key}, and others with it) and wait for the lock."""
@@ -444,6 +458,99 @@ class _Connection:
             self.core.fail(reason)
         self._shutdown()
         self._tell_lost()
+
+
+#: What ends a L{Watch}'s queue when it is closed.
+_CLOSED = object()
+
+
+class Watch:
+    """
+    What L{Client.watch} returns: an iterator of the L{WatchEvent}s of a key
+    (or of every key with a prefix), in the order of the changes, until
+    L{close}; a context manager that closes it.
+
+    A watch is bound to its connection, as a lock is: if the connection
+    drops (the server went away, a cluster failed over), the iterator (and
+    L{get}) raises L{ConnectionLost} after the events read before it, and
+    again on every later call; watch again (which reconnects) to go on.
+    Changes made while nobody watched are not reported: after watching
+    again, C{holders()} tells the state (see L{Client.watch}).
+
+    Events are queued as they arrive (read by the client's background
+    thread), so a consumer that falls behind only delays them; nothing is
+    dropped while the watch is open.
+    """
+
+    def __init__(self, key: str, prefix: bool) -> None:
+        #: what it watches: a key, or (with C{prefix}) the start of keys
+        self.key = key
+        self.prefix = prefix
+        self._queue: queue.Queue[Any] = queue.Queue()
+        self._subscriptions: list[tuple[_Connection, Subscription]] = []
+        self._error: Optional[ClientError] = None
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<Watch {'prefix' if self.prefix else 'key'} {self.key!r}{' closed' if self._closed else ''}>"
+
+    def _subscribe(self, connection: _Connection) -> None:
+        added: list[Subscription] = []
+        put = self._queue.put
+        answer = connection.start(subscribe(connection.session.watch, self.key, self.prefix, put, put, added))
+        self._subscriptions.extend((connection, subscription) for subscription in added)
+        answer.result()
+
+    def get(self, timeout: Optional[float] = None) -> Optional[WatchEvent]:
+        """
+        The next event, waiting at most C{timeout} seconds (None: for ever);
+        None if none came in time, or once the watch is closed.  Raise
+        L{ConnectionLost} once its connection has dropped.
+        """
+        if self._error is not None:
+            raise self._error
+        if self._closed and self._queue.empty():
+            return None
+        try:
+            item = self._queue.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item is _CLOSED:
+            return None
+        if isinstance(item, ClientError):
+            self._error = item
+            self.close()
+            raise item
+        event: WatchEvent = item
+        return event
+
+    def __iter__(self) -> Watch:
+        return self
+
+    def __next__(self) -> WatchEvent:
+        event = self.get()
+        if event is None:
+            raise StopIteration
+        return event
+
+    def close(self) -> None:
+        """Stop watching (an iterator waiting in another thread stops too).  Never raises."""
+        if self._closed:
+            return
+        self._closed = True
+        subscriptions, self._subscriptions = self._subscriptions, []
+        for connection, subscription in subscriptions:
+            try:
+                connection.call(connection.session.unwatch, subscription)
+            except ClientError:
+                pass  # the connection is gone, and the server's watch with it
+        self._queue.put(_CLOSED)
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
 
 class _Server:
@@ -585,9 +692,12 @@ class Client:
         expires: Optional[float] = 120,
         *,
         auto_renew: bool = False,
+        shared: bool = False,
+        value: bytes | str | None = None,
     ) -> Lock:
         """
-        Acquire C{key}: a mutex, or a counting semaphore of C{max_concurrent}.
+        Acquire C{key}: a mutex, or a counting semaphore of C{max_concurrent},
+        or, with C{shared}, a read lock.
 
         @param wait: seconds to wait for it: None waits for ever, 0 not at
             all.  JESync counts whole seconds, so a fraction is rounded up.
@@ -596,6 +706,18 @@ class Client:
             happens to this process.  None (or 0): never.
         @param auto_renew: renew in a background thread every third of
             C{expires}, until released or lost.
+        @param shared: a shared (read) lock: held together with the key's
+            other shared holders, never with an exclusive one; a waiting
+            exclusive request holds back shared ones that come after it.
+            (C{max_concurrent} is then not used: leave it 1.)  A
+            connection holds a key in one mode: asking the other mode of a
+            key it holds is refused (L{KeyBusy} here; the server has no
+            upgrade or downgrade).
+        @param value: bytes (or a str, sent as UTF-8) the grant carries,
+            shown to anyone by C{holders()} and in watch events: say the
+            holder's address, in a leader election.  At most 4096 bytes
+            (the server refuses more with L{ServerError}); None (or empty):
+            none.  The lock's C{value} is it, as bytes.
         @return: the L{Lock}; its C{token} is the grant's fencing token
             (None from a server that gives none).
         @raise LockTimeout: the wait ran out.
@@ -605,7 +727,8 @@ class Client:
             dropped (L{ConnectFailed} if it never connected).
         """
         arguments = lock_arguments(max_concurrent, wait, expires)
-        lock = self._connection_for(key, wait).lock(key, *arguments)
+        checked = lock_value(key, value, check_shared(shared, max_concurrent))
+        lock = self._connection_for(key, wait).lock(key, *arguments, shared, checked)
         if auto_renew:
             lock.start_renewing()
         return lock
@@ -617,10 +740,11 @@ class Client:
         expires: Optional[float] = 120,
         *,
         auto_renew: bool = False,
+        shared: bool = False,
     ) -> Lock:
         """
-        Acquire every one of C{keys}, all or nothing, a mutex on each (a key
-        given twice counts once).  The server grants them together when all
+        Acquire every one of C{keys}, all or nothing, a mutex on each (with
+        C{shared}: a read lock on each; a key given twice counts once).  The server grants them together when all
         are free, so two clients asking for overlapping sets in different
         orders cannot deadlock.  The returned lock holds them all: it is
         released, renewed and lost as one, and C{lock.tokens} has each
@@ -639,8 +763,9 @@ class Client:
         @raise ValueError: no keys, keys on several servers, or too many
             keys for one request line.
         """
-        distinct, timeout, expires_ = lock_many_arguments(keys, wait, expires)
-        lock = self._connection(self._fleet.index_for_all(distinct), wait).lock_many(distinct, timeout, expires_)
+        distinct, timeout, expires_ = lock_many_arguments(keys, wait, expires, check_shared(shared))
+        connection = self._connection(self._fleet.index_for_all(distinct), wait)
+        lock = connection.lock_many(distinct, timeout, expires_, shared)
         if auto_renew:
             lock.start_renewing()
         return lock
@@ -653,11 +778,43 @@ class Client:
     def holders(self, key: str) -> list[Holder]:
         """
         Who holds C{key} and since when: a L{Holder} per holder, in the order
-        they were granted (empty if nobody holds it).  Needs a server with
-        the C{holders} command.
+        they were granted (empty if nobody holds it), with its C{mode} and
+        C{value}.  Needs a server with the C{holders} command.
         """
         connection = self._connection_for(key)
         return connection.call(connection.session.holders, key)
+
+    def watch(self, key: Optional[str] = None, *, prefix: Optional[str] = None) -> Watch:
+        """
+        Watch C{key}, or every key starting with C{prefix} (C{""}: every
+        key): the L{Watch} returned is an iterator of L{WatchEvent}s, one per
+        change of the key's holders (C{granted}, C{released}, C{expired},
+        C{lost}; a prefix watch also C{appeared} and C{disappeared} as keys
+        enter and leave the lock table), from the moment this returns::
+
+            with client.watch("leader") as events:
+                for event in events:
+                    print(event.kind, event.holder, event.value)
+
+        To start from a consistent state, watch first, then ask
+        C{holders()}: the changes before its answer are already in it.  With
+        several servers a prefix watch watches them all (the order of events
+        from two servers is not defined).  Needs a server with watches.
+
+        @raise ServerError: the server refused (its C{max-watches} cap).
+        @raise ConnectionLost: as L{lock}; and later, from the iterator,
+            if its connection drops.
+        """
+        what, is_prefix = watch_arguments(key, prefix)
+        watch = Watch(what, is_prefix)
+        indexes = range(len(self.servers)) if is_prefix else [self._fleet.index_for(what)]
+        try:
+            for index in indexes:
+                watch._subscribe(self._connection(index))
+        except BaseException:
+            watch.close()
+            raise
+        return watch
 
     def listing(self, order: ListingOrder = "key") -> list[KeyStatus]:
         """

@@ -11,7 +11,7 @@ import logging
 from typing import Callable, Optional
 
 from jesync.client.errors import LockLost
-from jesync.client.wire import Reply
+from jesync.client.wire import EXCLUSIVE, SHARED, Reply
 
 log = logging.getLogger("jesync.client")
 
@@ -41,7 +41,16 @@ class LockState:
         a renewal keeps the token.
     @ivar many: whether it was granted by C{lock_many()} (so it is renewed
         the same way).
+    @ivar mode: C{"exclusive"} or C{"shared"} (C{lock(..., shared=True)}):
+        a shared lock is held together with the key's other shared holders,
+        and with no exclusive one.
+    @ivar value: the value set with the grant (bytes; a str given is
+        its UTF-8), which the key's C{holders()} and watchers see; None
+        if none.
     """
+
+    mode: str = EXCLUSIVE
+    value: Optional[bytes] = None
 
     def __init__(
         self,
@@ -85,6 +94,11 @@ class LockState:
         if len(self.keys) != 1:
             raise TypeError(f"a lock on {len(self.keys)} keys has a fencing token per key: see its tokens")
         return self.tokens[self.key]
+
+    @property
+    def shared(self) -> bool:
+        """Whether it is held shared (a reader's lock), not exclusive."""
+        return self.mode == SHARED
 
     @property
     def held(self) -> bool:

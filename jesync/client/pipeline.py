@@ -46,6 +46,14 @@ C{fencing on} (an extension) is answered C{FENCING ON}, or C{INVALID_COMMAND}
 by a server without fencing; from then on a C{GRANTED} carries the grant's
 fencing token, and a C{GRANTED-MANY} one per key.
 
+C{lock-shared} and C{lock-many-shared} (extensions) are answered as C{lock}
+and C{lock-many} are, and read the same way: a C{lock} request is either.
+C{watch}, C{watch-prefix}, C{unwatch} and C{unwatch-prefix} (extensions)
+are answered at once (C{WATCHING <key>}, ...).  C{EVENT ...} lines answer
+nothing: a connection that watches gets them, unsolicited, between any two
+replies; they go to C{on_event} whatever the queue holds, so an event is
+never taken for the reply to a request.
+
 Since every request owes an immediate reply, a client can also tell a
 server that has stopped answering (L{Pipeline.owes_reply}) from a lock that
 is merely waiting.
@@ -69,6 +77,10 @@ from jesync.client.wire import (
     fencing_request,
     lock_many_request,
     lock_request,
+    lock_shared_request,
+    unwatch_request,
+    watch_request,
+    WatchEvent,
     listing_request,
     holders_request,
     owned_request,
@@ -90,6 +102,15 @@ def discard(result: object) -> None:
 #: The lock commands, and the reply words that answer each.
 _LOCK_ANSWERS = {"GRANTED": "lock", "TIMEOUT": "lock", "GRANTED-MANY": "lock-many", "TIMEOUT-MANY": "lock-many"}
 _GRANTS = frozenset({"GRANTED", "GRANTED-MANY"})
+#: The watch commands' replies, and the command each answers.
+_WATCH_ANSWERS = {
+    "WATCHING": "watch",
+    "WATCHING-PREFIX": "watch-prefix",
+    "UNWATCHED": "unwatch",
+    "NOT_WATCHING": "unwatch",
+    "UNWATCHED-PREFIX": "unwatch-prefix",
+    "NOT_WATCHING-PREFIX": "unwatch-prefix",
+}
 
 
 class _Request:
@@ -143,11 +164,18 @@ class Pipeline:
 
     @param on_expired: called with the key of an unsolicited C{EXPIRED} line
         (sent by JESync 0.8.1, never by jesync, when a grant expires).
+    @param on_event: called with the L{WatchEvent} of each C{EVENT} line.
     """
 
-    def __init__(self, send: Callable[[bytes], None], on_expired: Callable[[str], None] = discard) -> None:
+    def __init__(
+        self,
+        send: Callable[[bytes], None],
+        on_expired: Callable[[str], None] = discard,
+        on_event: Callable[[WatchEvent], None] = discard,
+    ) -> None:
         self._send = send
         self._on_expired = on_expired
+        self._on_event = on_event
         self._queue: deque[_Request] = deque()  # owed an immediate reply, in order
         self._waiting: dict[str, _Request] = {}  # lock requests past their fence, by (first) key
         self._locks: dict[str, list[_Request]] = {}  # unsettled lock requests, by each of their keys
@@ -178,13 +206,21 @@ class Pipeline:
         on_result: OnResult,
         on_error: OnError,
         on_waiting: Optional[Callable[[], None]] = None,
+        shared: bool = False,
+        value: Optional[bytes] = None,
     ) -> None:
         """
-        Send C{lock} (and its fence); the arguments are the protocol's,
-        already checked.  C{on_waiting} (if given) is called when the fence
-        shows that the request waits (it was not answered at once).
+        Send C{lock} (C{lock-shared} if C{shared}: then C{max_concurrent} is
+        not sent), with C{value} if given, and its fence; the arguments are
+        the protocol's, already checked.  C{on_waiting} (if given) is called
+        when the fence shows that the request waits (it was not answered at
+        once).
         """
-        line = lock_request(key, max_concurrent, timeout, expires) + status_request(key)
+        if shared:
+            request = lock_shared_request(key, timeout, expires, value)
+        else:
+            request = lock_request(key, max_concurrent, timeout, expires, value)
+        line = request + status_request(key)
         self._lock(_Request("lock", (key,), on_result, on_error), timeout, line, on_waiting)
 
     def lock_many(
@@ -195,14 +231,16 @@ class Pipeline:
         on_result: OnResult,
         on_error: OnError,
         on_waiting: Optional[Callable[[], None]] = None,
+        shared: bool = False,
     ) -> None:
         """
-        Send C{lock-many} (and its fence, a C{status} of its first key); the
-        arguments are the protocol's, already checked
-        (L{jesync.client.wire.lock_many_arguments}); C{on_waiting} as L{lock}'s.
+        Send C{lock-many} (C{lock-many-shared} if C{shared}) and its fence, a
+        C{status} of its first key; the arguments are the protocol's, already
+        checked (L{jesync.client.wire.lock_many_arguments}); C{on_waiting} as
+        L{lock}'s.
         """
         keys = tuple(dict.fromkeys(keys))  # as the server counts them, so that its answer names the same keys
-        line = lock_many_request(keys, timeout, expires) + status_request(keys[0])
+        line = lock_many_request(keys, timeout, expires, shared) + status_request(keys[0])
         self._lock(_Request("lock-many", keys, on_result, on_error), timeout, line, on_waiting)
 
     def _lock(
@@ -236,6 +274,19 @@ class Pipeline:
     def holders(self, key: str, on_result: OnResult, on_error: OnError) -> None:
         """C{holders <key>} (an extension): C{on_result} gets a list of L{jesync.client.wire.Holder}."""
         self._enqueue(_Request("holders", (key,), on_result, on_error), holders_request(key))
+
+    def watch(self, key: str, prefix: bool, on_result: OnResult, on_error: OnError) -> None:
+        """
+        C{watch <key>} (C{watch-prefix <key>} if C{prefix}; an empty prefix:
+        every key); C{on_result} gets None once the server watches it.
+        """
+        command = "watch-prefix" if prefix else "watch"
+        self._enqueue(_Request(command, (key,), on_result, on_error), watch_request(key, prefix))
+
+    def unwatch(self, key: str, prefix: bool, on_result: OnResult, on_error: OnError) -> None:
+        """C{unwatch <key>} (C{unwatch-prefix}); C{on_result} gets whether it was watched."""
+        command = "unwatch-prefix" if prefix else "unwatch"
+        self._enqueue(_Request(command, (key,), on_result, on_error), unwatch_request(key, prefix))
 
     def listing(self, order: ListingOrder, on_result: OnResult, on_error: OnError) -> None:
         self._enqueue(_Request("listing", (), on_result, on_error), listing_request(order))
@@ -291,6 +342,9 @@ class Pipeline:
         if word == "EXPIRED":
             self._on_expired(reply.key)  # type: ignore[arg-type]
             return
+        if reply.event is not None:
+            self._on_event(reply.event)
+            return
         if head is None:
             raise UnexpectedReply(f"{reply.text!r} answers no request")
         if head.is_lock:
@@ -321,6 +375,9 @@ class Pipeline:
         elif head.command == "fencing" and word == "FENCING":
             self._queue.popleft()
             head.on_result(reply.fencing)
+        elif _WATCH_ANSWERS.get(word) == head.command and reply.key == head.key:
+            self._queue.popleft()
+            head.on_result(None if head.command.startswith("watch") else word.startswith("UNWATCHED"))
         else:
             raise UnexpectedReply(f"{reply.text!r} does not answer {head.describe()}")
 

@@ -16,6 +16,11 @@ consistent.
    released); a release answered C{NOT_RELEASED} (it had
    expired) or cut off by the connection returns False and leaves the handle
    lost.
+ - A lock keeps its mode: a shared lock is renewed with C{lock-shared}
+   (asking the other mode would be refused: no upgrade or downgrade).  A
+   renewal sends no value, so the server keeps the one granted.
+ - The connection's watches are L{jesync.client.watch}'s: when it fails,
+   every watch ends with its L{ConnectionLost}, after its locks are lost.
 
 The server's last words: a server that closes a connection on its own says
 why first, in one line (docs/protocols/index.md: protected mode, max-connections, auth,
@@ -55,7 +60,8 @@ import jesync.client.errors as errors
 from jesync.client.errors import AccessRefused, AuthFailed, ConnectionLost, KeyBusy, ServerError
 from jesync.client.handle import LockState
 from jesync.client.pipeline import OnError, OnResult, Pipeline, discard
-from jesync.client.wire import ERROR_WORDS, Reply
+from jesync.client.watch import OnEnd, OnEvent, Subscription, Watches
+from jesync.client.wire import ERROR_WORDS, SHARED, Reply, WatchEvent
 from jesync.errors import LockTimeout
 from jesync.wire import ListingOrder
 
@@ -95,7 +101,8 @@ class Session:
         self.reply_margin = reply_margin
         # the lock requests waiting with a bounded wait, by their first key: when their answer is due
         self._answers_due: dict[str, float] = {}
-        self.pipeline = Pipeline(send, self._expired)
+        self.pipeline = Pipeline(send, self._expired, self._event)
+        self.watches = Watches()
         self.held: dict[str, LockState] = {}  # by each of its keys
         #: whether the server gives fencing tokens: None until it has answered C{fencing on}
         self.fencing: Optional[bool] = None
@@ -201,18 +208,44 @@ class Session:
         on_result: OnResult,
         on_error: OnError,
     ) -> None:
-        """Ask for C{key}; C{on_result} gets the new lock handle."""
+        """Ask for C{key}, exclusive, without a value; C{on_result} gets the new lock handle."""
+        self.request_lock(key, max_concurrent, timeout, expires, False, None, on_result, on_error)
+
+    def request_lock(
+        self,
+        key: str,
+        max_concurrent: int,
+        timeout: int,
+        expires: int,
+        shared: bool,
+        value: Optional[bytes],
+        on_result: OnResult,
+        on_error: OnError,
+    ) -> None:
+        """
+        Ask for C{key}, shared or exclusive, with C{value} (checked:
+        L{jesync.client.wire.lock_value}) or none; C{on_result} gets the new
+        lock handle, whose C{mode} and C{value} say what was asked.
+        """
         self._check_free((key,))
-        granted, failed, waiting = self._granted(key, max_concurrent, timeout, expires, on_result, on_error)
-        self.pipeline.lock(key, max_concurrent, timeout, expires, granted, failed, waiting)
+        granted, failed, waiting = self._granted(
+            key, max_concurrent, timeout, expires, on_result, on_error, shared, value
+        )
+        self.pipeline.lock(key, max_concurrent, timeout, expires, granted, failed, waiting, shared, value)
 
     def lock_many(
         self, keys: tuple[str, ...], timeout: int, expires: int, on_result: OnResult, on_error: OnError
     ) -> None:
         """Ask for all of C{keys} (distinct, checked), a mutex on each; C{on_result} gets one handle for them all."""
+        self.request_lock_many(keys, timeout, expires, False, on_result, on_error)
+
+    def request_lock_many(
+        self, keys: tuple[str, ...], timeout: int, expires: int, shared: bool, on_result: OnResult, on_error: OnError
+    ) -> None:
+        """As L{lock_many}, each key shared if C{shared} (C{lock-many-shared})."""
         self._check_free(keys)
-        granted, failed, waiting = self._granted(keys[0], 1, timeout, expires, on_result, on_error)
-        self.pipeline.lock_many(keys, timeout, expires, granted, failed, waiting)
+        granted, failed, waiting = self._granted(keys[0], 1, timeout, expires, on_result, on_error, shared)
+        self.pipeline.lock_many(keys, timeout, expires, granted, failed, waiting, shared)
 
     def _check_free(self, keys: Iterable[str]) -> None:
         for key in keys:
@@ -220,7 +253,15 @@ class Session:
                 raise KeyBusy(key, "this client already holds it")
 
     def _granted(
-        self, key: str, max_concurrent: int, timeout: int, expires: int, on_result: OnResult, on_error: OnError
+        self,
+        key: str,
+        max_concurrent: int,
+        timeout: int,
+        expires: int,
+        on_result: OnResult,
+        on_error: OnError,
+        shared: bool = False,
+        value: Optional[bytes] = None,
     ) -> tuple[OnResult, OnError, Callable[[], None]]:
         """
         The callbacks of a lock request sent now: its grant, its failure, and
@@ -237,6 +278,9 @@ class Session:
         def granted(reply: Reply) -> None:
             self._answers_due.pop(key, None)
             lock = self._make_lock(reply, max_concurrent, expires)
+            if shared:
+                lock.mode = SHARED
+            lock.value = value
             age = round_trip[0] if round_trip else self.clock() - sent
             lock._granted(reply.seconds_left, age)
             for each in lock.keys:
@@ -334,9 +378,9 @@ class Session:
 
         try:
             if lock.many:
-                self.pipeline.lock_many(lock.keys, 0, lock.expires, renewed, refused)
+                self.pipeline.lock_many(lock.keys, 0, lock.expires, renewed, refused, shared=lock.shared)
             else:
-                self.pipeline.lock(lock.key, lock.max_concurrent, 0, lock.expires, renewed, refused)
+                self.pipeline.lock(lock.key, lock.max_concurrent, 0, lock.expires, renewed, refused, shared=lock.shared)
         except ConnectionLost as error:
             on_error(lock.lost_reason or lock._lost(error.reason))
 
@@ -349,6 +393,65 @@ class Session:
     def holders(self, key: str, on_result: OnResult, on_error: OnError) -> None:
         """Who holds C{key}: C{on_result} gets a list of L{jesync.client.wire.Holder}."""
         self.pipeline.holders(key, on_result, on_error)
+
+    def watch(
+        self, key: str, prefix: bool, on_event: OnEvent, on_end: OnEnd, on_result: OnResult, on_error: OnError
+    ) -> Subscription:
+        """
+        Watch C{key} (with C{prefix}: every key starting with it; C{""}:
+        every key).  C{on_result} gets the L{Subscription} (also returned at
+        once, so that a caller who stops waiting can still L{unwatch} it)
+        once the server watches it; from then on C{on_event} gets each
+        event, and C{on_end} the connection's error if it fails (see
+        L{jesync.client.watch}).  A refusal (the server's C{max-watches})
+        errs with L{ServerError}.
+        """
+        subscription = Subscription(key, prefix, on_event, on_end)
+
+        def watching(_: None) -> None:
+            if not subscription.ended:
+                subscription.active = True
+            on_result(subscription)
+
+        def refused(error: Exception) -> None:
+            subscription.ended = True
+            self.watches.remove(subscription)
+            on_error(error)
+
+        self.pipeline.watch(key, prefix, watching, refused)
+        self.watches.add(subscription)
+        return subscription
+
+    def unwatch(self, subscription: Subscription, on_result: OnResult, on_error: OnError) -> None:
+        """
+        End C{subscription}: it gets no more events; the server stops
+        watching its key once no other subscription watches it.
+        C{on_result} gets whether it was still watching (False once ended,
+        or once its connection has failed).
+        """
+        if subscription.ended or self.closed:
+            subscription.ended = True
+            on_result(False)
+            return
+        subscription.ended = True
+        subscription.active = False
+        if not self.watches.remove(subscription):
+            on_result(True)
+            return
+
+        def answered(was_watched: bool) -> None:
+            on_result(True)
+
+        def failed(error: Exception) -> None:
+            if isinstance(error, ConnectionLost):
+                on_result(True)  # the server stops watching when the connection closes
+            else:
+                on_error(error)
+
+        self.pipeline.unwatch(subscription.key, subscription.prefix, answered, failed)
+
+    def _event(self, event: WatchEvent) -> None:
+        self.watches.dispatch(event)
 
     def owned(self, lock: LockState, on_result: OnResult, on_error: OnError) -> None:
         """
@@ -475,7 +578,9 @@ class Session:
         self._answers_due.clear()
         for lock in dict.fromkeys(self.held.values()):
             self._lose(lock, f"the connection to {self.address} was lost ({reason})")
+        failed = error if isinstance(error, ConnectionLost) else ConnectionLost(self.address, reason)
         self.pipeline.fail_all(error)
+        self.watches.end_all(failed)
         return error
 
     def take_lost(self) -> list[LockState]:

@@ -16,6 +16,7 @@ the Deferred it answers (see L{jesync.client.pipeline} for how).
 
 from __future__ import annotations
 
+import logging
 import re
 import warnings
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
@@ -37,24 +38,32 @@ from zope.interface import implementer
 from jesync.client.address import Address, Member, TCPAddress, UNIXAddress
 from jesync.client.cluster import Members
 from jesync.client.config import ConnectKeywords, ConnectOptions, Servers, client_options
-from jesync.client.errors import ConnectFailed, ConnectionLost, LockLost, describe
+from jesync.client.errors import ClientError, ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
 from jesync.client.connection import ConnectionCore
 from jesync.client.session import SERVER_CLOSED
+from jesync.client.watch import Subscription, subscribe
 from jesync.client.wire import (
     PING_KEY,
     Holder,
     Reply,
     UnexpectedReply,
+    WatchEvent,
+    check_shared,
     lock_arguments,
     lock_many_arguments,
+    lock_value,
+    watch_arguments,
 )
 from jesync.listing import sort_listing
 from jesync.wire import KeyStatus, ListingOrder
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+
+log = logging.getLogger("jesync.client")
 
 
 class TwistedLock(LockState):
@@ -107,6 +116,101 @@ class TwistedLock(LockState):
         renewal, self._next_renewal = self._next_renewal, None
         if renewal is not None and renewal.active():
             renewal.cancel()
+
+
+class TwistedWatch:
+    """
+    What L{TwistedClient.watch} gives: its callback is called with each
+    L{WatchEvent} of a key (or of every key with a prefix), in the reactor,
+    in the order of the changes, until L{stop}.
+
+    A watch is bound to its connection, as a lock is: if the connection
+    drops (the server went away, a cluster failed over), the watch ends and
+    the callbacks given to L{add_lost_callback} are called with the
+    L{ConnectionLost} (C{lost_reason}), as a lock's lost callbacks are;
+    watch again (which reconnects) to go on.
+    """
+
+    def __init__(self, key: str, prefix: bool, callback: Callable[[WatchEvent], object]) -> None:
+        self.key = key
+        self.prefix = prefix
+        #: why the watch ended on its own (its connection dropped), or None
+        self.lost_reason: Optional[ClientError] = None
+        self._callback = callback
+        self._subscriptions: list[tuple[_Connection, Subscription]] = []
+        self._lost_callbacks: list[Callable[[ClientError], object]] = []
+        self._stopped = False
+
+    def __repr__(self) -> str:
+        state = " stopped" if self._stopped else " lost" if self.lost_reason else ""
+        return f"<TwistedWatch {'prefix' if self.prefix else 'key'} {self.key!r}{state}>"
+
+    @property
+    def active(self) -> bool:
+        """Neither stopped nor lost."""
+        return not self._stopped and self.lost_reason is None
+
+    def _subscribe(self, connection: _Connection) -> defer.Deferred[Any]:
+        added: list[Subscription] = []
+        operation = subscribe(connection.session.watch, self.key, self.prefix, self._event, self._end, added)
+        answer = connection.start(operation)
+        self._subscriptions.extend((connection, subscription) for subscription in added)
+        return answer
+
+    def _event(self, event: WatchEvent) -> None:
+        if not self.active:
+            return
+        try:
+            self._callback(event)
+        except Exception:
+            log.exception("the watch callback of %r failed", self)
+
+    def _end(self, error: Exception) -> None:
+        if not self.active:
+            return
+        assert isinstance(error, ClientError)
+        self.lost_reason = error
+        self._unwatch()
+        callbacks, self._lost_callbacks = self._lost_callbacks, []
+        for callback in callbacks:
+            self._call(callback)
+
+    def _call(self, callback: Callable[[ClientError], object]) -> None:
+        assert self.lost_reason is not None
+        try:
+            callback(self.lost_reason)
+        except Exception:
+            log.exception("a lost-watch callback of %r failed", self)
+
+    def add_lost_callback(self, callback: Callable[[ClientError], object]) -> None:
+        """
+        Call C{callback(ConnectionLost)} if the watch ends because its
+        connection dropped (at once if it already has); never once stopped.
+        """
+        if self.lost_reason is not None:
+            self._call(callback)
+        elif not self._stopped:
+            self._lost_callbacks.append(callback)
+
+    def stop(self) -> defer.Deferred[bool]:
+        """Stop watching: fires True if it was watching until now, False if it had been stopped or lost."""
+        was_active = self.active
+        self._stopped = True
+        self._lost_callbacks.clear()
+        return self._unwatch().addCallback(lambda _: was_active)
+
+    @staticmethod
+    def _gone(failure: Failure) -> None:
+        """An unwatch cut off by its connection: the server's watch went with it."""
+        failure.trap(ClientError)
+
+    def _unwatch(self) -> defer.Deferred[None]:
+        subscriptions, self._subscriptions = self._subscriptions, []
+        unwatched = [
+            connection.start(connection.session.unwatch, subscription).addErrback(self._gone)
+            for connection, subscription in subscriptions
+        ]
+        return defer.gatherResults(unwatched).addCallback(lambda _: None)
 
 
 def _describe_failure(failure: Failure) -> str:
@@ -333,11 +437,21 @@ class _Connection:
             return defer.fail()
         return deferred
 
-    def lock(self, key: str, max_concurrent: int, timeout: int, expires: int) -> defer.Deferred[TwistedLock]:
-        return self._acquire(key, self.session.lock, key, max_concurrent, timeout, expires)
+    def lock(
+        self,
+        key: str,
+        max_concurrent: int,
+        timeout: int,
+        expires: int,
+        shared: bool = False,
+        value: Optional[bytes] = None,
+    ) -> defer.Deferred[TwistedLock]:
+        return self._acquire(key, self.session.request_lock, key, max_concurrent, timeout, expires, shared, value)
 
-    def lock_many(self, keys: tuple[str, ...], timeout: int, expires: int) -> defer.Deferred[TwistedLock]:
-        return self._acquire(keys[0], self.session.lock_many, keys, timeout, expires)
+    def lock_many(
+        self, keys: tuple[str, ...], timeout: int, expires: int, shared: bool = False
+    ) -> defer.Deferred[TwistedLock]:
+        return self._acquire(keys[0], self.session.request_lock_many, keys, timeout, expires, shared)
 
     def _acquire(self, key: str, operation: Callable[..., None], *args: Any) -> defer.Deferred[TwistedLock]:
         """Make a lock request (for C{key}, and others with it); the Deferred fires with the lock."""
@@ -478,10 +592,13 @@ class TwistedClient:
         expires: Optional[float] = 120,
         *,
         auto_renew: bool = False,
+        shared: bool = False,
+        value: bytes | str | None = None,
     ) -> defer.Deferred[TwistedLock]:
         """
-        Acquire C{key}, as L{jesync.client.Client.lock} does; the Deferred
-        fires with a L{TwistedLock} or fails with the same exceptions.
+        Acquire C{key}, as L{jesync.client.Client.lock} does (C{shared} and
+        C{value} too); the Deferred fires with a L{TwistedLock} or fails
+        with the same exceptions.
 
         Cancelling the Deferred cannot withdraw the request from the server:
         if it is granted later it is released at once, and until the server
@@ -490,13 +607,14 @@ class TwistedClient:
         """
         try:
             arguments = lock_arguments(max_concurrent, wait, expires)
+            checked = lock_value(key, value, check_shared(shared, max_concurrent))
             index = self._fleet.index_for(key)
         except Exception:
             return defer.fail()
 
-        return self._call(index, lambda connection: connection.lock(key, *arguments), wait).addCallback(
-            self._renewing, auto_renew
-        )
+        return self._call(
+            index, lambda connection: connection.lock(key, *arguments, shared, checked), wait
+        ).addCallback(self._renewing, auto_renew)
 
     def lock_many(
         self,
@@ -505,21 +623,22 @@ class TwistedClient:
         expires: Optional[float] = 120,
         *,
         auto_renew: bool = False,
+        shared: bool = False,
     ) -> defer.Deferred[TwistedLock]:
         """
         Acquire every one of C{keys}, all or nothing, as
-        L{jesync.client.Client.lock_many} does; the Deferred fires with one
+        L{jesync.client.Client.lock_many} does (C{shared} too); the Deferred fires with one
         L{TwistedLock} for them all (C{lock.tokens} has each key's fencing
         token) or fails with the same exceptions.  Cancelling it is as for
         L{lock}.
         """
         try:
-            distinct, timeout, expires_ = lock_many_arguments(keys, wait, expires)
+            distinct, timeout, expires_ = lock_many_arguments(keys, wait, expires, check_shared(shared))
             index = self._fleet.index_for_all(distinct)
         except Exception:
             return defer.fail()
         return self._call(
-            index, lambda connection: connection.lock_many(distinct, timeout, expires_), wait
+            index, lambda connection: connection.lock_many(distinct, timeout, expires_, shared), wait
         ).addCallback(self._renewing, auto_renew)
 
     @staticmethod
@@ -543,6 +662,40 @@ class TwistedClient:
         except Exception:
             return defer.fail()
         return self._call(index, lambda connection: connection.start(connection.session.holders, key))
+
+    def watch(
+        self,
+        key: Optional[str] = None,
+        callback: Optional[Callable[[WatchEvent], object]] = None,
+        *,
+        prefix: Optional[str] = None,
+    ) -> defer.Deferred[TwistedWatch]:
+        """
+        Watch C{key}, or every key starting with C{prefix} (C{""}: every
+        key), as L{jesync.client.Client.watch} does: C{callback(event)} is
+        called with each L{WatchEvent}.  The Deferred fires with the
+        L{TwistedWatch} (C{stop()} it; C{add_lost_callback} to hear of its
+        connection dropping) once the server watches, or fails as
+        L{jesync.client.Client.watch} raises.
+        """
+        try:
+            what, is_prefix = watch_arguments(key, prefix)
+            if not callable(callback):
+                raise TypeError("watch needs a callback, called with each event")
+            indexes = list(range(len(self.servers))) if is_prefix else [self._fleet.index_for(what)]
+        except Exception:
+            return defer.fail()
+        return defer.ensureDeferred(self._watch(TwistedWatch(what, is_prefix, callback), indexes))
+
+    async def _watch(self, watch: TwistedWatch, indexes: list[int]) -> TwistedWatch:
+        try:
+            for index in indexes:
+                connection = await self._connection(index)
+                await watch._subscribe(connection)
+        except BaseException:
+            await watch.stop()
+            raise
+        return watch
 
     def listing(self, order: ListingOrder = "key") -> defer.Deferred[list[KeyStatus]]:
         """Every key in use on every server, in C{order} (C{"key"}, C{"requests"}, C{"grants"})."""

@@ -2,12 +2,26 @@
 The JESync protocol from the client's side: checking arguments, formatting
 requests, splitting and parsing reply lines.  Shared by every client; which
 reply answers which request is L{jesync.client.pipeline}'s business.
+
+The coordination extensions (docs/protocols/jesync.md) read thus:
+
+ - A holder's value is one field, percent-encoded (L{jesync.wire.encode_value}).
+   A value is bytes, or a str sent as its UTF-8; an empty one is no value
+   (the server keeps none).  The server refuses one over its limit (4096
+   bytes decoded) with C{INVALID_PARAMETER}; a request line longer than a
+   server reads (L{MAX_LINE}, with the value encoded) is refused here, with
+   ValueError, before anything is sent.
+ - C{HOLDER} and C{STATUS} lines of shared or valued holders carry extra
+   trailing fields; an exclusive holder without a value has today's line.
+ - C{EVENT ...} lines are unsolicited (only to a connection that watches):
+   L{parse_reply} makes them a L{Reply} whose C{event} is the L{WatchEvent},
+   and they answer no request.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Iterable, NamedTuple, Optional
+from typing import Any, Iterable, NamedTuple, Optional
 
 from jesync.wire import (
     ERROR_WORDS,
@@ -21,9 +35,17 @@ from jesync.wire import (
     WAIT_FOREVER,
     KeyStatus,
     ListingOrder,
+    BadRequest,
     decode_key,
+    decode_value,
     encode_key,
+    encode_value,
 )
+
+#: The two modes of a grant, as the wire names them (the lock service's words).
+EXCLUSIVE = "exclusive"
+SHARED = "shared"
+_MODE_WORDS = {b"exclusive": EXCLUSIVE, b"shared": SHARED}
 
 # The longest request is "lock KEY N N N" with three numbers of a sign and MAX_DIGITS digits.
 MAX_KEY_BYTES = MAX_LINE - len("lock ") - 3 * len(" -") - 3 * MAX_DIGITS
@@ -91,18 +113,57 @@ def lock_arguments(max_concurrent: int, wait: float | None, expires: float | Non
 
 
 def lock_many_arguments(
-    keys: Iterable[str], wait: float | None, expires: float | None
+    keys: Iterable[str], wait: float | None, expires: float | None, shared: bool = False
 ) -> tuple[tuple[str, ...], int, int]:
     """
     A C{lock_many()} call's arguments as the distinct keys in the order given
     (as the server counts them: a key given twice counts once), the
     protocol's C{timeout} and C{expires}; raise ValueError for no keys, or
-    for more than one C{lock-many} line can carry.
+    for more than one C{lock-many} (C{lock-many-shared}) line can carry.
     """
     distinct = distinct_keys(keys)
     timeout, expires_ = wire_timeout(wait), wire_expires(expires)
-    lock_many_request(distinct, timeout, expires_)  # checks that the line fits
+    lock_many_request(distinct, timeout, expires_, shared)  # checks that the line fits
     return distinct, timeout, expires_
+
+
+def check_shared(shared: bool, max_concurrent: int = 1) -> bool:
+    """C{shared}, checked: a bool, and a shared lock has no C{max_concurrent} (ValueError)."""
+    if not isinstance(shared, bool):
+        raise TypeError(f"shared must be True or False, not {shared!r}")
+    if shared and max_concurrent != 1:
+        raise ValueError("a shared lock takes no max_concurrent: any number of shared holders share it")
+    return shared
+
+
+def check_value(value: bytes | str | None) -> Optional[bytes]:
+    """
+    A holder's value as bytes (a str as its UTF-8), or None for no value
+    (None or empty); TypeError for anything else.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        value = value.encode("utf-8")
+    elif isinstance(value, (bytearray, memoryview)):
+        value = bytes(value)
+    elif not isinstance(value, bytes):
+        raise TypeError(f"a value is bytes or str, not {type(value).__name__}")
+    return value or None
+
+
+def lock_value(key: str, value: bytes | str | None, shared: bool) -> Optional[bytes]:
+    """
+    A C{lock()} call's value (L{check_value}), checked to fit its request
+    line with the longest numbers: raise ValueError if it does not.
+    """
+    checked = check_value(value)
+    if checked is not None:
+        if shared:
+            lock_shared_request(key, -LARGEST_NUMBER, -LARGEST_NUMBER, checked)
+        else:
+            lock_request(key, LARGEST_NUMBER, -LARGEST_NUMBER, -LARGEST_NUMBER, checked)
+    return checked
 
 
 def distinct_keys(keys: Iterable[str]) -> tuple[str, ...]:
@@ -128,16 +189,78 @@ def check_max_concurrent(max_concurrent: int) -> int:
 # -- requests --------------------------------------------------------------
 
 
-def lock_request(key: str, max_concurrent: int, timeout: int, expires: int) -> bytes:
-    return b"lock %s %d %d %d\n" % (check_key(key), max_concurrent, timeout, expires)
+def lock_request(key: str, max_concurrent: int, timeout: int, expires: int, value: Optional[bytes] = None) -> bytes:
+    """C{lock <key> <max_concurrent> <timeout> <expires>[ <value>]}; ValueError if the line is too long."""
+    line = b"lock %s %d %d %d" % (check_key(key), max_concurrent, timeout, expires)
+    return _with_value(line, value)
 
 
-def lock_many_request(keys: tuple[str, ...], timeout: int, expires: int) -> bytes:
-    """C{lock-many <timeout> <expires> <key>...}; ValueError if the line is longer than a server reads."""
-    line = b"lock-many %d %d %s" % (timeout, expires, b" ".join(check_key(key) for key in keys))
+def lock_shared_request(key: str, timeout: int, expires: int, value: Optional[bytes] = None) -> bytes:
+    """C{lock-shared <key> <timeout> <expires>[ <value>]}; ValueError if the line is too long."""
+    return _with_value(b"lock-shared %s %d %d" % (check_key(key), timeout, expires), value)
+
+
+def _with_value(line: bytes, value: Optional[bytes]) -> bytes:
+    if value:
+        line += b" " + encode_value(value)
+        if len(line) > MAX_LINE:
+            raise ValueError(
+                f"the value is too long: the request line, with the value percent-encoded, "
+                f"would be longer than {MAX_LINE} bytes"
+            )
+    return line + b"\n"
+
+
+def lock_many_request(keys: tuple[str, ...], timeout: int, expires: int, shared: bool = False) -> bytes:
+    """
+    C{lock-many <timeout> <expires> <key>...} (C{lock-many-shared} if
+    C{shared}); ValueError if the line is longer than a server reads.
+    """
+    command = b"lock-many-shared" if shared else b"lock-many"
+    line = b"%s %d %d %s" % (command, timeout, expires, b" ".join(check_key(key) for key in keys))
     if len(line) > MAX_LINE:
         raise ValueError(f"too many keys, or keys too long, for one lock-many request ({MAX_LINE} bytes at most)")
     return line + b"\n"
+
+
+def watch_arguments(key: Optional[str], prefix: Optional[str]) -> tuple[str, bool]:
+    """
+    A C{watch()} call's arguments, checked: what it watches, and whether
+    that is a prefix.  Exactly one of a key and a prefix (which may be
+    C{""}: every key) is given.
+    """
+    if (key is None) == (prefix is None):
+        raise TypeError("watch takes a key, or a prefix= (\"\" for every key), not both")
+    if prefix is None:
+        assert key is not None
+        check_key(key)
+        return key, False
+    if not isinstance(prefix, str):
+        raise TypeError(f"a prefix is a str, not {type(prefix).__name__}")
+    check_prefix(prefix)
+    return prefix, True
+
+
+def check_prefix(prefix: str) -> bytes:
+    """A prefix's bytes on the wire: as a key's (L{check_key}), but empty is allowed (every key)."""
+    return check_key(prefix) if prefix != "" else b""
+
+
+def watch_request(key: str, prefix: bool) -> bytes:
+    """C{watch <key>}, or C{watch-prefix [<prefix>]} (no prefix: every key)."""
+    return _watch_line(b"watch", key, prefix)
+
+
+def unwatch_request(key: str, prefix: bool) -> bytes:
+    """C{unwatch <key>}, or C{unwatch-prefix [<prefix>]}."""
+    return _watch_line(b"unwatch", key, prefix)
+
+
+def _watch_line(command: bytes, key: str, prefix: bool) -> bytes:
+    if not prefix:
+        return b"%s %s\n" % (command, check_key(key))
+    raw = check_prefix(key)
+    return b"%s-prefix %s\n" % (command, raw) if raw else command + b"-prefix\n"
 
 
 def auth_request(token: bytes) -> bytes:
@@ -195,7 +318,8 @@ class Holder(NamedTuple):
     seconds since it was granted (renewals do not reset it);
     C{seconds_left} the whole seconds until its failsafe expiry, as in
     C{GRANTED} (0: it never expires, or has less than half a second left);
-    C{token} the grant's fencing token.
+    C{token} the grant's fencing token; C{mode} C{"exclusive"} or
+    C{"shared"}; C{value} the value its holder set (bytes), or None.
     """
 
     key: str
@@ -203,6 +327,60 @@ class Holder(NamedTuple):
     held_seconds: int
     seconds_left: int
     token: int
+    mode: str = EXCLUSIVE
+    value: Optional[bytes] = None
+
+    @property
+    def shared(self) -> bool:
+        return self.mode == SHARED
+
+
+#: The kinds of watch events (the lower-case words of C{EVENT} lines).
+GRANTED_EVENT = "granted"
+RELEASED_EVENT = "released"
+EXPIRED_EVENT = "expired"
+LOST_EVENT = "lost"
+APPEARED_EVENT = "appeared"
+DISAPPEARED_EVENT = "disappeared"
+#: The kinds that name a holder (its peer and token); the others are a prefix watch's keys entering and leaving.
+HOLDER_EVENTS = frozenset({GRANTED_EVENT, RELEASED_EVENT, EXPIRED_EVENT, LOST_EVENT})
+KEY_EVENTS = frozenset({APPEARED_EVENT, DISAPPEARED_EVENT})
+
+
+class WatchEvent(NamedTuple):
+    """
+    One change a watch reports (an C{EVENT} line): C{kind} is one of
+    C{"granted"}, C{"released"}, C{"expired"} (its failsafe expiry passed),
+    C{"lost"} (its owner went away), or, for a prefix watch only,
+    C{"appeared"} and C{"disappeared"} (the key entered or left the lock
+    table).  C{holder} (the peer, as L{Holder}'s) and C{token} are the
+    holder's, None for C{appeared} and C{disappeared}; C{mode} and C{value}
+    come with C{granted} only (C{value} None if it has none), else None.
+    """
+
+    kind: str
+    key: str
+    holder: Optional[str] = None
+    token: Optional[int] = None
+    mode: Optional[str] = None
+    value: Optional[bytes] = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """
+        The event as JSON can carry it: the value as text if it is UTF-8,
+        else with each byte that is not as C{\\xNN} (what C{jesync watch
+        --json} prints).
+        """
+        value = None if self.value is None else self.value.decode("utf-8", "backslashreplace")
+        key = encode_key(self.key).decode("utf-8", "backslashreplace")
+        return {
+            "kind": self.kind,
+            "key": key,
+            "holder": self.holder,
+            "token": self.token,
+            "mode": self.mode,
+            "value": value,
+        }
 
 
 #: The replies to a C{lock-many}, which name its keys.
@@ -235,6 +413,10 @@ class Reply(NamedTuple):
     ms_left: Optional[int] = None
     #: a C{HOLDER} line's holder
     holder: Optional[Holder] = None
+    #: a C{STATUS} line's: whether the key's holders are shared
+    shared: bool = False
+    #: an C{EVENT} line's event
+    event: Optional[WatchEvent] = None
 
     @property
     def key(self) -> Optional[str]:
@@ -269,6 +451,15 @@ def parse_reply(line: bytes) -> Reply:
             return _holder_reply(fields, text)
         if word == "FENCING" and len(fields) == 2 and fields[1] in (b"ON", b"OFF"):
             return Reply(word, None, None, text, fencing=fields[1] == b"ON")
+        if word == "EVENT":
+            return _event_reply(fields, text)
+        if word in WATCH_REPLIES and len(fields) == 2:
+            return Reply(word, None, None, text, (decode_key(fields[1]),))
+        if word in PREFIX_WATCH_REPLIES and len(fields) <= 2:
+            return Reply(word, None, None, text, (decode_key(fields[1]) if len(fields) == 2 else "",))
+        if word == "STATUS" and len(fields) == 5 and fields[4] == b"shared":
+            key = decode_key(fields[3])
+            return Reply(word, KeyStatus(key, int(fields[1]), int(fields[2])), None, text, (key,), shared=True)
         shape = KEYED_REPLIES.get(word)
         if shape is None or not shape[0] <= len(fields) - 1 <= shape[1]:
             raise ValueError(word)
@@ -278,19 +469,58 @@ def parse_reply(line: bytes) -> Reply:
             return Reply(word, status, None, text, (key,))
         token = _token(fields[5]) if len(fields) == 6 else None
         return Reply(word, status, int(fields[4]), text, (key,), (token,))
-    except ValueError:
+    except (ValueError, BadRequest):
         raise UnexpectedReply(f"not a JESync reply: {text!r}") from None
 
 
+#: The replies to C{watch} and C{unwatch} (naming the key), and to C{watch-prefix} and C{unwatch-prefix}
+#: (naming the prefix, or nothing for every key).
+WATCH_REPLIES = frozenset({"WATCHING", "UNWATCHED", "NOT_WATCHING"})
+PREFIX_WATCH_REPLIES = frozenset({"WATCHING-PREFIX", "UNWATCHED-PREFIX", "NOT_WATCHING-PREFIX"})
+
+
 def _holder_reply(fields: list[bytes], text: str) -> Reply:
-    """C{HOLDER <key> <peer> <held_seconds> <seconds_left> <token>} (a peer may contain spaces); ValueError if not."""
+    """
+    C{HOLDER <key> <peer> <held_seconds> <seconds_left> <token>}, then
+    C{shared} for a shared holder without a value, or C{<mode> <value>} for
+    one with a value (a peer may contain spaces); ValueError if not.
+    """
+    mode, value = EXCLUSIVE, None
+    if len(fields) >= 7 and fields[-1] == b"shared" and _are_numbers(fields[-4:-1]):
+        mode, fields = SHARED, fields[:-1]
+    elif len(fields) >= 8 and fields[-2] in _MODE_WORDS and _are_numbers(fields[-5:-2]):
+        mode, value, fields = _MODE_WORDS[fields[-2]], decode_value(fields[-1]), fields[:-2]
     key = decode_key(fields[1])
     peer = b" ".join(fields[2:-3]).decode("utf-8", "replace")
     held, left = int(fields[-3]), int(fields[-2])
-    if held < 0 or left < 0:
+    if held < 0 or left < 0 or not peer:
         raise ValueError("HOLDER")
-    holder = Holder(key, peer, held, left, _token(fields[-1]))
+    holder = Holder(key, peer, held, left, _token(fields[-1]), mode, value or None)
     return Reply("HOLDER", None, None, text, (key,), holder=holder)
+
+
+def _are_numbers(fields: list[bytes]) -> bool:
+    return all(field.lstrip(b"-").isdigit() for field in fields)
+
+
+def _event_reply(fields: list[bytes], text: str) -> Reply:
+    """
+    C{EVENT GRANTED <key> <peer> <token> <mode>[ <value>]}, C{EVENT
+    RELEASED|EXPIRED|LOST <key> <peer> <token>}, C{EVENT APPEARED|DISAPPEARED
+    <key>}; ValueError if not.
+    """
+    kind = fields[1].decode("ascii", "replace").lower() if len(fields) > 1 and fields[1].isupper() else ""
+    if kind in KEY_EVENTS and len(fields) == 3:
+        event = WatchEvent(kind, decode_key(fields[2]))
+    elif kind == GRANTED_EVENT and len(fields) in (6, 7) and fields[5] in _MODE_WORDS:
+        value = decode_value(fields[6]) or None if len(fields) == 7 else None
+        peer = fields[3].decode("utf-8", "replace")
+        event = WatchEvent(kind, decode_key(fields[2]), peer, _token(fields[4]), _MODE_WORDS[fields[5]], value)
+    elif kind in HOLDER_EVENTS and kind != GRANTED_EVENT and len(fields) == 5:
+        event = WatchEvent(kind, decode_key(fields[2]), fields[3].decode("utf-8", "replace"), _token(fields[4]))
+    else:
+        raise ValueError("EVENT")
+    return Reply("EVENT", None, None, text, (event.key,), event=event)
 
 
 def _many_reply(word: str, fields: list[bytes], text: str) -> Reply:

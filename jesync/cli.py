@@ -1,6 +1,19 @@
 """
-C{jesync}, the command line: run a command while holding a lock, and look
-at a server's locks.  Standard library only (plus the blocking client).
+C{jesync}, the command line: run a command while holding a lock (exclusive
+or shared, with a value), look at a server's locks, and watch them change.
+Standard library only (plus the blocking client).
+
+C{jesync watch} prints one event per line, flushed at once (so it can be
+piped), until interrupted: SIGINT or SIGTERM end it with status 0.  A
+dropped connection (a cluster's failover too) ends it with status 69 and a
+message: a watch is bound to its connection, and the changes made while
+nobody watched would be missing, so it does not silently watch again.
+Human form, one line per event (values percent-encoded, as on the wire, so
+a line stays one line)::
+
+    granted KEY HOLDER token=T exclusive|shared [value=V]
+    released|expired|lost KEY HOLDER token=T
+    appeared|disappeared KEY
 """
 
 from __future__ import annotations
@@ -26,10 +39,11 @@ from jesync.client import (
     ServerError,
 )
 from jesync.client.address import ClusterAddress, parse_servers
+from jesync.client.wire import Holder, WatchEvent
 from jesync.client.placement import PLACEMENTS
-from jesync.client.wire import check_key
+from jesync.client.wire import check_key, check_prefix, lock_value
 from jesync.listing import listing_sort_key
-from jesync.wire import encode_key
+from jesync.wire import encode_key, encode_value
 
 # Exit statuses (sysexits.h where one fits).
 EXIT_BUSY = 1  # --nonblock and the lock is held: flock -n's status (--conflict-exit-code)
@@ -76,6 +90,9 @@ examples:
   jesync lock nightly-report -- ./make-report.sh --daily
   jesync lock --nonblock deploy -c './build.sh && ./deploy.sh'   # skip if busy
   jesync --server db1:11400 --server db2:11400 list --by requests
+  jesync lock --shared --value "$(hostname)" config -- ./read-config.sh
+  jesync holders config
+  jesync watch --prefix jobs/ --json
   JESYNC_SERVERS=db1,db2 jesync status nightly-report
   JESYNC_SERVERS='a:11400|b:11400|c:11400' jesync lock deploy -- ./deploy.sh
   jesync ping
@@ -123,6 +140,13 @@ KEY, to pass along with its writes so that whatever it writes to can refuse a
 write from an older holder that lost the lock without knowing.  The token is
 not set if the server gives no tokens (a server without fencing).
 
+With --shared the lock is a read lock: any number of jesync lock --shared
+on KEY hold it at once, never together with an exclusive holder; an
+exclusive request waiting for KEY holds back the shared ones that come after
+it.  --value V sets a value on the grant (at most 4096 bytes of UTF-8),
+which jesync holders KEY and jesync watch show to anyone: say the host
+running COMMAND.
+
 Compared with flock(1): -n here is --max-concurrent, the semaphore size;
 flock's -n (fail at once, silently, with status 1, if the lock is held) is
 --nonblock, which has no short form.  --wait SECONDS gives up after SECONDS
@@ -136,9 +160,35 @@ examples:
   jesync lock --wait 10 --conflict-exit-code 0 backup -- rsync -a /data /backup
   jesync lock --nonblock hourly-sync -c 'sync.sh | logger -t sync'   # in cron: skip if busy
   jesync lock --max-concurrent 3 encoder-slots -- ffmpeg -i in.mkv out.mp4
+  jesync lock --shared schema -- ./run-queries.sh       # many readers at once
+  jesync lock schema -- ./migrate.sh                    # waits for the readers, holds back new ones
+  jesync lock --value "$(hostname):8080" leader -- ./serve.sh
   jesync lock deploy -c './deploy.sh --lock "$JESYNC_KEY" --fencing-token "$JESYNC_FENCING_TOKEN"'
 
 {EXIT_STATUSES}"""
+
+
+WATCH_DESCRIPTION = f"""\
+Watch KEY (or, with --prefix, every key that starts with PREFIX; --prefix ''
+for every key) and print one line per change of its holders, as it happens,
+until interrupted (SIGINT or SIGTERM: exit status 0):
+
+  granted KEY HOLDER token=T exclusive|shared [value=V]
+  released KEY HOLDER token=T
+  expired KEY HOLDER token=T       its failsafe expiry passed
+  lost KEY HOLDER token=T          its connection closed
+  appeared KEY                     --prefix only: the key came into use
+  disappeared KEY                  --prefix only: nobody holds or waits for it
+
+A value is printed percent-encoded (each byte outside ! to ~, and %, as %XX),
+so that an event is always one line.  With --json each line is a JSON object
+with kind, key, holder, token, mode and value (null where the event has none;
+the value as text, bytes that are not UTF-8 as \\xNN).
+
+If the connection drops (a cluster's failover too), jesync says so and exits
+{EXIT_UNAVAILABLE}: the changes made until it watches again would be missed, so
+it does not watch again on its own; see jesync holders KEY for the state.
+"""
 
 
 class _Interrupted(Exception):
@@ -236,7 +286,9 @@ def run_lock(args: argparse.Namespace, client: Client) -> int:
     lock: Optional[Lock] = None
     wait = 0 if args.nonblock else args.wait
     try:
-        lock = client.lock(args.key, args.max_concurrent, wait, args.expires, auto_renew=True)
+        lock = client.lock(
+            args.key, args.max_concurrent, wait, args.expires, auto_renew=True, shared=args.shared, value=args.value
+        )
         relay.acquiring = False
     except _Interrupted as interrupted:
         relay.acquiring = False  # from now on signals are only noted
@@ -316,6 +368,68 @@ def run_status(args: argparse.Namespace, client: Client) -> int:
         print(json.dumps(row))
     else:
         print(f"{printable(status.key)}: {status.granted} holding, {status.waiting} waiting ({row['server']})")
+    return 0
+
+
+def holder_dict(holder: Holder) -> dict[str, Any]:
+    """A holder as C{jesync holders --json} prints it (the value as text, undecodable bytes as \\xNN)."""
+    return {
+        "key": printable(holder.key),
+        "holder": holder.peer,
+        "held_seconds": holder.held_seconds,
+        "seconds_left": holder.seconds_left,
+        "token": holder.token,
+        "mode": holder.mode,
+        "value": None if holder.value is None else holder.value.decode("utf-8", "backslashreplace"),
+    }
+
+
+def run_holders(args: argparse.Namespace, client: Client) -> int:
+    holders = client.holders(args.key)
+    rows = [holder_dict(holder) for holder in holders]
+    if args.json:
+        print(json.dumps(rows))
+        return 0
+    columns = ["holder", "held_seconds", "seconds_left", "token", "mode", "value"]
+    headings = ["HOLDER", "HELD", "LEFT", "TOKEN", "MODE", "VALUE"]
+    cells = [
+        [holder.peer, str(holder.held_seconds), str(holder.seconds_left), str(holder.token), holder.mode,
+         "" if holder.value is None else encode_value(holder.value).decode("ascii")]
+        for holder in holders
+    ]
+    widths = [max([len(heading)] + [len(line[i]) for line in cells]) for i, heading in enumerate(headings)]
+    numeric = {"held_seconds", "seconds_left", "token"}
+    for line in [headings] + cells:
+        print(
+            "  ".join(
+                cell.rjust(width) if column in numeric else cell.ljust(width)
+                for column, cell, width in zip(columns, line, widths)
+            ).rstrip()
+        )
+    return 0
+
+
+def event_line(event: WatchEvent) -> str:
+    """One event in C{jesync watch}'s human form (see the module's docstring)."""
+    words = [event.kind, printable(event.key)]
+    if event.holder is not None:
+        words += [event.holder, f"token={event.token}"]
+    if event.mode is not None:
+        words.append(event.mode)
+    if event.value is not None:
+        words.append("value=" + encode_value(event.value).decode("ascii"))
+    return " ".join(words)
+
+
+def run_watch(args: argparse.Namespace, client: Client) -> int:
+    """Print each event, one per line, until interrupted (SIGINT, SIGTERM: status 0)."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with client.watch(args.key, prefix=args.prefix) as events:
+            for event in events:
+                print(json.dumps(event.as_dict()) if args.json else event_line(event), flush=True)
+    except KeyboardInterrupt:
+        return 0
     return 0
 
 
@@ -560,6 +674,18 @@ def build_parser() -> WholeNameParser:
         f"[default: {EXIT_BUSY} with --nonblock, as flock; else {EXIT_TIMEOUT}]",
     )
     lock.add_argument(
+        "--shared",
+        action="store_true",
+        help="a shared (read) lock: held together with other --shared holders of KEY, never with an "
+        "exclusive one (not with --max-concurrent)",
+    )
+    lock.add_argument(
+        "--value",
+        metavar="V",
+        help="a value set on the grant, shown to anyone by jesync holders and jesync watch "
+        "(at most 4096 bytes of UTF-8)",
+    )
+    lock.add_argument(
         "--terminate-on-loss",
         action=argparse.BooleanOptionalAction,
         default=None,
@@ -599,6 +725,36 @@ def build_parser() -> WholeNameParser:
     listing.add_argument("--json", action="store_true", help="print a JSON list of objects")
     add_connection_options(listing, argparse.SUPPRESS)
     listing.set_defaults(command_parser=listing)
+
+    holders = commands.add_parser(
+        "holders",
+        help="who holds a key: address, times, token, mode and value",
+        description="Show who holds KEY: each holder's address, the seconds since it was granted and\n"
+        "until its failsafe expiry (0: none), its fencing token, its mode (exclusive or\n"
+        "shared) and its value (percent-encoded; in --json, as text, bytes that are not\n"
+        "UTF-8 as \\xNN).",
+        epilog="examples:\n  jesync holders leader\n  jesync holders --json config | jq '.[].value'",
+        formatter_class=formatter,
+    )
+    holders.add_argument("key", metavar="KEY")
+    holders.add_argument("--json", action="store_true", help="print a JSON list of objects")
+    add_connection_options(holders, argparse.SUPPRESS)
+    holders.set_defaults(command_parser=holders)
+
+    watch = commands.add_parser(
+        "watch",
+        help="print a key's lock events as they happen",
+        usage="jesync watch [options] KEY\n       jesync watch [options] --prefix PREFIX",
+        description=WATCH_DESCRIPTION,
+        epilog="examples:\n  jesync watch leader\n"
+        "  jesync watch --prefix jobs/ --json | jq -c 'select(.kind == \"lost\")'",
+        formatter_class=formatter,
+    )
+    watch.add_argument("key", metavar="KEY", nargs="?", default=None)
+    watch.add_argument("--prefix", metavar="PREFIX", help="watch every key that starts with PREFIX, instead of KEY")
+    watch.add_argument("--json", action="store_true", help="print one JSON object per line")
+    add_connection_options(watch, argparse.SUPPRESS)
+    watch.set_defaults(command_parser=watch)
 
     ping = commands.add_parser(
         "ping",
@@ -663,12 +819,21 @@ def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
             args.program = args.command[0]
         if args.conflict_exit_code is None:
             args.conflict_exit_code = EXIT_BUSY if args.nonblock else EXIT_TIMEOUT
+        if args.shared and args.max_concurrent != 1:
+            command_parser.error("--shared takes no --max-concurrent: any number of shared holders share the lock")
+    elif args.command_name == "watch" and (args.key is None) == (args.prefix is None):
+        command_parser.error("give a KEY or --prefix PREFIX (--prefix '' for every key), not both")
     elif command:
         command_parser.error(f"jesync {args.command_name} takes no command after --")
     try:
         args.servers = parse_servers(",".join(args.server or []) or os.environ.get("JESYNC_SERVERS") or DEFAULT_SERVER)
-        if args.command_name in ("lock", "status"):
+        if args.command_name in ("lock", "status", "holders") or args.command_name == "watch" and args.key:
             check_key(args.key)
+        if args.command_name == "lock" and args.value is not None:
+            # The bytes given (os.fsencode: as the shell passed them, even if not UTF-8).
+            args.value = lock_value(args.key, os.fsencode(args.value), args.shared)
+        if args.command_name == "watch" and args.prefix:
+            check_prefix(args.prefix)
     except ValueError as error:
         command_parser.error(str(error))
     return args
@@ -679,6 +844,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Client], int]] = {
     "status": run_status,
     "list": run_list,
     "ping": run_ping,
+    "holders": run_holders,
+    "watch": run_watch,
 }
 
 

@@ -177,3 +177,28 @@ class ArgumentTests(SynchronousTestCase):
         statuses = [EXIT_UNAVAILABLE, EXIT_LOCK_LOST, EXIT_TIMEOUT, EXIT_REFUSED, EXIT_CANNOT_RUN, EXIT_NOT_FOUND, 2]
         statuses.append(EXIT_BUSY)
         self.assertEqual(len(set(statuses)), len(statuses))
+
+
+class CoordinationArgumentTests(SynchronousTestCase):
+    """jesync lock --shared/--value, jesync holders and jesync watch: what is refused before connecting."""
+
+    def test_lock_shared_and_value(self) -> None:
+        args = parse_arguments(["lock", "--shared", "--value", "host:80", "k", "--", "true"])
+        self.assertEqual((args.shared, args.value), (True, b"host:80"))
+        self.assertIsNone(parse_arguments(["lock", "--value", "", "k", "--", "true"]).value)
+        status, _, err = run_in_process("lock", "--shared", "-n", "2", "k", "--", "true")
+        self.assertEqual(status, 2)
+        self.assertIn("--shared takes no --max-concurrent", err)
+        status, _, err = run_in_process("lock", "--value", "x" * 9000, "k", "--", "true")
+        self.assertEqual(status, 2)
+        self.assertIn("the value is too long", err)
+
+    def test_watch_key_or_prefix(self) -> None:
+        self.assertEqual(parse_arguments(["watch", "k"]).key, "k")
+        self.assertEqual(parse_arguments(["watch", "--prefix", ""]).prefix, "")
+        for argv in (["watch"], ["watch", "k", "--prefix", "p"]):
+            status, _, err = run_in_process(*argv)
+            self.assertEqual(status, 2, argv)
+            self.assertIn("give a KEY or --prefix PREFIX", err)
+        status, _, err = run_in_process("holders")
+        self.assertEqual(status, 2)

@@ -60,6 +60,10 @@ class PythonExamples:
             self.assertEqual(result.returncode, 0, f"example {number}:\n{example}\n{result.stderr}")
             if number == 0:
                 self.assertEqual(result.stdout, first_output)
+            if ".watch(" in example:
+                printed = re.search(r"It prints `([^`]+)`, `([^`]+)`,\s+`([^`]+)`, then `([^`]+)`", text)
+                self.assertIsNotNone(printed)
+                self.assertEqual(result.stdout.splitlines(), list(printed.groups()))
             if "server_for" in example:
                 printed = re.search(r"It prints `([^`]+)`, then `([^`]+)`", text)
                 self.assertIsNotNone(printed)

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import queue
+import socket
 import threading
 import time
 from typing import Any, Callable, Optional
@@ -117,8 +119,38 @@ class Pending:
         return self._outcome(within)
 
 
+class Watching:
+    """
+    A watch as the contract sees it, whatever the client's form (an
+    iterator, an async iterator, a callback): C{next()} is the next event
+    (None if none came within C{within} seconds), raising what the watch
+    raises (its ConnectionLost); C{stop()} ends it.
+    """
+
+    def __init__(self, next_event: Callable[[float], Any], stop: Callable[[], Any]) -> None:
+        self._next_event = next_event
+        self.stop = stop
+
+    def next(self, within: float = WITHIN) -> Any:
+        return self._next_event(within)
+
+    def events(self, count: int) -> list[Any]:
+        """The next C{count} events (each within WITHIN seconds)."""
+        found = []
+        for _ in range(count):
+            event = self.next()
+            if event is None:
+                raise AssertionError(f"{count} events expected, got {found}")
+            found.append(event)
+        return found
+
+
 class Driver:
     """How a contract test uses one kind of client, synchronously."""
+
+    def watch(self, client: Synced, key: Optional[str] = None, prefix: Optional[str] = None) -> Watching:
+        """C{client.watch(...)}, as a L{Watching}; stopped when the test ends."""
+        raise NotImplementedError
 
     def __init__(self, test: SynchronousTestCase) -> None:
         self.test = test
@@ -156,6 +188,11 @@ class Driver:
 class BlockingDriver(Driver):
     def make(self, servers: Any, **options: Any) -> Any:
         return Client(servers, **options)
+
+    def watch(self, client: Synced, key: Optional[str] = None, prefix: Optional[str] = None) -> Watching:
+        watch = client.raw.watch(key, prefix=prefix)
+        self.test.addCleanup(watch.close)
+        return Watching(watch.get, watch.close)
 
     def call(self, function: Callable[[], Any]) -> Any:
         return function()
@@ -215,6 +252,11 @@ class AsyncioDriver(Driver):
     async def _awaited(self, function: Callable[[], Any]) -> Any:
         return await function()
 
+    def watch(self, client: Synced, key: Optional[str] = None, prefix: Optional[str] = None) -> Watching:
+        watch = self.call(lambda: client.raw.watch(key, prefix=prefix))
+        self.test.addCleanup(lambda: self.call(watch.close))
+        return Watching(lambda within: self.call(lambda: watch.get(within)), lambda: self.call(watch.close))
+
     def sleep(self, seconds: float) -> None:
         self.loop.run_until_complete(asyncio.sleep(seconds))
 
@@ -257,6 +299,30 @@ class TwistedDriver(Driver):
             return self.synced(outcome[0])
 
         return Pending(finished.is_set, result)
+
+    def watch(self, client: Synced, key: Optional[str] = None, prefix: Optional[str] = None) -> Watching:
+        arrived: queue.Queue[Any] = queue.Queue()  # events, and the watch's lost error, from the reactor
+
+        def start() -> defer.Deferred[Any]:
+            def watching(watch: Any) -> Any:
+                watch.add_lost_callback(arrived.put)
+                return watch
+
+            return client.raw.watch(key, arrived.put, prefix=prefix).addCallback(watching)
+
+        watch = self.call(start)
+        self.test.addCleanup(lambda: self.call(watch.stop))
+
+        def next_event(within: float) -> Any:
+            try:
+                item = arrived.get(timeout=within)
+            except queue.Empty:
+                return None
+            if isinstance(item, Exception):
+                raise item
+            return item
+
+        return Watching(next_event, lambda: self.call(watch.stop))
 
 
 # -- the contract ----------------------------------------------------------------------
@@ -418,6 +484,139 @@ class ClientContract:
         self.assertTrue(all(h.held_seconds >= 0 and h.peer for h in holders))
         self.assertTrue(a.release())
         self.assertEqual([h.token for h in self.second.holders("sem")], [b.token])
+
+    # -- shared locks, holder values, watches
+
+    def test_shared_locks(self) -> None:
+        """
+        Shared holders hold together, each with its own token; an exclusive
+        request waits for them, and holds back a shared one that comes after it.
+        """
+        a = self.first.lock("schema", shared=True, wait=0)
+        b = self.second.lock("schema", shared=True, wait=0)
+        self.assertEqual((a.mode, a.shared, b.shared), ("shared", True, True))
+        self.assertNotEqual(a.token, b.token)
+        holders = self.first.holders("schema")
+        self.assertEqual(
+            [(h.token, h.mode, h.value) for h in holders], [(a.token, "shared", None), (b.token, "shared", None)]
+        )
+        writer = self.client()
+        reader = self.client()
+        writing = self.driver.start(lambda: writer.raw.lock("schema", wait=10))
+        self.wait_for(self.status_is("schema", 2, 1))
+        reading = self.driver.start(lambda: reader.raw.lock("schema", shared=True, wait=10))
+        self.wait_for(self.status_is("schema", 2, 2))
+        self.assertTrue(a.release())
+        self.assertTrue(b.release())
+        written = writing.result()
+        self.assertEqual(written.mode, "exclusive")
+        self.assertFalse(reading.done())
+        self.assertTrue(written.release())
+        self.assertTrue(reading.result().shared)
+
+    def test_shared_lock_renewed_in_its_mode(self) -> None:
+        lock = self.first.lock("schema", shared=True, expires=60)
+        lock.renew()
+        self.assertTrue(lock.held)
+        self.assertEqual([h.mode for h in self.second.holders("schema")], ["shared"])
+        self.assertRaises(KeyBusy, self.first.lock, "schema", wait=0)
+        self.assertRaises(ValueError, self.first.lock, "other", 2, shared=True)
+
+    def test_lock_many_shared(self) -> None:
+        a = self.first.lock_many(["x", "y"], shared=True, wait=0)
+        b = self.second.lock_many(["y", "x"], shared=True, wait=0)
+        self.assertTrue(a.shared and b.shared)
+        self.assertEqual(self.statuses("x", "y"), [(2, 0), (2, 0)])
+        self.assertRaises(LockTimeout, self.client().lock, "x", wait=0)
+        a.renew()
+        self.assertTrue(a.release() and b.release())
+
+    def test_values(self) -> None:
+        """A value is seen by anyone in holders(); a str is its UTF-8; the server's limit is its refusal."""
+        lock = self.first.lock("leader", value="10.0.0.5:8080 é")
+        self.assertEqual(lock.value, "10.0.0.5:8080 é".encode())
+        [holder] = self.second.holders("leader")
+        self.assertEqual((holder.mode, holder.value, holder.token), ("exclusive", lock.value, lock.token))
+        binary = self.second.lock("blob", value=bytes(range(256)))
+        self.assertEqual(self.first.holders("blob")[0].value, bytes(range(256)))
+        self.assertTrue(binary.release())
+        with self.assertRaises(ServerError) as refused:
+            self.second.lock("big", value=b"v" * 4097)
+        self.assertIn("4096", refused.exception.message)
+        self.assertEqual(self.second.holders("big"), [])
+        self.assertEqual(len(self.second.lock("big", value=b"v" * 4096).value), 4096)
+        self.assertRaises(ValueError, self.second.lock, "bigger", value=b"\x00" * 4096)  # 12 KiB encoded: no line
+        self.assertEqual(self.first.holders("plain"), [])
+        plain = self.first.lock("plain")
+        self.assertEqual(self.second.holders("plain")[0].value, None)
+        self.assertTrue(plain.release())
+
+    def test_watch_events_in_order(self) -> None:
+        """granted (holder, token, mode, value), released, expired, lost: in the order of the changes."""
+        watch = self.driver.watch(self.first, "k")
+        lock = self.second.lock("k", value="me")
+        granted = watch.next()
+        self.assertEqual(
+            (granted.kind, granted.key, granted.token, granted.mode, granted.value),
+            ("granted", "k", lock.token, "exclusive", b"me"),
+        )
+        self.assertEqual(granted.holder, self.first.holders("k")[0].peer)
+        self.assertTrue(lock.release())
+        released = watch.next()
+        self.assertEqual((released.kind, released.token, released.holder), ("released", lock.token, granted.holder))
+        # A holder that never renews nor releases (a client's handle would release at its deadline, first).
+        host, port = self.server.address.rsplit(":", 1)
+        with socket.create_connection((host, int(port)), timeout=WITHIN) as silent:
+            silent.sendall(b"lock k 1 -1 1\n")
+            self.assertEqual([e.kind for e in watch.events(2)], ["granted", "expired"])
+        gone = self.client()
+        shared = gone.lock("k", shared=True)
+        self.driver.close(gone.raw)
+        granted, lost = watch.events(2)
+        self.assertEqual(
+            (granted.kind, granted.mode, lost.kind, lost.token), ("granted", "shared", "lost", shared.token)
+        )
+        watch.stop()
+
+    def test_watch_prefix(self) -> None:
+        """A prefix watch reports keys appearing before their first grant and disappearing after the last holder."""
+        watch = self.driver.watch(self.first, prefix="jobs/")
+        every = self.driver.watch(self.first, prefix="")
+        lock = self.second.lock("jobs/1")
+        other = self.second.lock("other")
+        self.assertTrue(lock.release())
+        events = watch.events(4)
+        self.assertEqual(
+            [(e.kind, e.key) for e in events],
+            [("appeared", "jobs/1"), ("granted", "jobs/1"), ("released", "jobs/1"), ("disappeared", "jobs/1")],
+        )
+        self.assertEqual(
+            [e.key for e in every.events(6)], ["jobs/1", "jobs/1", "other", "other", "jobs/1", "jobs/1"]
+        )
+        self.assertTrue(other.release())
+
+    def test_watch_twice_and_stop(self) -> None:
+        """Two watches of a key on one connection both see it; stopping one leaves the other watching."""
+        one = self.driver.watch(self.first, "k")
+        two = self.driver.watch(self.first, "k")
+        self.second.lock("k").release()
+        self.assertEqual([e.kind for e in one.events(2)], ["granted", "released"])
+        self.assertEqual([e.kind for e in two.events(2)], ["granted", "released"])
+        one.stop()
+        self.second.lock("k").release()
+        self.assertEqual([e.kind for e in two.events(2)], ["granted", "released"])
+        self.assertIsNone(one.next(0))
+
+    def test_watch_ends_with_the_connection(self) -> None:
+        """The server goes away: the watch raises (or calls back with) ConnectionLost, never silence."""
+        watch = self.driver.watch(self.first, "k")
+        self.server.kill()
+        with self.assertRaises(ConnectionLost):
+            watch.next()
+        self.server.start()
+        again = self.driver.watch(self.first, "k")
+        self.second.lock("k")
+        self.assertEqual(again.next().kind, "granted")
 
     def test_listing_and_ping(self) -> None:
         self.first.lock("b", max_concurrent=2)

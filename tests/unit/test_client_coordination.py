@@ -3,14 +3,20 @@ The clients' core with shared locks, holder values and watches, read from
 literal server lines (docs/protocols/jesync.md's extensions): the requests
 it writes, the C{HOLDER}, C{STATUS} and C{EVENT} lines it parses, events
 routed to the connection's watches and never taken for the reply to a
-pending request, and a dropped connection ending every watch.
+pending request, and a dropped connection ending every watch.  Then the
+Twisted client against the real server in memory (L{jesync.testing}), on a
+clock the test moves: shared locks, values, and watches with their
+callbacks, stop() and lost callbacks.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from twisted.internet import defer
 from twisted.trial.unittest import SynchronousTestCase
 
-from jesync.client import ConnectionLost, Holder, ServerError
+from jesync.client import ConnectionLost, Holder, KeyStatus, LockTimeout, ServerError, TwistedClient
 from jesync.client.pipeline import Pipeline
 from jesync.client.wire import (
     UnexpectedReply,
@@ -20,7 +26,8 @@ from jesync.client.wire import (
     parse_reply,
     watch_arguments,
 )
-from jesync.wire import MAX_LINE, KeyStatus
+from jesync.testing import MemoryServer
+from jesync.wire import MAX_LINE
 from tests.fake_session import FakeSession
 
 
@@ -281,3 +288,124 @@ class SessionTests(SynchronousTestCase):
         s.call("unwatch", s.session.unwatch, s.results["active"])
         self.assertFalse(s.results["unwatch"])
         self.assertEqual(len(s.session.watches), 0)
+
+
+class TwistedCoordinationTests(SynchronousTestCase):
+    """The Twisted client against the real server in memory."""
+
+    def setUp(self) -> None:
+        self.server = MemoryServer()
+        self.first = self.client()
+        self.second = self.client()
+
+    def client(self) -> TwistedClient:
+        client = self.server.client()
+        self.addCleanup(lambda: (client.close(), self.server.flush()))
+        return client
+
+    def result(self, deferred: defer.Deferred[Any]) -> Any:
+        self.server.flush()
+        return self.successResultOf(deferred)
+
+    def test_shared_and_exclusive(self) -> None:
+        """Shared holders together; an exclusive request waits for them and holds back later shared ones."""
+        a = self.result(self.first.lock("schema", shared=True))
+        b = self.result(self.second.lock("schema", shared=True, value=b"r2"))
+        self.assertTrue(a.shared and b.shared)
+        writer, reader = self.client(), self.client()
+        writing = writer.lock("schema")
+        reading = reader.lock("schema", shared=True)
+        self.server.flush()
+        self.assertEqual(self.server.service.status("schema"), KeyStatus("schema", 2, 2))
+        holders = self.result(self.first.holders("schema"))
+        self.assertEqual([(h.mode, h.value) for h in holders], [("shared", None), ("shared", b"r2")])
+        self.assertTrue(self.result(a.release()) and self.result(b.release()))
+        written = self.result(writing)
+        self.assertNoResult(reading)
+        self.assertTrue(self.result(written.release()))
+        self.assertTrue(self.result(reading).shared)
+
+    def test_shared_renewal_keeps_the_lock(self) -> None:
+        lock = self.result(self.first.lock("schema", shared=True, expires=3, auto_renew=True, value="v"))
+        for _ in range(4):
+            self.server.advance(1.5)
+        self.assertTrue(lock.held)
+        [holder] = self.result(self.second.holders("schema"))
+        self.assertEqual((holder.mode, holder.value, holder.token), ("shared", b"v", lock.token))
+        refused = self.second.lock("schema", wait=0)
+        self.server.flush()
+        self.failureResultOf(refused, LockTimeout)
+
+    def test_watch_callback(self) -> None:
+        """Each event to the callback, in order; stop() ends it (True once, then False)."""
+        events: list[WatchEvent] = []
+        watch = self.result(self.first.watch("k", events.append))
+        lock = self.result(self.second.lock("k", value="me"))
+        self.result(lock.release())
+        self.assertEqual([(e.kind, e.token) for e in events], [("granted", lock.token), ("released", lock.token)])
+        self.assertEqual(events[0].value, b"me")
+        self.assertTrue(self.result(watch.stop()))
+        self.assertFalse(self.result(watch.stop()))
+        self.result(self.second.lock("k"))
+        self.assertEqual(len(events), 2)
+        self.assertEqual(self.server.service.watch_count, 0)
+
+    def test_watch_every_key_and_lost(self) -> None:
+        """prefix="": every key; a holder whose connection closes is lost, then its key disappears."""
+        events: list[WatchEvent] = []
+        self.result(self.first.watch(prefix="", callback=events.append))
+        third = self.client()
+        self.result(third.lock("a"))
+        self.result(third.close())
+        kinds = [(e.kind, e.key) for e in events]
+        self.assertEqual(kinds, [("appeared", "a"), ("granted", "a"), ("lost", "a"), ("disappeared", "a")])
+
+    def test_a_failing_callback_is_logged(self) -> None:
+        def broken(event: WatchEvent) -> None:
+            raise RuntimeError("boom")
+
+        watch = self.result(self.first.watch("k", broken))
+        with self.assertLogs("jesync.client", "ERROR") as logged:
+            self.result(self.second.lock("k"))
+        self.assertEqual(len(logged.records), 1)
+        self.assertIn("the watch callback", logged.output[0])
+        self.assertTrue(watch.active)
+        self.assertTrue(self.result(watch.stop()))
+
+    def test_lost_connection_calls_the_lost_callbacks(self) -> None:
+        """A dropped connection ends the watch: its lost callbacks get ConnectionLost, never silence."""
+        lost: list[Exception] = []
+        watch = self.result(self.first.watch("k", lambda event: None))
+        watch.add_lost_callback(lost.append)
+        self.server.drop_connections()
+        self.server.flush()
+        [error] = lost
+        self.assertIsInstance(error, ConnectionLost)
+        self.assertIs(watch.lost_reason, error)
+        self.assertFalse(watch.active)
+        watch.add_lost_callback(lost.append)  # already lost: at once
+        self.assertEqual(len(lost), 2)
+        self.assertFalse(self.result(watch.stop()))
+        # Watching again reconnects.
+        events: list[WatchEvent] = []
+        self.result(self.first.watch("k", events.append))
+        self.result(self.second.lock("k"))
+        self.assertEqual([e.kind for e in events], ["granted"])
+
+    def test_watch_cap(self) -> None:
+        server = MemoryServer(max_watches=1)
+        client = server.client()
+        self.addCleanup(lambda: (client.close(), server.flush()))
+        server.flush()
+        watching = client.watch("a", lambda event: None)
+        server.flush()
+        self.successResultOf(watching)
+        refused = client.watch("b", lambda event: None)
+        server.flush()
+        error = self.failureResultOf(refused, ServerError).value
+        self.assertEqual(error.message, "INVALID_PARAMETER: max-watches exceeded (1)")
+
+    def test_bad_watch_arguments(self) -> None:
+        self.failureResultOf(self.first.watch("k"), TypeError)
+        self.failureResultOf(self.first.watch("k", print, prefix="p"), TypeError)
+        self.failureResultOf(self.first.watch("a b", print), ValueError)

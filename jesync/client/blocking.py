@@ -716,8 +716,9 @@ class Client:
         @param value: bytes (or a str, sent as UTF-8) the grant carries,
             shown to anyone by C{holders()} and in watch events: say the
             holder's address, in a leader election.  At most 4096 bytes
-            (the server refuses more with L{ServerError}); None (or empty):
-            none.  The lock's C{value} is it, as bytes.
+            (ValueError for more, or for a binary value whose encoding
+            would not fit one request line); None (or empty): none.  The
+            lock's C{value} is it, as bytes.
         @return: the L{Lock}; its C{token} is the grant's fencing token
             (None from a server that gives none).
         @raise LockTimeout: the wait ran out.

@@ -7,9 +7,9 @@ The coordination extensions (docs/protocols/jesync.md) read thus:
 
  - A holder's value is one field, percent-encoded (L{jesync.wire.encode_value}).
    A value is bytes, or a str sent as its UTF-8; an empty one is no value
-   (the server keeps none).  The server refuses one over its limit (4096
-   bytes decoded) with C{INVALID_PARAMETER}; a request line longer than a
-   server reads (L{MAX_LINE}, with the value encoded) is refused here, with
+   (the server keeps none).  One over the limit (L{MAX_VALUE_BYTES}, 4096)
+   or whose request line, the value encoded, would be longer than a server
+   reads (L{MAX_LINE}: a binary value may triple) is refused here, with
    ValueError, before anything is sent.
  - C{HOLDER} and C{STATUS} lines of shared or valued holders carry extra
    trailing fields; an exclusive holder without a value has today's line.
@@ -35,6 +35,7 @@ from jesync.wire import (
     WAIT_FOREVER,
     KeyStatus,
     ListingOrder,
+    MAX_VALUE_BYTES,
     BadRequest,
     decode_key,
     decode_value,
@@ -139,7 +140,8 @@ def check_shared(shared: bool, max_concurrent: int = 1) -> bool:
 def check_value(value: bytes | str | None) -> Optional[bytes]:
     """
     A holder's value as bytes (a str as its UTF-8), or None for no value
-    (None or empty); TypeError for anything else.
+    (None or empty); TypeError for anything else, ValueError for one over
+    L{MAX_VALUE_BYTES}.
     """
     if value is None:
         return None
@@ -149,6 +151,8 @@ def check_value(value: bytes | str | None) -> Optional[bytes]:
         value = bytes(value)
     elif not isinstance(value, bytes):
         raise TypeError(f"a value is bytes or str, not {type(value).__name__}")
+    if len(value) > MAX_VALUE_BYTES:
+        raise ValueError(f"a value is at most {MAX_VALUE_BYTES} bytes")
     return value or None
 
 

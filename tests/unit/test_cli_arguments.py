@@ -191,7 +191,7 @@ class CoordinationArgumentTests(SynchronousTestCase):
         self.assertIn("--shared takes no --max-concurrent", err)
         status, _, err = run_in_process("lock", "--value", "x" * 9000, "k", "--", "true")
         self.assertEqual(status, 2)
-        self.assertIn("the value is too long", err)
+        self.assertIn("a value is at most 4096 bytes", err)
 
     def test_watch_key_or_prefix(self) -> None:
         self.assertEqual(parse_arguments(["watch", "k"]).key, "k")

@@ -70,6 +70,7 @@ class RequestTests(SynchronousTestCase):
         self.assertIsNone(check_value(""))
         self.assertIsNone(check_value(None))
         self.assertRaises(TypeError, check_value, 42)
+        self.assertRaises(ValueError, check_value, b"v" * 4097)
         self.assertEqual(lock_value("k", b"x" * 4096, False), b"x" * 4096)
         self.assertRaises(ValueError, lock_value, "k", b"\x00" * (MAX_LINE // 3), True)
 

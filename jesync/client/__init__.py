@@ -10,8 +10,11 @@ Clients of JESync lock servers (jesync, or any JESync-compatible one).
 
 The first three take the same arguments and offer the same operations: C{lock}
 (returning a lock handle with C{release}, C{renew}, automatic renewal, loss
-notification and the grant's fencing C{token}), C{lock_many} (several keys,
-all or nothing, as one handle with a C{tokens} dict), C{status}, C{listing}
+notification and the grant's fencing C{token}; exclusive or C{shared}, with
+a C{value} or not), C{lock_many} (several keys,
+all or nothing, as one handle with a C{tokens} dict), C{status}, C{holders},
+C{watch} (a key's or a prefix's L{WatchEvent}s: an iterator, an async
+iterator, a callback), C{listing}
 and C{ping}, over one or several servers; a server may be the members of
 one jesync cluster (C{"a:11400|b:11400|c:11400"}), reached through
 whichever member answers (L{jesync.client.cluster}).  A timed-out wait raises
@@ -30,8 +33,8 @@ every client (L{ELockClient} too) also takes whole, as C{options=}.
 from typing import TYPE_CHECKING, Any
 
 from jesync.client.address import DEFAULT_PORT, DEFAULT_SERVER, ClusterAddress, TCPAddress, UNIXAddress, parse_address
-from jesync.client.aio import AsyncClient, AsyncLock
-from jesync.client.blocking import Client, Lock
+from jesync.client.aio import AsyncClient, AsyncLock, AsyncWatch
+from jesync.client.blocking import Client, Lock, Watch
 from jesync.client.elock import ELockClient, ELockHandle
 from jesync.client.errors import (
     AccessRefused,
@@ -46,11 +49,11 @@ from jesync.client.errors import (
     ServerError,
 )
 from jesync.client.placement import HashRing, PHPPlacement
-from jesync.client.wire import Holder
+from jesync.client.wire import Holder, WatchEvent
 from jesync.wire import KeyStatus
 
 if TYPE_CHECKING:
-    from jesync.client.txclient import TwistedClient, TwistedLock
+    from jesync.client.txclient import TwistedClient, TwistedLock, TwistedWatch
 
 
 def __getattr__(name: str) -> Any:
@@ -59,7 +62,7 @@ def __getattr__(name: str) -> Any:
     C{jesync.client}, the blocking or the asyncio client imports no Twisted
     module at all.
     """
-    if name in ("TwistedClient", "TwistedLock"):
+    if name in ("TwistedClient", "TwistedLock", "TwistedWatch"):
         from jesync.client import txclient
 
         value = getattr(txclient, name)
@@ -73,6 +76,7 @@ __all__ = [
     "DEFAULT_SERVER",
     "AsyncClient",
     "AsyncLock",
+    "AsyncWatch",
     "AccessRefused",
     "AuthFailed",
     "Client",
@@ -94,6 +98,9 @@ __all__ = [
     "TCPAddress",
     "TwistedClient",
     "TwistedLock",
+    "TwistedWatch",
     "UNIXAddress",
+    "Watch",
+    "WatchEvent",
     "parse_address",
 ]

@@ -25,6 +25,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.cli import EXIT_UNAVAILABLE
 from jesync.client import Client
+from tests.doc_pages import page_blocks
 from tests.servers import environment, serve_in_thread
 
 WITHIN = 10.0
@@ -190,3 +191,22 @@ class CoordinationCLITests(SynchronousTestCase):
         heading, row = table.stdout.splitlines()
         self.assertEqual(heading.split(), ["HOLDER", "HELD", "LEFT", "TOKEN", "MODE", "VALUE"])
         self.assertEqual(row.split()[3:], [str(lock.token), "exclusive", "me"])
+
+    def test_the_docs_transcript(self) -> None:
+        """docs/clients.md's jesync watch example: a worker takes jobs/17 with a value and releases it."""
+        [transcript] = [
+            block for block in page_blocks("docs/clients.md", "console", "Using it from the shell")
+            if "jesync watch" in block
+        ]
+        command, *expected = transcript.splitlines()
+        watch = self.spawn(*command.split()[2:])
+        lines = Lines(watch)
+        self.watching()
+        worker = self.client()
+        lock = worker.lock("jobs/17", value="worker-3")
+        peer = worker.holders("jobs/17")[0].peer
+        self.assertTrue(lock.release())
+        printed = [lines.next() for _ in expected]
+        documented = [line.replace("10.0.0.5:40112", peer) for line in expected]
+        self.assertEqual(printed, [line.replace("token=42", f"token={lock.token}") for line in documented])
+        self.assertEqual(self.ended(watch, signal.SIGINT), (0, ""))

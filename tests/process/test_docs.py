@@ -45,6 +45,7 @@ RUN = [
     ("docs/clients.md", "Using it from Python", "python", None),  # test_client_docs
     ("docs/clients.md", "Using it from Python", "console", None),  # test_client_docs: the first example's output
     ("docs/clients.md", "Using it from the shell", "sh", None),  # test_client_docs
+    ("docs/clients.md", "Using it from the shell", "console", "jesync watch"),  # test_cli_watch
     ("docs/clients.md", "A tooz backend", "python", None),  # test_client_docs
     ("docs/development.md", "Adding an option", "python", None),  # test_adding_an_option
     ("docs/testing.md", "A test of your own", "python", None),  # tests/unit/test_testing.py DocsExampleTests

@@ -4,7 +4,10 @@ thread (what all three promise alike is the client contract,
 L{tests.tcp.test_client_contract}): the blocking client's iterator in a
 C{with} block, ended by C{close()} from another thread, and a prefix watch
 over several servers; the asyncio client's C{async with} / C{async for};
-the recipe for a consistent start (watch, then C{holders()}).
+the recipe for a consistent start (watch, then C{holders()}); a watch on a
+cluster's leader ended by its death, and watched again on the next member
+(the members are real servers standing in, as in
+L{tests.tcp.test_client_failover}).
 """
 
 from __future__ import annotations
@@ -87,6 +90,28 @@ class BlockingWatchTests(SynchronousTestCase):
         self.assertRaises(ConnectionLost, events.get, WITHIN)
         self.assertRaises(ConnectionLost, next, events)
         events.close()
+
+
+class FailoverWatchTests(SynchronousTestCase):
+    def test_leader_killed_while_watching(self) -> None:
+        """The watch raises ConnectionLost (never silence); watching again goes to the member that answers."""
+        first, second = serve_in_thread(self), serve_in_thread(self)
+        cluster = f"{first.address}|{second.address}"
+        watcher = Client(cluster, environ={}, connect_timeout=0.5, read_timeout=0.5, retry_backoff=0.05)
+        self.addCleanup(watcher.close)
+        events = watcher.watch("leader")
+        self.addCleanup(events.close)
+        first.kill()
+        with self.assertRaises(ConnectionLost) as caught:
+            events.get(WITHIN)
+        self.assertEqual(caught.exception.address, first.address)
+        with watcher.watch("leader") as again:
+            worker = Client(second.address, environ={})
+            self.addCleanup(worker.close)
+            lock = worker.lock("leader", value="me")
+            event = again.get(WITHIN)
+        assert event is not None
+        self.assertEqual((event.kind, event.token, event.value), ("granted", lock.token, b"me"))
 
 
 class AsyncWatchTests(SynchronousTestCase):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Hashable, NamedTuple
+from typing import Any, Hashable, NamedTuple, Optional
 
 from zope.interface import Attribute, Interface
 
@@ -15,6 +15,28 @@ class Totals(NamedTuple):
     keys: int
     granted: int
     waiting: int
+
+
+#: The kinds of L{LockEvent}: a holder granted, released, expired, lost
+#: (its owner went away); a key entered or left the table (prefix watches).
+GRANTED = "granted"
+RELEASED = "released"
+EXPIRED = "expired"
+LOST = "lost"
+APPEARED = "appeared"
+DISAPPEARED = "disappeared"
+
+
+class LockEvent(NamedTuple):
+    """
+    One change a watch reports (L{ILockService.watch}): C{kind} (one of
+    the six above), the C{key}, and the holder's L{IGrant} (None for
+    APPEARED and DISAPPEARED).
+    """
+
+    kind: str
+    key: str
+    grant: Optional[Any]
 
 
 class IGrant(Interface):
@@ -66,6 +88,7 @@ class ILockService(Interface):
     clock = Attribute("The IReactorTime that wait timeouts and expiries run on.")
     observer = Attribute("The ILockObserver told of every grant, timeout, release and expiry, or None.")
     last_token = Attribute("The largest fencing token given so far.")
+    shared_keys = Attribute("How many keys are held shared now (so a listing can skip looking when none is).")
     version = Attribute(
         "A number that changes whenever something a listing shows changes (a grant, a release, a wait"
         " starting or ending): two snapshots taken at the same version are the same."
@@ -179,8 +202,31 @@ class ILockService(Interface):
 
     def release_all(owner: Hashable) -> None:
         """
-        Forget C{owner}: release everything it holds and cancel its waits.
+        Forget C{owner}: release everything it holds (each a LOST event),
+        cancel its waits and end its watches.
         """
+
+    def watch(owner: Hashable, key: str, listener, prefix: bool = False) -> bool:
+        """
+        From now on, tell C{owner}'s C{listener} (one per owner: the one its
+        latest watch gave) of every change of C{key}'s holders, or (C{prefix})
+        of every key that starts with C{key}, keys entering and leaving the
+        table included: C{listener(event)}, a L{LockEvent}, synchronously
+        as the table changes and in the order of the changes; it must not
+        change the table.  An owner is told of a change once, however many
+        of its watches match it.
+
+        @return: True if this is a new watch, False if C{owner} had it already.
+        @raise jesync.errors.LimitReached: past C{max-watches} (one owner's)
+            or C{max-total-watches} (the service's).
+        @raise ValueError: an empty key (an empty prefix is every key).
+        """
+
+    def unwatch(owner: Hashable, key: str, prefix: bool = False) -> bool:
+        """End C{owner}'s watch of C{key} (or of the prefix); False if it had none."""
+
+    def watches_of(owner: Hashable) -> int:
+        """How many watches C{owner} has."""
 
     def status(key: str) -> KeyStatus:
         """The holder and waiter counts of C{key} (0, 0 for an unused key)."""
@@ -268,6 +314,13 @@ class IOwnerChanges(Interface):
 
 
 __all__ = [
+    "APPEARED",
+    "DISAPPEARED",
+    "EXPIRED",
+    "GRANTED",
+    "LOST",
+    "LockEvent",
+    "RELEASED",
     "IGrant",
     "ILockObserver",
     "ILockService",

@@ -81,6 +81,20 @@ table has not changed can be sent from the snapshot an earlier one took
 (L{jesync.connections.listings}).  Renewals, expiry times and owners are
 not in a listing and do not count.
 
+Watches: an owner may watch a key, or every key with a prefix
+(L{LockService.watch}), and is then told of every change of its holders, as
+it happens, in order: a holder granted, released, expired, or lost (its
+owner went away); a prefix watch is also told of keys entering the table
+(their first request, granted or waiting) and leaving it (nobody holds or
+waits for them).  A renewal, a wait and dlock's hand-over of a grant to
+another owner of the same client are not events.  Events are told
+synchronously, from inside the change, so a protocol that writes them at
+once sends an event before its reply to any later request that could
+observe the change; a listener must not change the table.  The caps
+(C{max_watches} an owner, C{max_total_watches} in all) bound what watches
+hold; a change costs the plain path one test while nobody watches, and one
+dictionary look-up per watched key (plus one per prefix length watched).
+
 Held keys: a watcher (L{LockService.watch_holds}) is told when a key gets
 its first holder and when its last holder goes, and of nothing else, so that
 a table built on the lock table (the memcached store's count of locked
@@ -101,7 +115,22 @@ from zope.interface import implementer
 
 from jesync.deadlines import Deadlines
 from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout, ModeConflict
-from jesync.interfaces import IGrant, ILockObserver, ILockService, ITokenMark, KeyStatus, ListingOrder, Totals
+from jesync.interfaces import (
+    APPEARED,
+    DISAPPEARED,
+    EXPIRED,
+    GRANTED,
+    LOST,
+    RELEASED,
+    IGrant,
+    ILockObserver,
+    ILockService,
+    ITokenMark,
+    KeyStatus,
+    ListingOrder,
+    LockEvent,
+    Totals,
+)
 from jesync.listing import listing_sort_key
 
 DEFAULT_EXPIRES = 120
@@ -251,6 +280,17 @@ class _ManyGranted:
         self.value = waiter.value
 
 
+class _Watcher:
+    """One owner's watches: its listener, the keys and the prefixes it watches."""
+
+    __slots__ = ("listener", "keys", "prefixes")
+
+    def __init__(self, listener: Callable[[LockEvent], None]) -> None:
+        self.listener = listener
+        self.keys: set[str] = set()
+        self.prefixes: set[str] = set()
+
+
 _Held = Union[Grant, _Waiter]
 # What _admit hands to _deliver: a Deferred and the grant (or grants) it is owed.
 _Granted = List[Tuple[Deferred, Union[Grant, _ManyGranted]]]
@@ -309,6 +349,8 @@ class LockService:
     @param first_token: every fencing token given is above this one.
     @param observer: an L{ILockObserver} told of grants, timeouts,
         releases and expiries (for metrics).
+    @param max_watches: the most watches one owner may have.
+    @param max_total_watches: the most watches at once, all owners together.
     """
 
     def __init__(
@@ -321,6 +363,8 @@ class LockService:
         max_total_waits: int | None = None,
         first_token: int = 0,
         observer: ILockObserver | None = None,
+        max_watches: int | None = None,
+        max_total_watches: int | None = None,
     ) -> None:
         self.clock = clock
         self.max_keys = max_keys
@@ -346,6 +390,18 @@ class LockService:
         # when its last one goes: one callable (the watchers chained), so
         # the common case, no watcher or one, costs one test or one call.
         self._hold_watcher: Optional[Callable[[str, bool], None]] = None
+        # Keys held shared now.
+        self.shared_keys = 0
+        self.max_watches = max_watches
+        self.max_total_watches = max_total_watches
+        # owner -> its watches; key -> the owners watching it (and prefix ->
+        # the owners watching it, with how many prefixes of each length are
+        # watched): dicts as ordered sets, told in the order they watched.
+        self._watchers: dict[Hashable, _Watcher] = {}
+        self._key_watchers: dict[str, dict[Hashable, None]] = {}
+        self._prefix_watchers: dict[str, dict[Hashable, None]] = {}
+        self._prefix_lengths: dict[int, int] = {}
+        self.watch_count = 0
         self._expiries: Deadlines[Grant] = Deadlines(clock, self._expire)
         self._wait_timeouts: Deadlines[_Waiter] = Deadlines(clock, self._time_out)
 
@@ -376,7 +432,10 @@ class LockService:
     ) -> Union[Grant, Deferred[Grant]]:
         check_request(max_concurrent, timeout, expires)
         # (the plain request, exclusive without a value, tests two identities)
-        shared = False if mode is EXCLUSIVE and value is None else check_mode(mode, max_concurrent, value)
+        if mode is EXCLUSIVE and value is None:
+            shared = False
+        else:
+            shared = check_mode(mode, max_concurrent, value)
         held = self._owners.get(owner)
         current = held.get(key) if held is not None else None
         if current is not None:
@@ -396,6 +455,8 @@ class LockService:
             if self.max_keys is not None and len(self._locks) >= self.max_keys:
                 raise LimitReached("max-keys", self.max_keys)
             lock = self._locks[key] = _Lock()
+            if self._prefix_lengths:
+                self._tell(APPEARED, key, None)
         granted = len(lock.holders)
         if shared:
             # Shared holders (or none), and no exclusive request waiting.
@@ -542,6 +603,8 @@ class LockService:
         return self._release_grant(grant)
 
     def release_all(self, owner: Hashable) -> None:
+        if owner in self._watchers:
+            self._unwatch_all(owner)
         entries = self._owners.pop(owner, None)
         self._spread.pop(owner, None)
         if not entries:
@@ -550,7 +613,7 @@ class LockService:
         freed: dict[str, None] = {}
         for key, entry in entries.items():
             if isinstance(entry, Grant):
-                self._remove_holder(self._locks[key], entry)
+                self._remove_holder(self._locks[key], entry, LOST)
                 freed[key] = None
             elif entry.deferred is not None:  # (a multi-key wait is met once per key)
                 cancelled.append(self._leave(entry))
@@ -605,6 +668,98 @@ class LockService:
             watcher(key, held)
 
         self._hold_watcher = both
+
+    def watch(self, owner: Hashable, key: str, listener: Callable[[LockEvent], None], prefix: bool = False) -> bool:
+        watcher = self._watchers.get(owner)
+        watched = None if watcher is None else (watcher.prefixes if prefix else watcher.keys)
+        if watched is not None and key in watched:
+            watcher.listener = listener  # type: ignore[union-attr]
+            return False
+        if not key and not prefix:
+            raise ValueError("a key cannot be empty")
+        if self.max_watches is not None and watcher is not None:
+            if len(watcher.keys) + len(watcher.prefixes) >= self.max_watches:
+                raise LimitReached("max-watches", self.max_watches)
+        if self.max_total_watches is not None and self.watch_count >= self.max_total_watches:
+            raise LimitReached("max-total-watches", self.max_total_watches)
+        if watcher is None:
+            watcher = self._watchers[owner] = _Watcher(listener)
+        else:
+            watcher.listener = listener
+        if prefix:
+            watcher.prefixes.add(key)
+            owners = self._prefix_watchers.setdefault(key, {})
+            if not owners:
+                self._prefix_lengths[len(key)] = self._prefix_lengths.get(len(key), 0) + 1
+        else:
+            watcher.keys.add(key)
+            owners = self._key_watchers.setdefault(key, {})
+        owners[owner] = None
+        self.watch_count += 1
+        return True
+
+    def unwatch(self, owner: Hashable, key: str, prefix: bool = False) -> bool:
+        watcher = self._watchers.get(owner)
+        watched = None if watcher is None else (watcher.prefixes if prefix else watcher.keys)
+        if watched is None or key not in watched:
+            return False
+        watched.remove(key)
+        self._forget_watch(owner, key, prefix)
+        if not watcher.keys and not watcher.prefixes:  # type: ignore[union-attr]
+            del self._watchers[owner]
+        return True
+
+    def watches_of(self, owner: Hashable) -> int:
+        watcher = self._watchers.get(owner)
+        return 0 if watcher is None else len(watcher.keys) + len(watcher.prefixes)
+
+    def _unwatch_all(self, owner: Hashable) -> None:
+        watcher = self._watchers.pop(owner)
+        for key in watcher.keys:
+            self._forget_watch(owner, key, False)
+        for prefix in watcher.prefixes:
+            self._forget_watch(owner, prefix, True)
+
+    def _forget_watch(self, owner: Hashable, key: str, prefix: bool) -> None:
+        """Take C{owner} from the watchers of C{key} (or of the prefix)."""
+        index = self._prefix_watchers if prefix else self._key_watchers
+        owners = index[key]
+        del owners[owner]
+        self.watch_count -= 1
+        if owners:
+            return
+        del index[key]
+        if prefix:
+            left = self._prefix_lengths[len(key)] - 1
+            if left:
+                self._prefix_lengths[len(key)] = left
+            else:
+                del self._prefix_lengths[len(key)]
+
+    def _tell(self, kind: str, key: str, grant: Grant | None) -> None:
+        """
+        Tell every owner watching C{key} (APPEARED and DISAPPEARED: by a
+        prefix only) of one change, each once.
+        """
+        event = LockEvent(kind, key, grant)
+        watchers = self._watchers
+        owners = None if grant is None else self._key_watchers.get(key)
+        if owners:
+            for owner in owners:
+                watchers[owner].listener(event)
+        if not self._prefix_lengths:
+            return
+        told = set(owners) if owners else set()
+        prefix_watchers = self._prefix_watchers
+        for length in self._prefix_lengths:
+            if length > len(key):
+                continue
+            by_prefix = prefix_watchers.get(key[:length])
+            if by_prefix:
+                for owner in by_prefix:
+                    if owner not in told:
+                        told.add(owner)
+                        watchers[owner].listener(event)
 
     # -- status ----------------------------------------------------------
 
@@ -687,6 +842,8 @@ class LockService:
             # A list made with its one item is 24 bytes smaller than an
             # empty one grown by append (which allocates room for four).
             lock.holders = [grant]
+            if mode is SHARED:
+                self.shared_keys += 1
             if self._hold_watcher is not None:
                 self._hold_watcher(key, True)
         self._granted += 1
@@ -694,6 +851,8 @@ class LockService:
         self._owner_entries(owner)[key] = grant
         if expires_at is not None:
             self._expiries.add(grant, expires_at)
+        if self._watchers:
+            self._tell(GRANTED, key, grant)
         return grant
 
     def _renew(self, grant: Grant, expires: float) -> None:
@@ -857,33 +1016,39 @@ class LockService:
         elif len(waiters) > 2 * lock.waiting + 16:
             lock.waiters = deque(w for w in waiters if w.deferred is not None)
 
-    def _remove_holder(self, lock: _Lock, grant: Grant, expired: bool = False) -> None:
+    def _remove_holder(self, lock: _Lock, grant: Grant, why: str = RELEASED) -> None:
+        """Take C{grant} from C{lock}'s holders: RELEASED, EXPIRED or LOST (its owner gone)."""
         lock.holders.remove(grant)
-        if not lock.holders and self._hold_watcher is not None:
-            self._hold_watcher(grant.key, False)
+        if not lock.holders:
+            if grant.mode is SHARED:
+                self.shared_keys -= 1
+            if self._hold_watcher is not None:
+                self._hold_watcher(grant.key, False)
         self._granted -= 1
         self.version += 1
         if grant.expires_at is not None:
             self._expiries.discard(grant, grant.expires_at)
         if self.observer is not None:
-            if expired:
+            if why is EXPIRED:
                 self.observer.expired(grant)
             else:
                 self.observer.released(grant)
+        if self._watchers:
+            self._tell(why, grant.key, grant)
 
-    def _release_grant(self, grant: Grant, expired: bool = False) -> bool:
-        """Release C{grant} if it is still its owner's hold on its key."""
+    def _release_grant(self, grant: Grant, why: str = RELEASED) -> bool:
+        """Release C{grant} if it is still its owner's hold on its key (C{why}: RELEASED or EXPIRED)."""
         if not self._holds(grant):
             return False
-        self._deliver(self._take_back(grant, expired))
+        self._deliver(self._take_back(grant, why))
         return True
 
-    def _take_back(self, grant: Grant, expired: bool = False) -> _Granted:
+    def _take_back(self, grant: Grant, why: str = RELEASED) -> _Granted:
         """Release a grant still held; return the grants it made room for, untold."""
         key, owner = grant.key, grant.owner
         self._forget_entry(owner, self._owners[owner], key)
         lock = self._locks[key]
-        self._remove_holder(lock, grant, expired)
+        self._remove_holder(lock, grant, why)
         granted = self._admit(key, lock)
         self._forget_if_idle(key)
         return granted
@@ -960,7 +1125,7 @@ class LockService:
     # -- clock events ----------------------------------------------------
 
     def _expire(self, grant: Grant) -> None:
-        self._release_grant(grant, expired=True)
+        self._release_grant(grant, EXPIRED)
 
     def _time_out(self, waiter: _Waiter) -> None:
         deferred = waiter.deferred
@@ -1002,6 +1167,8 @@ class LockService:
         lock = self._locks.get(key)
         if lock is None:
             lock = self._locks[key] = _Lock()
+            if self._prefix_lengths:
+                self._tell(APPEARED, key, None)
         return lock
 
     def _forget_if_idle(self, key: str) -> None:
@@ -1009,3 +1176,5 @@ class LockService:
         lock = self._locks.get(key)
         if lock is not None and not lock.holders and not lock.waiting:
             del self._locks[key]
+            if self._prefix_lengths:
+                self._tell(DISAPPEARED, key, None)

@@ -527,6 +527,8 @@ def build_lock_server(
         max_waiters=settings.max_waiters,
         max_held=settings.max_held,
         max_total_waits=settings.max_total_waits,
+        max_watches=settings.max_watches,
+        max_total_watches=settings.max_total_watches,
         first_token=first_token,
     )
     policy = ConnectionPolicy(

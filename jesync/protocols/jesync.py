@@ -7,6 +7,13 @@ and names its key.  A C{lock} that has to wait does not hold up the
 connection: later commands are answered meanwhile, and the C{lock} is answered
 when it is granted or does not get the lock (it timed out, or the client
 sent FIN while it waited).
+
+The coordination extensions (docs/protocols/jesync.md) add, without
+changing a byte of what a client that does not use them reads: a value on
+a grant, shared locks, and watches.  The one line nobody asked for is a
+watch's C{EVENT}, only ever to a connection that watches, written from
+inside the table change it reports, so it goes out before the reply to any
+later request that could observe that change.
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ from jesync.connections.connection import LockServerFactory
 from jesync.connections.grammar import PIECE, CommandGrammar
 from jesync.connections.listings import ROW_BYTES
 from jesync.errors import AlreadyWaiting, LockTimeout, ModeConflict
-from jesync.interfaces import IGrant
+from jesync.interfaces import GRANTED, IGrant, LockEvent
 from jesync.service import EXCLUSIVE, SHARED
 from jesync.wire import (
     DEFAULT_EXPIRES,
@@ -68,6 +75,25 @@ def holder_line(raw_key: bytes, grant: IGrant, now: float) -> bytes:
     if grant.mode == SHARED:
         return line + b" shared"
     return line
+
+
+def event_line(event: LockEvent) -> bytes:
+    """
+    A watch's event line (without its end): C{EVENT GRANTED <key> <peer>
+    <token> <mode>[ <value>]}; C{EVENT RELEASED|EXPIRED|LOST <key> <peer>
+    <token>}; C{EVENT APPEARED|DISAPPEARED <key>}.
+    """
+    kind = event.kind.upper().encode()
+    grant = event.grant
+    if grant is None:
+        return b"EVENT %s %s" % (kind, encode_key(event.key))
+    line = b"EVENT %s %s %s %d" % (kind, encode_key(event.key), describe_owner(grant.owner), grant.token)
+    if event.kind != GRANTED:
+        return line
+    value = grant.value
+    if value is None:
+        return b"%s %s" % (line, grant.mode.encode())
+    return b"%s %s %s" % (line, grant.mode.encode(), encode_value(value))
 
 
 def name_field(name: str) -> bytes:
@@ -212,11 +238,12 @@ class JESyncProtocol(CommandGrammar):
         self._reply_status(word, key, raw_key)
 
     def do_status(self, args: List[bytes]) -> None:
+        """C{status <key>}: C{STATUS <granted> <waiting> <key>}, then C{ shared} if its holders hold it shared."""
         raw_key = only_argument(args, "key")
         key = self.key(raw_key)
         status = self.service.status(key)
         line = status_reply(b"STATUS", status.granted, status.waiting, raw_key)
-        if status.granted and self._held_shared(key):
+        if status.granted and self.service.shared_keys and self._held_shared(key):
             line += b" shared"
         self.reply(line)
 
@@ -258,12 +285,15 @@ class JESyncProtocol(CommandGrammar):
         was taken; otherwise from a new one (sorted once), within the
         server's C{--max-listing-memory} (L{jesync.connections.listings}).
         A table too small to fill a piece of a stream is listed at once,
-        shared and charged nothing.
+        shared and charged nothing.  While any key is held shared, a held
+        key's line is marked C{shared} as it is made (the snapshot's rows
+        are the table's counts only, so the all-exclusive listing costs
+        what it did).
         """
         no_arguments(args)
         service = self.service
         size = service.totals().keys * ROW_BYTES
-        shared = self._held_shared if getattr(service, "shared_keys", 1) else None
+        shared = self._held_shared if service.shared_keys else None  # (none held shared: the plain lines)
         if size < PIECE:
             # (a small table: its listing is most likely less than a piece, written at once)
             lines = list(_status_lines(service.snapshot(order), shared))
@@ -283,6 +313,61 @@ class JESyncProtocol(CommandGrammar):
 
     def do_status_by_grants(self, args: List[bytes]) -> None:
         self._listing("grants", args)
+
+    # -- watches ------------------------------------------------------------
+
+    def do_watch(self, args: List[bytes]) -> None:
+        """An extension: C{watch <key>}: events for the key's holders (L{event_line}) from now on."""
+        raw_key = only_argument(args, "key")
+        self._watch(self.key(raw_key), False)
+        self.reply(b"WATCHING " + raw_key)
+
+    def do_watch_prefix(self, args: List[bytes]) -> None:
+        """An extension: C{watch-prefix [<prefix>]}: events for every key with the prefix (without one: every key)."""
+        raw_prefix = self._prefix_argument(args)
+        self._watch(self.key(raw_prefix) if raw_prefix else "", True)
+        self.reply(b"WATCHING-PREFIX " + raw_prefix if raw_prefix else b"WATCHING-PREFIX")
+
+    def do_unwatch(self, args: List[bytes]) -> None:
+        raw_key = only_argument(args, "key")
+        watched = self.service.unwatch(self.connection, self.key(raw_key), False)
+        self.reply((b"UNWATCHED " if watched else b"NOT_WATCHING ") + raw_key)
+
+    def do_unwatch_prefix(self, args: List[bytes]) -> None:
+        raw_prefix = self._prefix_argument(args)
+        watched = self.service.unwatch(self.connection, self.key(raw_prefix) if raw_prefix else "", True)
+        word = b"UNWATCHED-PREFIX" if watched else b"NOT_WATCHING-PREFIX"
+        self.reply(word + b" " + raw_prefix if raw_prefix else word)
+
+    @staticmethod
+    def _prefix_argument(args: List[bytes]) -> bytes:
+        if len(args) > 1:
+            raise BadRequest("too many arguments")
+        return args[0] if args else b""
+
+    def _watch(self, key: str, prefix: bool) -> None:
+        """Watch C{key} (or the prefix); L{LimitReached} past a cap (the grammar's limit reply)."""
+        try:
+            self.service.watch(self.connection, key, self._event, prefix)
+        except ValueError as error:
+            raise BadRequest(str(error)) from None
+
+    def _event(self, event: LockEvent) -> None:
+        """
+        A change of a watched key, told while the lock table changes: its
+        line is written now, so it goes out before the reply to any later
+        request (L{jesync.connections.connection.LockConnection.write_event}
+        never closes the connection from here).
+        """
+        line = event_line(event)
+        connection = self.connection
+        if connection.verbose:
+            self.log.debug("{peer} sent event {line!r}", peer=connection.peer, line=line)
+        connection.write_event(line + b"\n")
+
+    def holds_nothing(self) -> bool:
+        """Whether the connection holds, waits for and watches nothing (a watcher waits for events: not idle)."""
+        return super().holds_nothing() and not self.service.watches_of(self.connection)
 
     def do_quit(self, args: List[bytes]) -> None:
         no_arguments(args)
@@ -325,6 +410,10 @@ JESyncProtocol.commands = {
     b"status-by-key": JESyncProtocol.do_status_by_key,
     b"status-by-requests": JESyncProtocol.do_status_by_requests,
     b"status-by-grants": JESyncProtocol.do_status_by_grants,
+    b"watch": JESyncProtocol.do_watch,
+    b"watch-prefix": JESyncProtocol.do_watch_prefix,
+    b"unwatch": JESyncProtocol.do_unwatch,
+    b"unwatch-prefix": JESyncProtocol.do_unwatch_prefix,
     b"quit": JESyncProtocol.do_quit,
 }
 

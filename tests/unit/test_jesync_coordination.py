@@ -204,3 +204,178 @@ class EventOutputTests(ServerTestCase):
         self.clock.advance(0)
         self.assertFalse(client.transport.disconnecting)
         self.assertEqual(client.protocol.behind, 0)
+
+
+class WatchTests(ServerTestCase):
+    def test_events_in_the_order_of_the_changes(self) -> None:
+        watcher, first, second = self.connect(), self.connect(), self.connect()
+        self.assertEqual(watcher.ask(b"watch k\n"), b"WATCHING k\n")
+        first.ask(b"lock k 1 -1 10\n")
+        second.ask(b"lock k\n")
+        self.assertEqual(first.ask(b"release k\n"), b"RELEASED 1 0 k\n")
+        self.clock.advance(120)
+        self.assertEqual(
+            watcher.take(),
+            b"EVENT GRANTED k 127.0.0.1:40002 1 exclusive\n"
+            b"EVENT RELEASED k 127.0.0.1:40002 1\n"
+            b"EVENT GRANTED k 127.0.0.1:40003 2 exclusive\n"
+            b"EVENT EXPIRED k 127.0.0.1:40003 2\n",
+        )
+
+    def test_own_change_comes_before_the_reply(self) -> None:
+        client = self.connect()
+        self.assertEqual(
+            client.ask(b"watch k\nlock-shared k -1 30 me\nrelease k\n"),
+            b"WATCHING k\nEVENT GRANTED k 127.0.0.1:40001 1 shared me\nGRANTED 1 0 k 30\n"
+            b"EVENT RELEASED k 127.0.0.1:40001 1\nRELEASED 0 0 k\n",
+        )
+
+    def test_lost_after_a_disconnect(self) -> None:
+        watcher, holder = self.connect(), self.connect()
+        watcher.ask(b"watch-prefix\n")
+        holder.ask(b"lock a\nlock-many 0 10 b c\n")
+        watcher.take()
+        holder.lose()
+        self.assertEqual(
+            sorted(watcher.take().splitlines()),
+            [b"EVENT DISAPPEARED a", b"EVENT DISAPPEARED b", b"EVENT DISAPPEARED c",
+             b"EVENT LOST a 127.0.0.1:40002 1", b"EVENT LOST b 127.0.0.1:40002 2", b"EVENT LOST c 127.0.0.1:40002 3"],
+        )
+
+    def test_watching_again_changes_nothing(self) -> None:
+        client = self.connect()
+        self.assertEqual(client.ask(b"watch k\nwatch k\n"), b"WATCHING k\nWATCHING k\n")
+        self.assertEqual(client.ask(b"watch-prefix\nwatch-prefix\n"), b"WATCHING-PREFIX\nWATCHING-PREFIX\n")
+        self.assertEqual(self.service.watches_of(client.protocol), 2)
+        client.ask(b"lock k\n")  # (told once, though two watches match)
+        self.assertEqual(
+            client.ask(b"release k\n"), b"EVENT RELEASED k 127.0.0.1:40001 1\nEVENT DISAPPEARED k\nRELEASED 0 0 k\n"
+        )
+
+    def test_unwatch(self) -> None:
+        watcher, holder = self.connect(), self.connect()
+        watcher.ask(b"watch k\nwatch-prefix j/\n")
+        self.assertEqual(
+            watcher.ask(b"unwatch k\nunwatch k\nunwatch-prefix j/\nunwatch-prefix j/\nunwatch-prefix\n"),
+            b"UNWATCHED k\nNOT_WATCHING k\nUNWATCHED-PREFIX j/\nNOT_WATCHING-PREFIX j/\nNOT_WATCHING-PREFIX\n",
+        )
+        holder.ask(b"lock k\nlock j/1\n")
+        self.assertEqual(watcher.ask(b"status k\n"), b"STATUS 1 0 k\n")
+
+    def test_caps(self) -> None:
+        self.service.max_watches = 2
+        self.service.max_total_watches = 3
+        first, second = self.connect(), self.connect()
+        self.assertEqual(
+            first.ask(b"watch a\nwatch-prefix b\nwatch c\nwatch a\n"),
+            b"WATCHING a\nWATCHING-PREFIX b\nINVALID_PARAMETER: max-watches exceeded (2)\nWATCHING a\n",
+        )
+        self.assertEqual(
+            second.ask(b"watch a\nwatch-prefix\n"),
+            b"WATCHING a\nINVALID_PARAMETER: max-total-watches exceeded (3)\n",
+        )
+        self.assertEqual(self.service.watches_of(second.protocol), 1)
+
+    def test_bad_keys(self) -> None:
+        self.server.policy.max_key_length = 4
+        client = self.connect()
+        self.assertEqual(
+            client.ask(b"watch\nwatch a b\nwatch a\rb\nwatch-prefix abcde\nunwatch abcde\n"),
+            b"INVALID_PARAMETER: missing key\nINVALID_PARAMETER: too many arguments\n"
+            b"INVALID_PARAMETER: a key cannot contain a carriage return\n"
+            b"INVALID_PARAMETER: max-key-length exceeded (4)\nINVALID_PARAMETER: max-key-length exceeded (4)\n",
+        )
+        self.assertEqual(self.service.watches_of(client.protocol), 0)
+
+    def test_watches_end_with_the_connection(self) -> None:
+        client = self.connect()
+        client.ask(b"watch k\n")
+        client.lose()
+        self.assertEqual(self.service.watch_count, 0)
+
+    def test_a_watcher_is_not_idle(self) -> None:
+        self.server.policy.idle_timeout = 5
+        watcher, quiet = self.connect(), self.connect()
+        watcher.ask(b"watch k\n")
+        self.clock.advance(6)
+        self.assertEqual((watcher.closing, quiet.closing), (False, True))
+        watcher.ask(b"unwatch k\n")
+        self.clock.advance(6)
+        self.assertTrue(watcher.closing)
+
+    def test_non_reading_watcher_dropped_on_a_later_turn(self) -> None:
+        """
+        Past --max-unsent, a watcher that does not read is dropped on the
+        turn after the change that took it past, not inside it: the request
+        that made the change is answered, and what the watcher held is given
+        back once it is gone.
+        """
+        self.server.policy.max_unsent = 200
+        watcher = self.connect(PausingTransport())
+        self.assertEqual(watcher.ask(b"lock mine\nwatch k\n"), b"GRANTED 1 0 mine 120\nWATCHING k\n")
+        watcher.protocol.pauseProducing()
+        self.clock.advance(0)
+        worker, other = self.connect(), self.connect()
+        other.ask(b"lock mine\n")
+        for _ in range(4):
+            self.assertEqual(worker.ask(b"lock k\nrelease k\n"), b"GRANTED 1 0 k 120\nRELEASED 0 0 k\n")
+        self.assertGreater(watcher.protocol.behind, 200)
+        self.assertFalse(watcher.closing)
+        self.assertEqual(other.take(), b"")
+        self.clock.advance(0)
+        self.assertTrue(watcher.closing)
+        watcher.lose()
+        self.assertEqual(other.take(), b"GRANTED 1 0 mine 120\n")
+        self.assertEqual(self.service.watch_count, 0)
+
+
+class DocsTranscriptTests(ServerTestCase):
+    """
+    The transcripts of docs/protocols/jesync.md's commands (its example, shared
+    locks and values, watches) are what the server sends: each is replayed,
+    client C<n> connecting from 10.0.0.<n>:5000<n>; every line the page
+    shows a client being sent is the next one it reads, and it reads nothing else.
+    """
+
+    def replay(self, transcript: str) -> None:
+        from twisted.internet.address import IPv4Address
+
+        clients = {}
+
+        def client(name: str):
+            if name not in clients:
+                number = int(name[1:])
+                clients[name] = self.server.connect(peer=IPv4Address("TCP", f"10.0.0.{number}", 50000 + number))
+                clients[name].unread = []
+            return clients[name]
+
+        def received(name: str) -> list:
+            one = client(name)
+            one.unread.extend(one.take().decode().splitlines())
+            return one.unread
+
+        for line in transcript.splitlines():
+            if line.startswith("S→"):
+                name, sent = line[2:].split(": ", 1)
+                unread = received(name)
+                self.assertTrue(unread, f"{name} was sent nothing; the page shows {sent!r}")
+                self.assertEqual(unread.pop(0), sent)
+            elif line.endswith(" seconds pass)"):
+                self.clock.advance(int(line[1:].split()[0]))
+            elif line.endswith(" disconnects)"):
+                client(line[1:].split()[0]).lose()
+            else:
+                name, sent = line.split(": ", 1)
+                client(name).send(sent.encode() + b"\n")
+        for name in clients:
+            self.assertEqual(received(name), [], name)
+
+    def test_every_transcript(self) -> None:
+        from tests.doc_pages import page_blocks
+
+        transcripts = page_blocks("docs/protocols/jesync.md", "", "Commands")
+        self.assertEqual(len(transcripts), 3)
+        for transcript in transcripts:
+            with self.subTest(transcript=transcript.splitlines()[0]):
+                self.setUp()
+                self.replay(transcript)

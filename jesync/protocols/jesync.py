@@ -362,7 +362,7 @@ class JESyncProtocol(CommandGrammar):
         line = event_line(event)
         connection = self.connection
         if connection.verbose:
-            self.log.debug("{peer} sent event {line!r}", peer=connection.peer, line=line)
+            self.log.debug("{peer} was sent {line!r}", peer=connection.peer, line=line)
         connection.write_event(line + b"\n")
 
     def holds_nothing(self) -> bool:

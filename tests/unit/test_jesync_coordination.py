@@ -287,6 +287,15 @@ class WatchTests(ServerTestCase):
         )
         self.assertEqual(self.service.watches_of(client.protocol), 0)
 
+    def test_prefix_compared_as_keys_are(self) -> None:
+        """docs/protocols/jesync.md: a prefix ending inside a UTF-8 character matches only keys not UTF-8 there."""
+        watcher, holder = self.connect(), self.connect()
+        self.assertEqual(watcher.ask(b"watch-prefix \xc3\n"), b"WATCHING-PREFIX \xc3\n")
+        holder.ask("lock é\n".encode() + b"lock \xc3\xff\n")
+        self.assertEqual(
+            watcher.take(), b"EVENT APPEARED \xc3\xff\nEVENT GRANTED \xc3\xff 127.0.0.1:40002 2 exclusive\n"
+        )
+
     def test_watches_end_with_the_connection(self) -> None:
         client = self.connect()
         client.ask(b"watch k\n")

@@ -302,6 +302,14 @@ class WatchTests(ServerTestCase):
         client.lose()
         self.assertEqual(self.service.watch_count, 0)
 
+    def test_quit_sends_nothing_more(self) -> None:
+        """A watcher's own locks given back at its quit are no events to it: nothing follows a quit."""
+        client = self.connect()
+        client.ask(b"watch-prefix\nlock k\n")
+        self.assertEqual(client.ask(b"quit\n"), b"")
+        self.assertTrue(client.closing)
+        self.assertEqual(self.service.watch_count, 0)
+
     def test_a_watcher_is_not_idle(self) -> None:
         self.server.policy.idle_timeout = 5
         watcher, quiet = self.connect(), self.connect()

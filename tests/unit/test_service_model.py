@@ -69,12 +69,29 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout, ModeConflict
 from jesync.interfaces import KeyStatus, Totals
-from jesync.service import EXCLUSIVE, MAX_VALUE, SHARED, Grant, LockService, check_mode, check_request
+from jesync.service import (
+    APPEARED,
+    DISAPPEARED,
+    EXCLUSIVE,
+    EXPIRED,
+    GRANTED,
+    LOST,
+    MAX_VALUE,
+    RELEASED,
+    SHARED,
+    Grant,
+    LockEvent,
+    LockService,
+    check_mode,
+    check_request,
+)
 from tests.model import ObservedLockService, ServiceModelMachine, model_settings, model_test_case, step
 
 KEYS = ["a", "b", "c"]
 OWNERS = ["p", "q", "r", "s"]
 UNUSED_KEY = "never-used"
+# What prefix watches watch: every key, one key, and prefixes no key in use has.
+PREFIXES = ["", "a", "b", "ab", "n"]
 
 keys = st.sampled_from(KEYS)
 owners = st.sampled_from(OWNERS)
@@ -166,6 +183,21 @@ class Model:
         self.max_keys: Optional[int] = None
         self.max_waiters: Optional[int] = None
         self.max_held: Optional[int] = None
+        # Watches: owner -> what it watches, (key or prefix, is it a prefix);
+        # owner -> the listener its latest watch gave (a number); the caps.
+        self.watches: dict[str, set[tuple[str, bool]]] = {}
+        self.listeners: dict[str, int] = {}
+        self.max_watches: Optional[int] = None
+        self.max_total_watches: Optional[int] = None
+        # Every operation that may change the table is one change, numbered;
+        # owner -> the events it should have been told since the last check,
+        # each (change, kind, key, holder): holder None for APPEARED and
+        # DISAPPEARED, else (owner, mode, value) of the grant.  The changes
+        # that may tell events of several keys in an order of their own
+        # (release_all: see tell) are in loose.
+        self.change = 0
+        self.events: dict[str, list[tuple]] = {}
+        self.loose: set[int] = set()
 
     def holder(self, key: str, owner: str) -> Optional[Holder]:
         return next((h for h in self.holders[key] if h.owner == owner), None)
@@ -204,12 +236,14 @@ class Model:
             )
             self.verdicts[waiter.rid] = ("grant", waiter.rid)
             self.untold.add(waiter.rid)
+            self.tell(GRANTED, key, self.holders[key][-1])
 
     def told(self, rid: int) -> None:
         self.untold.discard(rid)
 
-    def _remove_holder(self, key: str, held: Holder) -> None:
+    def _remove_holder(self, key: str, held: Holder, kind: str = RELEASED) -> None:
         self.holders[key].remove(held)
+        self.tell(kind, key, held)
         self.giveback.discard(held.rid)
         if held.rid in self.untold:
             self.untold.discard(held.rid)
@@ -218,6 +252,79 @@ class Model:
     def admit_all(self, now: float) -> None:
         for key in KEYS:
             self.admit(key, now)
+
+    # -- events
+
+    def begin(self, loose: bool = False) -> None:
+        """
+        A change begins (C{loose}: one whose events of different keys may
+        come in any order between them).
+        """
+        self.change += 1
+        if loose:
+            self.loose.add(self.change)
+
+    def tell(self, kind: str, key: str, held: Optional[Holder] = None) -> None:
+        """
+        An event of this change: told to every owner that watches C{key}
+        (holder events only) or a prefix of it (every event), once however
+        many of its watches match.  Events are told in the order the changes
+        happen, and within one change in the order of what happened: a
+        hand-over is RELEASED (or EXPIRED, LOST) then GRANTED; a key APPEARED
+        before its first grant and DISAPPEARED after its last holder went.
+        The one change here that touches several keys, release_all, leaves
+        the order across keys open (the documentation says none): its
+        events are compared key by key.
+        """
+        holder = None if held is None else (held.owner, SHARED if held.shared else EXCLUSIVE, held.value)
+        for owner, watched in self.watches.items():
+            if (held is not None and (key, False) in watched) or any(
+                prefix and key.startswith(target) for target, prefix in watched
+            ):
+                self.events.setdefault(owner, []).append((self.change, kind, key, holder))
+
+    def tell_gone(self, before: set[str]) -> None:
+        """DISAPPEARED for the keys that were in the table (C{before}) and are no more."""
+        for key in sorted(before - self.active_keys()):
+            self.tell(DISAPPEARED, key)
+
+    def watch(self, owner: str, target: str, prefix: bool, listener: int) -> Any:
+        """
+        What C{watch(owner, target, prefix=prefix)} does: True (a new watch)
+        or False (the owner had it already: no change but its listener, the
+        latest one given), else what it raises, nothing changed:
+        "ValueError" (an empty key: only a prefix may be empty) or the set of
+        caps passed (C{LimitReached}).
+        """
+        watched = self.watches.get(owner, set())
+        if (target, prefix) in watched:
+            self.listeners[owner] = listener
+            return False
+        if not target and not prefix:
+            return "ValueError"
+        passed = set()
+        if self.max_watches is not None and len(watched) >= self.max_watches:
+            passed.add("max-watches")
+        if self.max_total_watches is not None and self.watch_count() >= self.max_total_watches:
+            passed.add("max-total-watches")
+        if passed:
+            return passed
+        self.watches.setdefault(owner, set()).add((target, prefix))
+        self.listeners[owner] = listener
+        return True
+
+    def unwatch(self, owner: str, target: str, prefix: bool) -> bool:
+        watched = self.watches.get(owner)
+        if watched is None or (target, prefix) not in watched:
+            return False
+        watched.remove((target, prefix))
+        if not watched:
+            del self.watches[owner]
+            del self.listeners[owner]
+        return True
+
+    def watch_count(self) -> int:
+        return sum(len(watched) for watched in self.watches.values())
 
     # -- operations
 
@@ -243,6 +350,7 @@ class Model:
         return passed
 
     def acquire(self, rid, key, owner, max_concurrent, timeout, expires, now, shared=False, value=None) -> None:
+        """A request the service has answered (its change began before the service was asked)."""
         held = self.holder(key, owner)
         if held is not None:
             if held.shared != shared:
@@ -257,6 +365,10 @@ class Model:
             self.verdicts[rid] = ("already",)
             return
         timeout_at = None if timeout == -1 else now + timeout
+        if key not in self.active_keys():
+            # (a request for a key nobody holds or waits for is granted at
+            # once here: a single-key request on a free key never waits)
+            self.tell(APPEARED, key)
         self.waiters[key].append(Waiter(rid, owner, max_concurrent, expires, timeout_at, shared, value))
         self.admit(key, now)
         self.untold.discard(rid)  # granted at once: the Deferred has fired
@@ -266,29 +378,42 @@ class Model:
 
     def release(self, key: str, owner: str, now: float, rid: Optional[int] = None) -> bool:
         """Release C{owner}'s grant of C{key} (only if it is request C{rid}'s, when given)."""
+        self.begin()
         held = self.holder(key, owner)
         if held is None or (rid is not None and held.rid != rid):
             return False
         self._remove_holder(key, held)
         self.admit(key, now)
+        self.tell_gone({key})
         return True
 
     def release_all(self, owner: str, now: float) -> None:
+        """
+        The owner goes away: its watches end first (it is told nothing of
+        its own going), its grants are LOST, its waits cancelled.
+        """
+        self.begin(loose=True)
+        self.watches.pop(owner, None)
+        self.listeners.pop(owner, None)
+        before = self.active_keys()
         for key in KEYS:
             held = self.holder(key, owner)
             if held is not None:
-                self._remove_holder(key, held)
+                self._remove_holder(key, held, LOST)
             for waiter in [w for w in self.waiters[key] if w.owner == owner]:
                 self.waiters[key].remove(waiter)
                 self.verdicts[waiter.rid] = ("cancelled",)
         self.admit_all(now)
+        self.tell_gone(before)
 
     def cancel(self, key: str, rid: int, now: float) -> None:
+        self.begin()
         for waiter in self.waiters[key]:
             if waiter.rid == rid:
                 self.waiters[key].remove(waiter)
                 self.verdicts[rid] = ("cancelled",)
                 self.admit(key, now)  # (it may have held back waiters of the other mode)
+                self.tell_gone({key})
                 return
         if rid in self.untold:
             # granted, not yet told: it fails, and the grant is given back
@@ -303,17 +428,21 @@ class Model:
             self.release(key, owner, now)
 
     def expire(self, key: str, owner: str, now: float) -> None:
+        self.begin()
         held = self.holder(key, owner)
         assert held is not None
-        self._remove_holder(key, held)
+        self._remove_holder(key, held, EXPIRED)
         self.admit(key, now)
+        self.tell_gone({key})
 
     def time_out(self, key: str, owner: str, now: float) -> None:
+        self.begin()
         waiter = self.waiter(key, owner)
         assert waiter is not None
         self.waiters[key].remove(waiter)
         self.verdicts[waiter.rid] = ("timeout",)
         self.admit(key, now)  # (it may have held back waiters of the other mode)
+        self.tell_gone({key})
 
     # -- derived views
 
@@ -375,6 +504,11 @@ class LockServiceMachine(ServiceModelMachine):
     def __init__(self) -> None:
         super().__init__()
         self.handle_rids: dict[int, int] = {}  # id(grant) -> rid of the request it was granted to
+        # owner -> the events the service told it since the last check, each
+        # tagged with the model's change under way (the model applies each
+        # change first, then the service makes it)
+        self.told: dict[str, list[tuple]] = {}
+        self.listeners_given = 0
 
     def waiting(self) -> list[tuple[str, Waiter]]:
         return [(key, w) for key in KEYS for w in self.model.waiters[key]]
@@ -394,12 +528,73 @@ class LockServiceMachine(ServiceModelMachine):
         max_keys=st.sampled_from([None, None, 1, 2]),
         max_waiters=st.sampled_from([None, None, 1, 2]),
         max_held=st.sampled_from([None, None, 1, 2]),
+        max_watches=st.sampled_from([None, None, 1, 2]),
+        max_total_watches=st.sampled_from([None, None, 2, 3]),
     )
     @step
-    def limits(self, max_keys, max_waiters, max_held) -> None:
+    def limits(self, max_keys, max_waiters, max_held, max_watches, max_total_watches) -> None:
         """The service's limits, for the whole run."""
-        self.make_service(max_keys=max_keys, max_waiters=max_waiters, max_held=max_held)
+        self.make_service(
+            max_keys=max_keys,
+            max_waiters=max_waiters,
+            max_held=max_held,
+            max_watches=max_watches,
+            max_total_watches=max_total_watches,
+        )
         self.model.max_keys, self.model.max_waiters, self.model.max_held = max_keys, max_waiters, max_held
+        self.model.max_watches, self.model.max_total_watches = max_watches, max_total_watches
+
+    # -- watches
+
+    def listener(self, owner: str, number: int):
+        """
+        A listener for C{owner}'s watches (the C{number}th given): it records
+        what it is told, and that it was the owner's latest listener.
+        """
+
+        def told(event: LockEvent) -> None:
+            if self.model.listeners.get(owner) != number:
+                self.problems.append(f"{event!r} was told to listener {number} of {owner!r}, not its latest one")
+            grant = event.grant
+            if (grant is None) != (event.kind in (APPEARED, DISAPPEARED)) or (grant and grant.key != event.key):
+                self.problems.append(f"{event!r} told to {owner!r}: the wrong grant for the event")
+            holder = None if grant is None else (grant.owner, grant.mode, grant.value)
+            self.told.setdefault(owner, []).append((self.model.change, event.kind, event.key, holder))
+
+        return told
+
+    def _watch(self, owner: str, target: str, prefix: bool) -> None:
+        self.listeners_given += 1
+        number = self.listeners_given
+        expected = self.model.watch(owner, target, prefix, number)
+        call = f"watch({owner!r}, {target!r}, prefix={prefix})"
+        try:
+            actual = self.service.watch(owner, target, self.listener(owner, number), prefix=prefix)
+        except ValueError:
+            assert expected == "ValueError", f"{call} raised ValueError, the model says {expected!r}"
+        except LimitReached as error:
+            assert isinstance(expected, set) and error.limit in expected, (
+                f"{call} refused for {error.limit}, the model says {expected!r}"
+            )
+        else:
+            assert actual is expected, f"{call} returned {actual!r}, the model says {expected!r}"
+
+    @rule(owner=owners, key=st.sampled_from([*KEYS, UNUSED_KEY, ""]))
+    @step
+    def watch_key(self, owner, key) -> None:
+        self._watch(owner, key, False)
+
+    @rule(owner=owners, prefix=st.sampled_from(PREFIXES))
+    @step
+    def watch_prefix(self, owner, prefix) -> None:
+        self._watch(owner, prefix, True)
+
+    @rule(owner=owners, watched=st.sampled_from([*KEYS, *PREFIXES]), prefix=st.booleans())
+    @step
+    def unwatch(self, owner, watched, prefix) -> None:
+        expected = self.model.unwatch(owner, watched, prefix)
+        actual = self.service.unwatch(owner, watched, prefix=prefix)
+        assert actual is expected, f"unwatch({owner!r}, {watched!r}, prefix={prefix}): {actual!r}, model {expected!r}"
 
     def _acquire(self, key, owner, max_concurrent, timeout, expires, mode=EXCLUSIVE, value=None) -> Optional[Request]:
         """A request, unless a limit refuses it (then nothing changes: the checks see to that)."""
@@ -408,6 +603,7 @@ class LockServiceMachine(ServiceModelMachine):
             max_concurrent = 1
         passed = self.model.limits_passed(key, owner, max_concurrent, timeout, shared)
         call = f"acquire{(key, owner, max_concurrent, timeout, expires, mode, value and value[:8])!r}"
+        self.model.begin()  # (the events the service tells as it answers are this change's)
         try:
             if mode == EXCLUSIVE and value is None:
                 deferred = self.service.acquire(key, owner, max_concurrent, timeout, expires)
@@ -676,6 +872,7 @@ class LockServiceMachine(ServiceModelMachine):
         self._check_table()
         self._check_grant_rule()
         self._check_public_views()
+        self._check_events()
 
     def _check_requests(self) -> None:
         """Every acquire Deferred fires at most once, and with the model's outcome."""
@@ -798,6 +995,31 @@ class LockServiceMachine(ServiceModelMachine):
                         )
                 seen_modes.add(waiter.shared)
 
+    def _check_events(self) -> None:
+        """
+        Each owner was told the events the model predicts, change by change
+        (in the order of the events, or key by key in a loose change); then
+        both records start again.  And the watches are the model's.
+        """
+        model = self.model
+        for owner in sorted(set(self.told) | set(model.events)):
+            actual = self.told.get(owner, [])
+            expected = model.events.get(owner, [])
+            for change in sorted({event[0] for event in actual + expected}):
+                told = [event[1:] for event in actual if event[0] == change]
+                due = [event[1:] for event in expected if event[0] == change]
+                if change in model.loose:
+                    told.sort(key=lambda event: event[1])  # (stable: each key's events in their order)
+                    due.sort(key=lambda event: event[1])
+                assert told == due, f"{owner!r} was told {told}, the model says {due} (change {change})"
+        self.told.clear()
+        model.events.clear()
+        model.loose.clear()
+        for owner in OWNERS:
+            watches = self.service.watches_of(owner)
+            assert watches == len(model.watches.get(owner, ())), f"watches_of({owner!r}): {watches}"
+        assert self.service.watch_count == model.watch_count(), f"watch_count: {self.service.watch_count}"
+
     def _check_public_views(self) -> None:
         service, model = self.service, self.model
         for key in [*KEYS, UNUSED_KEY]:
@@ -814,6 +1036,10 @@ class LockServiceMachine(ServiceModelMachine):
         self.check_all()
         assert self.service.totals() == (0, 0, 0) and self.service.listing() == []
         assert not self.service._locks and not self.service._owners
+        # Their watches ended with them: nothing is kept.
+        service = self.service
+        assert service.watch_count == 0, service.watch_count
+        assert not (service._watchers or service._key_watchers or service._prefix_watchers or service._prefix_lengths)
         for request in self.requests:
             assert len(request.outcomes) == 1, f"request {request.rid}: {request.outcomes!r}"
         # An idle service's timers run out: no deadline outlives its item by more than this.
@@ -871,6 +1097,54 @@ class SemaphoresFirstService(GivingBackLockService):
         return super().request(key, owner, max_concurrent, timeout, expires, mode, value)
 
 
+class LostAsReleasedService(GivingBackLockService):
+    """Broken: the grants of an owner gone (release_all) are told RELEASED, not LOST."""
+
+    def _remove_holder(self, lock, grant, why=RELEASED):
+        super()._remove_holder(lock, grant, RELEASED if why == LOST else why)
+
+
+class ToldTwiceService(GivingBackLockService):
+    """Broken: an owner is told an event once for each of its watches that matches (a key and a prefix, two prefixes)."""
+
+    def _tell(self, kind, key, grant):
+        event = LockEvent(kind, key, grant)
+        if grant is not None:
+            for owner in self._key_watchers.get(key, ()):
+                self._watchers[owner].listener(event)
+        for prefix, owners in self._prefix_watchers.items():
+            if key.startswith(prefix):
+                for owner in owners:
+                    self._watchers[owner].listener(event)
+
+
+class QuietHandOverService(GivingBackLockService):
+    """Broken: a grant made from the queue (a hand-over) is not told: no GRANTED for the new holder."""
+
+    handing_over = False
+
+    def _admit(self, key, lock):
+        self.handing_over = True
+        try:
+            return super()._admit(key, lock)
+        finally:
+            self.handing_over = False
+
+    def _tell(self, kind, key, grant):
+        if not (self.handing_over and kind == GRANTED):
+            super()._tell(kind, key, grant)
+
+
+class LeakingWatchesService(GivingBackLockService):
+    """Broken: an owner's watches outlive it (release_all leaves them, and their listener)."""
+
+    def release_all(self, owner):
+        watcher = self._watchers.pop(owner, None)
+        super().release_all(owner)
+        if watcher is not None:
+            self._watchers[owner] = watcher
+
+
 # Stop at the first failure: finding it is the test, shrinking it is not.
 BROKEN_SETTINGS = settings(model_settings(300, 50), phases=[Phase.generate], report_multiple_bugs=False)
 
@@ -898,10 +1172,24 @@ class BrokenServiceTests(SynchronousTestCase):
         self.assertModelFails(ReadersFirstService, *GRANTED_TOO_SOON)
 
     def test_upgrade_granted(self) -> None:
-        self.assertModelFails(UpgradingService, "expected conflict")
+        # (the upgrade itself, or a request before it that the upgraded holder now keeps waiting)
+        self.assertModelFails(UpgradingService, "expected conflict", "has not fired, the model says ('grant'")
 
     def test_semaphores_passing_a_waiting_reader(self) -> None:
         self.assertModelFails(SemaphoresFirstService, *GRANTED_TOO_SOON)
+
+    def test_lost_told_as_released(self) -> None:
+        # ('lost' is only ever named by the comparison of events)
+        self.assertModelFails(LostAsReleasedService, "'lost'")
+
+    def test_an_event_told_twice(self) -> None:
+        self.assertModelFails(ToldTwiceService, "was told")
+
+    def test_a_hand_over_not_told(self) -> None:
+        self.assertModelFails(QuietHandOverService, "was told")
+
+    def test_watches_left_after_release_all(self) -> None:
+        self.assertModelFails(LeakingWatchesService, "watches_of(", "not its latest one", "watch_count")
 
     def tearDown(self) -> None:
         self.flushLoggedErrors()

@@ -31,7 +31,26 @@ L{jesync.service} and L{ILockService}):
   C{max_held} (the owner's grants and waits), C{max_keys} (keys in use) or
   C{max_waiters} (waiters for its key, for a request that would wait) is
   refused with L{LimitReached} and changes nothing; a renewal or a repeated
-  request passes none.
+  request passes none;
+- watches: an owner watches a key or a prefix (C{""}: every key); watching
+  what it watches returns False and changes nothing but its listener (the
+  latest one given is the one told); an empty key raises ValueError; a new
+  watch past C{max_watches} (the owner's) or C{max_total_watches} (drawn
+  for each run) raises L{LimitReached} and changes nothing; C{unwatch}
+  says whether it watched; C{release_all} ends the owner's watches first
+  (it is told nothing of its own going);
+- events: every change tells each owner that watches the key (holder events)
+  or a prefix of it (every event) what happened, once however many of its
+  watches match: GRANTED (a new grant, not a renewal), RELEASED, EXPIRED,
+  LOST (release_all), and to prefix watches APPEARED (the key entered the
+  table: before its first GRANTED) and DISAPPEARED (it left: after the
+  last holder's event), in the order they happened; each event carries
+  the holder's grant (owner, mode, value).  The model numbers its changes
+  and the machine tags what each listener is told with the change under
+  way (the model applies a change, then the service makes it), so an event
+  told late, early, twice or not at all is caught; the events of one change
+  are compared in order, except release_all's, whose order across keys the
+  documentation leaves open: those are compared key by key.
 
 Timers: the clock is advanced in steps that stop just before the model's next
 deadline and again one tick (10 ms) after it, so a deadline that fires early,
@@ -48,8 +67,11 @@ grant given up before it is told is answered with CancelledError and given
 back.
 
 Broken services (L{BrokenServiceTests}): the same machine run against a
-service that lets a shared request pass a waiting exclusive one, and against
-one that grants an upgrade, must fail: the model catches both.
+service that lets a shared request pass a waiting exclusive one, one that
+lets an exclusive request pass a waiting shared one, one that grants an
+upgrade, and ones that tell an owner gone as RELEASED, tell an owner twice
+when two of its watches match, do not tell a hand-over's GRANTED, or keep
+an owner's watches after release_all, must fail: the model catches each.
 
 The test is white-box where it must be: it compares the service's private
 table (C{_locks}, C{_owners}, its two deadline sets) entry by entry, and
@@ -71,7 +93,6 @@ from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout, ModeConflic
 from jesync.interfaces import KeyStatus, Totals
 from jesync.service import (
     APPEARED,
-    DISAPPEARED,
     EXCLUSIVE,
     EXPIRED,
     GRANTED,
@@ -85,13 +106,19 @@ from jesync.service import (
     check_mode,
     check_request,
 )
-from tests.model import ObservedLockService, ServiceModelMachine, model_settings, model_test_case, step
+from tests.model import (
+    OWNERS,
+    ObservedLockService,
+    ServiceModelMachine,
+    WatchModel,
+    WatchRules,
+    model_settings,
+    model_test_case,
+    step,
+)
 
 KEYS = ["a", "b", "c"]
-OWNERS = ["p", "q", "r", "s"]
 UNUSED_KEY = "never-used"
-# What prefix watches watch: every key, one key, and prefixes no key in use has.
-PREFIXES = ["", "a", "b", "ab", "n"]
 
 keys = st.sampled_from(KEYS)
 owners = st.sampled_from(OWNERS)
@@ -183,21 +210,8 @@ class Model:
         self.max_keys: Optional[int] = None
         self.max_waiters: Optional[int] = None
         self.max_held: Optional[int] = None
-        # Watches: owner -> what it watches, (key or prefix, is it a prefix);
-        # owner -> the listener its latest watch gave (a number); the caps.
-        self.watches: dict[str, set[tuple[str, bool]]] = {}
-        self.listeners: dict[str, int] = {}
-        self.max_watches: Optional[int] = None
-        self.max_total_watches: Optional[int] = None
-        # Every operation that may change the table is one change, numbered;
-        # owner -> the events it should have been told since the last check,
-        # each (change, kind, key, holder): holder None for APPEARED and
-        # DISAPPEARED, else (owner, mode, value) of the grant.  The changes
-        # that may tell events of several keys in an order of their own
-        # (release_all: see tell) are in loose.
-        self.change = 0
-        self.events: dict[str, list[tuple]] = {}
-        self.loose: set[int] = set()
+        # the watches, and the events due (each operation here begins a change)
+        self.watching = WatchModel()
 
     def holder(self, key: str, owner: str) -> Optional[Holder]:
         return next((h for h in self.holders[key] if h.owner == owner), None)
@@ -256,75 +270,22 @@ class Model:
     # -- events
 
     def begin(self, loose: bool = False) -> None:
-        """
-        A change begins (C{loose}: one whose events of different keys may
-        come in any order between them).
-        """
-        self.change += 1
-        if loose:
-            self.loose.add(self.change)
+        self.watching.begin(loose)
 
     def tell(self, kind: str, key: str, held: Optional[Holder] = None) -> None:
         """
-        An event of this change: told to every owner that watches C{key}
-        (holder events only) or a prefix of it (every event), once however
-        many of its watches match.  Events are told in the order the changes
-        happen, and within one change in the order of what happened: a
+        An event of this change.  Within it, the order is what happened: a
         hand-over is RELEASED (or EXPIRED, LOST) then GRANTED; a key APPEARED
         before its first grant and DISAPPEARED after its last holder went.
         The one change here that touches several keys, release_all, leaves
-        the order across keys open (the documentation says none): its
-        events are compared key by key.
+        the order across keys open (the documentation says none): it is a
+        loose change, compared key by key.
         """
         holder = None if held is None else (held.owner, SHARED if held.shared else EXCLUSIVE, held.value)
-        for owner, watched in self.watches.items():
-            if (held is not None and (key, False) in watched) or any(
-                prefix and key.startswith(target) for target, prefix in watched
-            ):
-                self.events.setdefault(owner, []).append((self.change, kind, key, holder))
+        self.watching.tell(kind, key, holder)
 
     def tell_gone(self, before: set[str]) -> None:
-        """DISAPPEARED for the keys that were in the table (C{before}) and are no more."""
-        for key in sorted(before - self.active_keys()):
-            self.tell(DISAPPEARED, key)
-
-    def watch(self, owner: str, target: str, prefix: bool, listener: int) -> Any:
-        """
-        What C{watch(owner, target, prefix=prefix)} does: True (a new watch)
-        or False (the owner had it already: no change but its listener, the
-        latest one given), else what it raises, nothing changed:
-        "ValueError" (an empty key: only a prefix may be empty) or the set of
-        caps passed (C{LimitReached}).
-        """
-        watched = self.watches.get(owner, set())
-        if (target, prefix) in watched:
-            self.listeners[owner] = listener
-            return False
-        if not target and not prefix:
-            return "ValueError"
-        passed = set()
-        if self.max_watches is not None and len(watched) >= self.max_watches:
-            passed.add("max-watches")
-        if self.max_total_watches is not None and self.watch_count() >= self.max_total_watches:
-            passed.add("max-total-watches")
-        if passed:
-            return passed
-        self.watches.setdefault(owner, set()).add((target, prefix))
-        self.listeners[owner] = listener
-        return True
-
-    def unwatch(self, owner: str, target: str, prefix: bool) -> bool:
-        watched = self.watches.get(owner)
-        if watched is None or (target, prefix) not in watched:
-            return False
-        watched.remove((target, prefix))
-        if not watched:
-            del self.watches[owner]
-            del self.listeners[owner]
-        return True
-
-    def watch_count(self) -> int:
-        return sum(len(watched) for watched in self.watches.values())
+        self.watching.tell_keys(before, self.active_keys())
 
     # -- operations
 
@@ -393,8 +354,7 @@ class Model:
         its own going), its grants are LOST, its waits cancelled.
         """
         self.begin(loose=True)
-        self.watches.pop(owner, None)
-        self.listeners.pop(owner, None)
+        self.watching.end(owner)
         before = self.active_keys()
         for key in KEYS:
             held = self.holder(key, owner)
@@ -497,18 +457,13 @@ class GivingBackLockService(ObservedLockService):
         return LockService._release_grant(self, grant, *args, **kwargs)
 
 
-class LockServiceMachine(ServiceModelMachine):
+class LockServiceMachine(WatchRules, ServiceModelMachine):
     model_class = Model
     service_class = GivingBackLockService
 
     def __init__(self) -> None:
         super().__init__()
         self.handle_rids: dict[int, int] = {}  # id(grant) -> rid of the request it was granted to
-        # owner -> the events the service told it since the last check, each
-        # tagged with the model's change under way (the model applies each
-        # change first, then the service makes it)
-        self.told: dict[str, list[tuple]] = {}
-        self.listeners_given = 0
 
     def waiting(self) -> list[tuple[str, Waiter]]:
         return [(key, w) for key in KEYS for w in self.model.waiters[key]]
@@ -538,63 +493,9 @@ class LockServiceMachine(ServiceModelMachine):
             max_keys=max_keys,
             max_waiters=max_waiters,
             max_held=max_held,
-            max_watches=max_watches,
-            max_total_watches=max_total_watches,
+            **self.watch_limits(max_watches, max_total_watches),
         )
         self.model.max_keys, self.model.max_waiters, self.model.max_held = max_keys, max_waiters, max_held
-        self.model.max_watches, self.model.max_total_watches = max_watches, max_total_watches
-
-    # -- watches
-
-    def listener(self, owner: str, number: int):
-        """
-        A listener for C{owner}'s watches (the C{number}th given): it records
-        what it is told, and that it was the owner's latest listener.
-        """
-
-        def told(event: LockEvent) -> None:
-            if self.model.listeners.get(owner) != number:
-                self.problems.append(f"{event!r} was told to listener {number} of {owner!r}, not its latest one")
-            grant = event.grant
-            if (grant is None) != (event.kind in (APPEARED, DISAPPEARED)) or (grant and grant.key != event.key):
-                self.problems.append(f"{event!r} told to {owner!r}: the wrong grant for the event")
-            holder = None if grant is None else (grant.owner, grant.mode, grant.value)
-            self.told.setdefault(owner, []).append((self.model.change, event.kind, event.key, holder))
-
-        return told
-
-    def _watch(self, owner: str, target: str, prefix: bool) -> None:
-        self.listeners_given += 1
-        number = self.listeners_given
-        expected = self.model.watch(owner, target, prefix, number)
-        call = f"watch({owner!r}, {target!r}, prefix={prefix})"
-        try:
-            actual = self.service.watch(owner, target, self.listener(owner, number), prefix=prefix)
-        except ValueError:
-            assert expected == "ValueError", f"{call} raised ValueError, the model says {expected!r}"
-        except LimitReached as error:
-            assert isinstance(expected, set) and error.limit in expected, (
-                f"{call} refused for {error.limit}, the model says {expected!r}"
-            )
-        else:
-            assert actual is expected, f"{call} returned {actual!r}, the model says {expected!r}"
-
-    @rule(owner=owners, key=st.sampled_from([*KEYS, UNUSED_KEY, ""]))
-    @step
-    def watch_key(self, owner, key) -> None:
-        self._watch(owner, key, False)
-
-    @rule(owner=owners, prefix=st.sampled_from(PREFIXES))
-    @step
-    def watch_prefix(self, owner, prefix) -> None:
-        self._watch(owner, prefix, True)
-
-    @rule(owner=owners, watched=st.sampled_from([*KEYS, *PREFIXES]), prefix=st.booleans())
-    @step
-    def unwatch(self, owner, watched, prefix) -> None:
-        expected = self.model.unwatch(owner, watched, prefix)
-        actual = self.service.unwatch(owner, watched, prefix=prefix)
-        assert actual is expected, f"unwatch({owner!r}, {watched!r}, prefix={prefix}): {actual!r}, model {expected!r}"
 
     def _acquire(self, key, owner, max_concurrent, timeout, expires, mode=EXCLUSIVE, value=None) -> Optional[Request]:
         """A request, unless a limit refuses it (then nothing changes: the checks see to that)."""
@@ -603,7 +504,7 @@ class LockServiceMachine(ServiceModelMachine):
             max_concurrent = 1
         passed = self.model.limits_passed(key, owner, max_concurrent, timeout, shared)
         call = f"acquire{(key, owner, max_concurrent, timeout, expires, mode, value and value[:8])!r}"
-        self.model.begin()  # (the events the service tells as it answers are this change's)
+        self.model.begin()  # (the service answers before the model is told: its events are this change's)
         try:
             if mode == EXCLUSIVE and value is None:
                 deferred = self.service.acquire(key, owner, max_concurrent, timeout, expires)
@@ -872,7 +773,7 @@ class LockServiceMachine(ServiceModelMachine):
         self._check_table()
         self._check_grant_rule()
         self._check_public_views()
-        self._check_events()
+        self.check_events()
 
     def _check_requests(self) -> None:
         """Every acquire Deferred fires at most once, and with the model's outcome."""
@@ -995,31 +896,6 @@ class LockServiceMachine(ServiceModelMachine):
                         )
                 seen_modes.add(waiter.shared)
 
-    def _check_events(self) -> None:
-        """
-        Each owner was told the events the model predicts, change by change
-        (in the order of the events, or key by key in a loose change); then
-        both records start again.  And the watches are the model's.
-        """
-        model = self.model
-        for owner in sorted(set(self.told) | set(model.events)):
-            actual = self.told.get(owner, [])
-            expected = model.events.get(owner, [])
-            for change in sorted({event[0] for event in actual + expected}):
-                told = [event[1:] for event in actual if event[0] == change]
-                due = [event[1:] for event in expected if event[0] == change]
-                if change in model.loose:
-                    told.sort(key=lambda event: event[1])  # (stable: each key's events in their order)
-                    due.sort(key=lambda event: event[1])
-                assert told == due, f"{owner!r} was told {told}, the model says {due} (change {change})"
-        self.told.clear()
-        model.events.clear()
-        model.loose.clear()
-        for owner in OWNERS:
-            watches = self.service.watches_of(owner)
-            assert watches == len(model.watches.get(owner, ())), f"watches_of({owner!r}): {watches}"
-        assert self.service.watch_count == model.watch_count(), f"watch_count: {self.service.watch_count}"
-
     def _check_public_views(self) -> None:
         service, model = self.service, self.model
         for key in [*KEYS, UNUSED_KEY]:
@@ -1036,10 +912,7 @@ class LockServiceMachine(ServiceModelMachine):
         self.check_all()
         assert self.service.totals() == (0, 0, 0) and self.service.listing() == []
         assert not self.service._locks and not self.service._owners
-        # Their watches ended with them: nothing is kept.
-        service = self.service
-        assert service.watch_count == 0, service.watch_count
-        assert not (service._watchers or service._key_watchers or service._prefix_watchers or service._prefix_lengths)
+        self.check_watches_ended()
         for request in self.requests:
             assert len(request.outcomes) == 1, f"request {request.rid}: {request.outcomes!r}"
         # An idle service's timers run out: no deadline outlives its item by more than this.
@@ -1105,7 +978,7 @@ class LostAsReleasedService(GivingBackLockService):
 
 
 class ToldTwiceService(GivingBackLockService):
-    """Broken: an owner is told an event once for each of its watches that matches (a key and a prefix, two prefixes)."""
+    """Broken: an owner is told an event once for each of its watches that matches it (a key and a prefix, say)."""
 
     def _tell(self, kind, key, grant):
         event = LockEvent(kind, key, grant)

@@ -68,6 +68,8 @@ OWNERS = ["p", "q", "r", "s"]
 WATCHED_KEYS = ["a", "b", "c", "d", "never-used", ""]
 #: What prefix watches watch: every key, one key, and prefixes no key in use has.
 PREFIXES = ["", "a", "b", "ab", "n"]
+#: A watch made as a run starts, so that most runs have one: (owner, key or prefix, is it a prefix), or none.
+first_watches = st.sampled_from([("s", "", True), ("r", "a", False), ("q", "a", True), None])
 
 
 def step(method: Callable) -> Callable:
@@ -460,6 +462,11 @@ class WatchRules:
         """The caps of the run, on the model; returns them as the service's options."""
         self.model.watching.max_watches, self.model.watching.max_total_watches = max_watches, max_total_watches
         return {"max_watches": max_watches, "max_total_watches": max_total_watches}
+
+    def watch_first(self, first: Optional[tuple]) -> None:
+        """The watch a run starts with (one of L{first_watches}), made once its service is made."""
+        if first is not None:
+            self._watch(*first)
 
     def _watch(self, owner: str, target: str, prefix: bool) -> None:
         self.listeners_given += 1

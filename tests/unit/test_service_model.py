@@ -112,6 +112,7 @@ from tests.model import (
     ServiceModelMachine,
     WatchModel,
     WatchRules,
+    first_watches,
     model_settings,
     model_test_case,
     step,
@@ -485,9 +486,10 @@ class LockServiceMachine(WatchRules, ServiceModelMachine):
         max_held=st.sampled_from([None, None, 1, 2]),
         max_watches=st.sampled_from([None, None, 1, 2]),
         max_total_watches=st.sampled_from([None, None, 2, 3]),
+        first=first_watches,
     )
     @step
-    def limits(self, max_keys, max_waiters, max_held, max_watches, max_total_watches) -> None:
+    def limits(self, max_keys, max_waiters, max_held, max_watches, max_total_watches, first) -> None:
         """The service's limits, for the whole run."""
         self.make_service(
             max_keys=max_keys,
@@ -496,6 +498,7 @@ class LockServiceMachine(WatchRules, ServiceModelMachine):
             **self.watch_limits(max_watches, max_total_watches),
         )
         self.model.max_keys, self.model.max_waiters, self.model.max_held = max_keys, max_waiters, max_held
+        self.watch_first(first)
 
     def _acquire(self, key, owner, max_concurrent, timeout, expires, mode=EXCLUSIVE, value=None) -> Optional[Request]:
         """A request, unless a limit refuses it (then nothing changes: the checks see to that)."""

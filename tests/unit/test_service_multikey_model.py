@@ -97,6 +97,7 @@ from jesync.service import (
     LockService,
 )
 from tests.model import (
+    OWNERS,
     TICK,
     ObservedLockService,
     ServiceModelMachine,
@@ -109,7 +110,6 @@ from tests.model import (
 )
 
 KEYS = ["a", "b", "c", "d"]
-OWNERS = ["p", "q", "r", "s"]
 UNUSED_KEY = "never-used"
 
 keys = st.sampled_from(KEYS)

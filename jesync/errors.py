@@ -66,6 +66,7 @@ class LimitReached(Exception):
     @ivar limit: the limit's name, as its command-line option says it
         (C{"max-keys"}, C{"max-waiters"}, C{"max-total-waits"}, C{"max-held"},
         C{"max-key-length"}, C{"max-connections"}, C{"max-sessions"},
+        C{"max-watches"}, C{"max-total-watches"},
         C{"auth-timeout"}, C{"idle-timeout"}).
     @ivar value: the limit (a count, or seconds for a timeout).
     """

@@ -2,7 +2,7 @@
 Cluster mode against real etcd processes and real C{twistd jesync --etcd}
 members (tests.etcd_server, tests.cluster): the election, a takeover after kill -9
 with elock sessions, dlock timed grants and fencing tokens checked across
-it, resigning on SIGTERM, twelve takeovers in a row keeping fencing tokens
+it, JESync's shared locks and watches ended by a takeover, resigning on SIGTERM, twelve takeovers in a row keeping fencing tokens
 increasing and within 10 s of the clock, a leader paused past its lease (SIGSTOP) with a
 checker recording every grant from both sides, etcd killed and restarted,
 and a three-member etcd cluster losing a member.  Leases are 2 s (etcd's
@@ -218,6 +218,47 @@ class TakeoverTests(unittest.TestCase):
         self.assertEqual(status_name(waited), "Ok")
         self.assertGreaterEqual(time.time(), release_at - 0.05)
         self.assertGreater(waited.fencing_tokens[0], highest_before)
+
+    def test_a_takeover_ends_connection_bound_shared_locks_and_watches(self) -> None:
+        """
+        JESync's shared locks and their values are bound to their connection,
+        so a takeover ends them as a disconnect does (nothing is granted
+        twice: the new leader has none of them); a watcher is told by its
+        connection closing, and watches again on the new leader, where an
+        elock session's lock, which survives, is reported as it changes.
+        """
+        etcd = start_etcd(self)
+        cluster = start_cluster(self, [etcd.endpoint])
+        old = cluster.leader()
+        elock = LineClient(old.elock_port, b"\r\n")
+        self.assertEqual(elock.ask("set_timeout 20000"), "200 timeout set")
+        session = elock.ask("conn_id").split()[1]
+        self.assertEqual(elock.ask("lock s1"), "200 Acquired")
+        reader = LineClient(old.port, b"\n")
+        self.assertTrue(reader.ask("lock-shared config -1 60 10.0.0.7:80").startswith("GRANTED 1 0 config 60"))
+        watcher = LineClient(old.port, b"\n", timeout=WITHIN)
+        for connection in (elock, reader, watcher):
+            self.addCleanup(connection.close)
+        self.assertEqual(watcher.ask("watch config"), "WATCHING config")
+
+        old.kill()
+        self.assertEqual(watcher.file.readline(), b"", "the watcher's connection outlived its leader")
+        new = cluster.leader(besides=[old])
+        watcher, _ = connect_within(new.port, b"\n")
+        self.addCleanup(watcher.close)
+        self.assertEqual(watcher.ask("watch config"), "WATCHING config")
+        self.assertEqual(watcher.ask("watch s1"), "WATCHING s1")
+        self.assertEqual(watcher.ask("holders config"), "END")  # the reader's connection was the old leader's
+        writer = LineClient(new.port, b"\n")
+        self.addCleanup(writer.close)
+        self.assertTrue(writer.ask("lock config 1 0 60").startswith("GRANTED 1 0 config 60"))
+        self.assertTrue(watcher.file.readline().decode().startswith("EVENT GRANTED config "))
+        self.assertEqual(writer.ask("lock-shared s1 0"), "TIMEOUT 1 0 s1")  # the session's lock survived
+        resumed = LineClient(new.elock_port, b"\r\n")
+        self.addCleanup(resumed.close)
+        self.assertEqual(resumed.ask(f"conn_id {session}"), "200 conn id set")
+        self.assertEqual(resumed.ask("unlock s1"), "200 Unlocked")
+        self.assertTrue(watcher.file.readline().decode().startswith("EVENT RELEASED s1 "))
 
     def test_sigterm_hands_over_without_waiting_for_the_lease(self) -> None:
         etcd = start_etcd(self)

@@ -33,7 +33,15 @@ every change:
   gets L{AlreadyWaiting} and nothing changes;
 - the limits: C{max-held} (grants plus waits, a multi-key wait once),
   C{max-keys}, C{max-waiters} (per key) and C{max-total-waits} (a multi-key
-  wait once).
+  wait once);
+- watches and their events (L{tests.model.WatchModel}): each key granted,
+  released, expired or lost is told to the owners watching it or a prefix
+  of it; a key APPEARED when a request puts it in the table, granted or
+  waiting (here a multi-key wait alone may keep a key there), and
+  DISAPPEARED when nothing holds or waits for it any more (a wait timed out
+  or cancelled, the grants of a multi-key answer given back); every change
+  is compared key by key, since the documentation leaves the order of one
+  change's events across keys open (one multi-key grant tells several).
 
 After every step the service is compared with the model: holders per key (in
 grant order, with their handles, C{max_concurrent}, grant times and expiries),
@@ -67,19 +75,41 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from hypothesis import Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, precondition, rule
+from hypothesis.stateful import initialize, precondition, rule, run_state_machine_as_test
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.errors import AlreadyWaiting, LimitReached, LockTimeout, ModeConflict
 from jesync.interfaces import KeyStatus, Totals
-from jesync.service import EXCLUSIVE, SHARED, Grant, LockService
-from tests.model import TICK, ServiceModelMachine, model_settings, model_test_case, step
+from jesync.service import (
+    APPEARED,
+    DISAPPEARED,
+    EXCLUSIVE,
+    EXPIRED,
+    GRANTED,
+    LOST,
+    RELEASED,
+    SHARED,
+    Grant,
+    LockService,
+)
+from tests.model import (
+    OWNERS,
+    TICK,
+    ObservedLockService,
+    ServiceModelMachine,
+    WatchModel,
+    WatchRules,
+    first_watches,
+    model_settings,
+    model_test_case,
+    step,
+)
 
 KEYS = ["a", "b", "c", "d"]
-OWNERS = ["p", "q", "r", "s"]
 UNUSED_KEY = "never-used"
 
 keys = st.sampled_from(KEYS)
@@ -165,6 +195,30 @@ class Model:
         self.max_waiters: Optional[int] = None
         self.max_held: Optional[int] = None
         self.max_total_waits: Optional[int] = None
+        # the watches, and the events due (each public operation begins a change)
+        self.watching = WatchModel()
+
+    # -- events
+
+    def begin(self) -> None:
+        """
+        A change begins.  The documentation leaves the order of one change's
+        events across keys open (a multi-key grant, a release that hands
+        keys on to a multi-key waiter): every change here is loose, its
+        events compared key by key.
+        """
+        self.watching.begin(loose=True)
+
+    def tell_event(self, kind: str, key: str, held: Optional[Holder] = None) -> None:
+        holder = None if held is None else (held.owner, SHARED if held.shared else EXCLUSIVE, None)
+        self.watching.tell(kind, key, holder)
+
+    def tell_appeared(self, keys: tuple) -> None:
+        """A wait enters the queues of C{keys}: those not in the table appear (a wait alone puts a key there)."""
+        active = self.active_keys()
+        for key in keys:
+            if key not in active:
+                self.tell_event(APPEARED, key)
 
     # -- reading
 
@@ -240,6 +294,7 @@ class Model:
             new.append(Holder(wait.rid, key, wait.owner, wait.max_concurrent, now, expires_at, shared=wait.shared))
             self.holders[key].append(new[-1])
             self.holders_made += 1
+            self.tell_event(GRANTED, key, new[-1])
         if wait.multi:
             self.verdicts[wait.rid] = ("grant", None)
             self.untold[wait.rid] = (wait, new)
@@ -252,8 +307,10 @@ class Model:
         answer is the grants its owner holds of the keys it asked for, those
         it held already renewed now -- or, if one of those was given up while
         it waited, it fails as timed out naming them, its new grants given
-        back.
+        back.  (Part of the change under way: the service gives them back as
+        it answers.)
         """
+        before = self.active_keys()
         wait, new = self.untold.pop(rid)
         holders = [self.holder(key, wait.owner) for key in wait.asked]
         lost = [key for key, held in zip(wait.asked, holders) if held is None]
@@ -264,6 +321,7 @@ class Model:
                 if held in self.holders[held.key]:
                     self.release(held, now)
             self.verdicts[rid] = ("timeout", lost)
+            self.watching.tell_keys(before, self.active_keys())
             return
         answer = [held for held in holders if held is not None]
         for held in answer:
@@ -278,6 +336,7 @@ class Model:
     # -- operations (each returns the limit a request passes, and then changes nothing)
 
     def request(self, rid, key, owner, max_concurrent, timeout, expires, now, shared=False) -> Optional[str]:
+        self.begin()
         held = self.holder(key, owner)
         if held is not None:
             if held.shared != shared:
@@ -304,11 +363,13 @@ class Model:
                 return "max-waiters"
             if self.max_total_waits is not None and len(self.queue) >= self.max_total_waits:
                 return "max-total-waits"
+        self.tell_appeared(wait.keys)
         self.queue.append(wait)
         self.settle(now)
         return None
 
     def request_many(self, rid, keys, owner, timeout, expires, now, shared=False) -> Optional[str]:
+        self.begin()
         asked = tuple(dict.fromkeys(keys))
         for key in asked:
             if self.wait_of(key, owner) is not None:
@@ -344,51 +405,78 @@ class Model:
         if not wanted:
             self.verdicts[rid] = ("grant", renewed)
             return None
+        self.tell_appeared(wait.keys)
         self.queue.append(wait)
         self.settle(now)
         return None
 
-    def release(self, held: Holder, now: float) -> None:
+    def release(self, held: Holder, now: float, kind: str = RELEASED) -> None:
+        """Take C{held} from its key's holders (C{kind}: RELEASED or EXPIRED) and hand on what it frees."""
         self.holders[held.key].remove(held)
+        self.tell_event(kind, held.key, held)
         self.settle(now)
 
     def release_key(self, key: str, owner: str, now: float) -> bool:
+        self.begin()
         held = self.holder(key, owner)
         if held is None:
             return False
-        self.release(held, now)
+        self._release_one(held, now)
         return True
 
     def release_grant(self, grant: Grant, now: float) -> bool:
         """C{grant.release()}: only a grant that is still its owner's hold."""
+        self.begin()
         held = next((h for h in self.all_holders() if h.grant is grant), None)
         if held is None:
             return False
-        self.release(held, now)
+        self._release_one(held, now)
         return True
 
+    def expire(self, held: Holder, now: float) -> None:
+        self.begin()
+        self._release_one(held, now, EXPIRED)
+
+    def _release_one(self, held: Holder, now: float, kind: str = RELEASED) -> None:
+        before = self.active_keys()
+        self.release(held, now, kind)
+        self.watching.tell_keys(before, self.active_keys())
+
     def release_all(self, owner: str, now: float) -> None:
+        """The owner goes away: its watches end first, its grants are LOST, its waits cancelled."""
+        self.begin()
+        self.watching.end(owner)
+        before = self.active_keys()
         for key in KEYS:
-            self.holders[key] = [h for h in self.holders[key] if h.owner != owner]
+            for held in [h for h in self.holders[key] if h.owner == owner]:
+                self.holders[key].remove(held)
+                self.tell_event(LOST, key, held)
         for wait in [w for w in self.queue if w.owner == owner]:
             self.queue.remove(wait)
             self.verdicts[wait.rid] = ("cancelled",)
         self.settle(now)
+        self.watching.tell_keys(before, self.active_keys())
 
     def cancel(self, rid: int, now: float) -> None:
+        self.begin()
+        before = self.active_keys()
         for wait in self.queue:
             if wait.rid == rid:
                 self.queue.remove(wait)
                 self.verdicts[rid] = ("cancelled",)
                 self.settle(now)
+                self.watching.tell_keys(before, self.active_keys())
                 return
 
     def time_out(self, wait: Wait, now: float) -> None:
+        self.begin()
+        before = self.active_keys()
         # busy: the keys where it is not the candidate, when the time runs out
         busy = [key for key in wait.keys if not self.admitted(key, wait)]
         self.queue.remove(wait)
         self.verdicts[wait.rid] = ("timeout", busy)
         self.settle(now)
+        self.watching.tell_keys(before, self.active_keys())
 
 
 # -- the service, observed -------------------------------------------------------
@@ -417,7 +505,7 @@ class Recorder:
         self.expiries.append(grant)
 
 
-class MultiKeyMachine(ServiceModelMachine):
+class MultiKeyMachine(WatchRules, ServiceModelMachine):
     model_class = Model
 
     def __init__(self) -> None:
@@ -439,9 +527,10 @@ class MultiKeyMachine(ServiceModelMachine):
         max_waiters=st.sampled_from([None, None, None, 1, 2]),
         max_held=st.sampled_from([None, None, None, 1, 2, 3]),
         max_total_waits=st.sampled_from([None, None, None, 1, 3]),
+        first=first_watches,
     )
     @step
-    def limits(self, max_keys, max_waiters, max_held, max_total_waits) -> None:
+    def limits(self, max_keys, max_waiters, max_held, max_total_waits, first) -> None:
         """The service's limits, for the whole run."""
         self.make_service(
             max_keys=max_keys, max_waiters=max_waiters, max_held=max_held, max_total_waits=max_total_waits
@@ -449,6 +538,7 @@ class MultiKeyMachine(ServiceModelMachine):
         model = self.model
         model.max_keys, model.max_waiters, model.max_held = max_keys, max_waiters, max_held
         model.max_total_waits = max_total_waits
+        self.watch_first(first)
 
     # -- requests
 
@@ -772,7 +862,7 @@ class MultiKeyMachine(ServiceModelMachine):
     def apply_timer(self, kind: str, item: Any, entry: Any, now: float) -> None:
         if kind == "expiry":
             self.expiries += 1
-            self.model.release(entry, now)
+            self.model.expire(entry, now)
         else:
             self.timeout_keys.append(item.key)
             self.model.time_out(entry, now)
@@ -786,6 +876,7 @@ class MultiKeyMachine(ServiceModelMachine):
         self._check_rule_on_service()
         self._check_tokens()
         self._check_public_views()
+        self.check_events()
 
     def _check_requests(self) -> None:
         """Every Deferred fires at most once, and with the model's outcome."""
@@ -1024,6 +1115,7 @@ class MultiKeyMachine(ServiceModelMachine):
         assert service._owners == {}, service._owners
         assert service._spread == {}, service._spread
         assert service.totals() == (0, 0, 0), service.totals()
+        self.check_watches_ended()
         # No timer outlives the clock running past every deadline.  (One may
         # be pending until then: see test_idle_service_keeps_no_timer.)
         self.clock.advance(10)
@@ -1036,6 +1128,37 @@ SETTINGS = model_settings(300, 50)
 
 class MultiKeyModelTests(model_test_case(MultiKeyMachine, SETTINGS)):
     """The service agrees with the model, run after run."""
+
+
+class SilentTimeoutService(ObservedLockService):
+    """Broken: a wait that times out takes the keys only it kept in the table away untold (no DISAPPEARED)."""
+
+    timing_out = False
+
+    def _time_out(self, waiter):
+        self.timing_out = True
+        try:
+            super()._time_out(waiter)
+        finally:
+            self.timing_out = False
+
+    def _tell(self, kind, key, grant):
+        if not (self.timing_out and kind == DISAPPEARED):
+            super()._tell(kind, key, grant)
+
+
+class BrokenServiceTests(SynchronousTestCase):
+    """The model test fails against a service that breaks a rule only several keys at once reach."""
+
+    def test_a_key_left_by_a_wait_untold(self) -> None:
+        machine = type("SilentTimeoutMachine", (MultiKeyMachine,), {"service_class": SilentTimeoutService})
+        # (stopping at the first failure; as generous as the single-key model's broken services)
+        run_settings = settings(model_settings(1000, 50), phases=[Phase.generate], report_multiple_bugs=False)
+        error = self.assertRaises(AssertionError, run_state_machine_as_test, machine, settings=run_settings)
+        self.assertIn("('disappeared'", str(error))
+
+    def tearDown(self) -> None:
+        self.flushLoggedErrors()
 
 
 # -- examples ----------------------------------------------------------------------

@@ -161,6 +161,15 @@ class PipelineEventTests(SynchronousTestCase):
         self.assertEqual(results["lock"].token, 4)
         self.assertEqual([e.kind for e in events], ["granted", "released", "granted"])
 
+    def test_shared_keys_in_a_listing(self) -> None:
+        """A listing's STATUS lines of shared keys carry " shared": still rows of the listing."""
+        results: list[object] = []
+        pipeline = Pipeline(lambda data: None)
+        pipeline.listing("key", results.append, results.append)
+        for line in (b"STATUS 2 1 a shared", b"EVENT APPEARED b", b"STATUS 1 0 b", b"END"):
+            pipeline.line_received(line)
+        self.assertEqual(results, [[KeyStatus("a", 2, 1), KeyStatus("b", 1, 0)]])
+
     def test_an_event_with_nothing_outstanding(self) -> None:
         events: list[WatchEvent] = []
         pipeline = Pipeline(lambda data: None, on_event=events.append)

@@ -357,10 +357,13 @@ class AsyncWatch:
             raise self._error
         if self._closed and self._queue.empty():
             return None
-        try:
-            item = await asyncio.wait_for(self._queue.get(), timeout)
-        except asyncio.TimeoutError:
-            return None
+        if not self._queue.empty():
+            item = self._queue.get_nowait()  # (wait_for with no time left would not even run get())
+        else:
+            try:
+                item = await asyncio.wait_for(self._queue.get(), timeout)
+            except asyncio.TimeoutError:
+                return None
         if item is _CLOSED:
             return None
         if isinstance(item, ClientError):

@@ -140,6 +140,19 @@ class AsyncWatchTests(SynchronousTestCase):
             self.run_async(scenario()), [("appeared", "k"), ("granted", "k"), ("released", "k"), ("disappeared", "k")]
         )
 
+    def test_get_takes_what_is_queued_without_waiting(self) -> None:
+        async def scenario() -> list[str]:
+            async with AsyncClient(self.server.address) as watcher, AsyncClient(self.server.address) as worker:
+                async with watcher.watch("k") as events:
+                    await (await worker.lock("k")).release()
+                    first = await events.get(WITHIN)
+                    assert first is not None
+                    second = await events.get(0)
+                    assert second is not None
+                    return [first.kind, second.kind]
+
+        self.assertEqual(self.run_async(scenario()), ["granted", "released"])
+
     def test_awaited_watch_and_its_lost_connection(self) -> None:
         async def scenario() -> None:
             async with AsyncClient(self.server.address) as watcher:

@@ -158,7 +158,8 @@ class Pipeline:
     C{listing} in a list of them, C{holders} in a list of
     L{jesync.client.wire.Holder}, C{owned} in the milliseconds left (None if
     not held), C{fencing} in a C{bool} (the server's
-    setting).  A refused request errs with L{ServerError}.  The pipeline's
+    setting), C{watch} in None (the server watches), C{unwatch} in a
+    C{bool} (whether it watched).  A refused request errs with L{ServerError}.  The pipeline's
     state is consistent whenever it calls them, so they may make new
     requests.
 

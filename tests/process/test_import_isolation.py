@@ -93,6 +93,7 @@ class ImportTests(SynchronousTestCase):
             sorted(
                 [
                     "AlreadyWaiting",
+                    "EXCLUSIVE",
                     "ELockFactory",
                     "ELockProtocol",
                     "Grant",
@@ -101,8 +102,11 @@ class ImportTests(SynchronousTestCase):
                     "JESyncFactory",
                     "JESyncProtocol",
                     "KeyStatus",
+                    "LockEvent",
                     "LockService",
                     "LockTimeout",
+                    "ModeConflict",
+                    "SHARED",
                 ]
             ),
         )

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import os
 import random
+import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -38,6 +40,20 @@ def environment() -> dict[str, str]:
     """The environment for a subprocess that must import this checkout's jesync."""
     path = os.environ.get("PYTHONPATH")
     return dict(os.environ, PYTHONPATH=str(ROOT) + (os.pathsep + path if path else ""))
+
+
+def shell_environment(testcase, server_address: str) -> dict[str, str]:
+    """
+    The environment for a docs page's shell lines: a C{jesync} command on
+    the PATH (this checkout's, as C{pip install .} would install it, removed
+    when C{testcase} ends) and C{JESYNC_SERVERS} naming the test's server.
+    """
+    bin_directory = tempfile.mkdtemp()
+    testcase.addCleanup(shutil.rmtree, bin_directory)
+    shim = Path(bin_directory, "jesync")
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m jesync.cli "$@"\n')
+    shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
+    return dict(environment(), PATH=bin_directory + os.pathsep + os.environ.get("PATH", ""), JESYNC_SERVERS=server_address)
 
 
 def run_command_line(*args: str, **variables: str) -> subprocess.CompletedProcess[str]:

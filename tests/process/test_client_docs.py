@@ -7,20 +7,15 @@ become the test server's).
 
 from __future__ import annotations
 
-import os
 import re
-import stat
 import subprocess
 import sys
-import tempfile
-import shutil
-from pathlib import Path
 from unittest import SkipTest
 
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.doc_pages import blocks, section
-from tests.servers import ROOT, environment, free_port, start_server
+from tests.servers import ROOT, environment, free_port, shell_environment, start_server
 
 CLIENTS_PAGE = ROOT / "docs" / "clients.md"
 DEFAULT_ADDRESS = "127.0.0.1:11400"
@@ -72,17 +67,7 @@ class PythonExamples:
     def check_shell_section(self, text: str) -> None:
         server = start_server(self)
         [commands] = blocks(text, "sh")
-        bin_directory = tempfile.mkdtemp()
-        self.addCleanup(shutil.rmtree, bin_directory)
-        # The console script, as `pip install .` would install it.
-        shim = Path(bin_directory, "jesync")
-        shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m jesync.cli "$@"\n')
-        shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
-        env = dict(
-            environment(),
-            PATH=bin_directory + os.pathsep + os.environ.get("PATH", ""),
-            JESYNC_SERVERS=server.address,
-        )
+        env = shell_environment(self, server.address)
         for line in commands.splitlines():
             result = subprocess.run(
                 ["sh", "-c", line], env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL

@@ -1,17 +1,22 @@
 """
 The examples of docs/coordination.md work as written and print what the
-page says they print.
+page says they print: the lock table's (in this process's interpreter), the
+Python client's and the shell's against a real C{twistd jesync} (the only
+change: the address 127.0.0.1:11400 becomes the test server's).
 """
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import sys
 
 from twisted.trial.unittest import SynchronousTestCase
 
 from tests.doc_pages import ROOT, blocks, section
-from tests.servers import environment
+from tests.servers import environment, shell_environment, start_server
+
+DEFAULT_ADDRESS = "127.0.0.1:11400"
 
 PAGE = ROOT / "docs" / "coordination.md"
 
@@ -38,3 +43,33 @@ class TwistedApplicationExampleTests(SynchronousTestCase):
         result = run_example(example)
         self.assertEqual((result.returncode, result.stderr), (0, ""))
         self.assertEqual(result.stdout, printed)
+
+
+class ClientExampleTests(SynchronousTestCase):
+    def test_the_asyncio_example(self) -> None:
+        """A reader, a waiting writer holding back a later reader, values in holders, and the monitor's events."""
+        server = start_server(self)
+        text = page_section("From Python")
+        [example] = blocks(text, "python")
+        [printed] = blocks(text, "text")
+        result = run_example(example.replace(DEFAULT_ADDRESS, server.address))
+        self.assertEqual((result.returncode, result.stderr), (0, ""))
+        self.assertEqual(result.stdout, printed)
+
+    def test_the_shell_lines(self) -> None:
+        """The first line shows its one shared holder with its value; the second two shared holders at once."""
+        server = start_server(self)
+        [commands] = blocks(page_section("From the shell"), "sh")
+        env = shell_environment(self, server.address)
+        outputs = []
+        for line in commands.splitlines():
+            result = subprocess.run(
+                ["sh", "-c", line], env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL
+            )
+            self.assertEqual(result.returncode, 0, f"{line}\n{result.stdout}{result.stderr}")
+            outputs.append(result.stdout)
+        holders, status = outputs
+        [header, holder] = holders.splitlines()
+        self.assertEqual(header.split(), ["HOLDER", "HELD", "LEFT", "TOKEN", "MODE", "VALUE"])
+        self.assertEqual(holder.split()[4:6], ["shared", "reader%20on%20" + socket.gethostname()])
+        self.assertTrue(status.startswith("schema: 2 holding, 0 waiting"), status)

@@ -50,6 +50,8 @@ RUN = [
     ("docs/development.md", "Adding an option", "python", None),  # test_adding_an_option
     ("docs/testing.md", "A test of your own", "python", None),  # tests/unit/test_testing.py DocsExampleTests
     ("docs/coordination.md", "In a Twisted application", "python", None),  # test_coordination_docs
+    ("docs/coordination.md", "From Python", "python", None),  # test_coordination_docs
+    ("docs/coordination.md", "From the shell", "sh", None),  # test_coordination_docs
 ]
 
 #: Fenced examples no test runs, by page and (language, first line), with the reason.

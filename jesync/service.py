@@ -92,8 +92,9 @@ synchronously, from inside the change, so a protocol that writes them at
 once sends an event before its reply to any later request that could
 observe the change; a listener must not change the table.  The caps
 (C{max_watches} an owner, C{max_total_watches} in all) bound what watches
-hold; a change costs the plain path one test while nobody watches, and one
-dictionary look-up per watched key (plus one per prefix length watched).
+hold; a change costs the plain path one test while nobody watches, one
+dictionary look-up while only other keys are watched, and one more per
+prefix length watched while prefixes are.
 
 Held keys: a watcher (L{LockService.watch_holds}) is told when a key gets
 its first holder and when its last holder goes, and of nothing else, so that
@@ -741,21 +742,24 @@ class LockService:
         Tell every owner watching C{key} (APPEARED and DISAPPEARED: by a
         prefix only) of one change, each once.
         """
-        event = LockEvent(kind, key, grant)
+        event = None
         watchers = self._watchers
         owners = None if grant is None else self._key_watchers.get(key)
         if owners:
+            event = LockEvent(kind, key, grant)
             for owner in owners:
                 watchers[owner].listener(event)
         if not self._prefix_lengths:
             return
-        told = set(owners) if owners else set()
+        told: set[Hashable] | None = None
         prefix_watchers = self._prefix_watchers
         for length in self._prefix_lengths:
-            if length > len(key):
-                continue
-            by_prefix = prefix_watchers.get(key[:length])
+            by_prefix = prefix_watchers.get(key[:length]) if length <= len(key) else None
             if by_prefix:
+                if event is None:
+                    event = LockEvent(kind, key, grant)
+                if told is None:
+                    told = set(owners) if owners else set()
                 for owner in by_prefix:
                     if owner not in told:
                         told.add(owner)
@@ -851,7 +855,7 @@ class LockService:
         self._owner_entries(owner)[key] = grant
         if expires_at is not None:
             self._expiries.add(grant, expires_at)
-        if self._watchers:
+        if self._watchers and (self._prefix_lengths or key in self._key_watchers):
             self._tell(GRANTED, key, grant)
         return grant
 
@@ -1033,7 +1037,7 @@ class LockService:
                 self.observer.expired(grant)
             else:
                 self.observer.released(grant)
-        if self._watchers:
+        if self._watchers and (self._prefix_lengths or grant.key in self._key_watchers):
             self._tell(why, grant.key, grant)
 
     def _release_grant(self, grant: Grant, why: str = RELEASED) -> bool:

@@ -503,8 +503,8 @@ def ratio_line(name: str, values: list[tuple[float | None, float | None]]) -> st
 
 
 def event_payload(server: Server, key: bytes) -> bytes:
-    """What a jesync GRANTED event says after "EVENT ", for the Redis payload's length."""
-    return b"GRANTED %s %s:%d %d exclusive" % (key, server.address[0].encode(), 54321, 1000)
+    """What a jesync GRANTED event says after "EVENT " (a 16-digit token), for the Redis payload's length."""
+    return b"GRANTED %s %s:%d %d exclusive" % (key, server.address[0].encode(), 54321, 10**15)
 
 
 def events_part(targets: list[Server], redis: Server | None, args) -> None:
@@ -687,9 +687,9 @@ def shared_part(server: Server, args) -> None:
 
     print(ratio_line("shared/exclusive cycles/s (all clients)",
                      [(all_cycles(r, "shared"), all_cycles(r, "exclusive")) for r in rounds]))
-    print(ratio_line("shared readers' cycles/s / exclusive clients' (per client)",
-                     [(r["shared"][0]["reader"].cycles / args.readers, all_cycles(r, "exclusive") / total)
-                      for r in rounds]))
+    print(ratio_line("shared/exclusive server CPU/cycle",
+                     [(cpu_per(r["shared"][1], all_cycles(r, "shared")),
+                       cpu_per(r["exclusive"][1], all_cycles(r, "exclusive"))) for r in rounds]))
     writer_cycles = [r["shared"][0]["writer"].cycles for r in rounds]
     print(f"writer cycles per round: {', '.join(f'{c:,}' for c in writer_cycles)}"
           f" ({'never starved' if all(writer_cycles) else 'STARVED in some round'})")

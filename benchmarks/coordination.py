@@ -567,15 +567,17 @@ def events_part(targets: list[Server], redis: Server | None, args) -> None:
             f"{fmt(r.cpu_per_event, '.2f')} µs | {r.least:,}-{r.most:,} | {r.dropped} |"
         )
     print()
-    for server in servers[1:]:
-        reference = servers[0].name
+    # Each jesync target against the first, then each against Redis.
+    pairs = [(target.name, targets[0].name) for target in targets[1:]]
+    pairs += [(target.name, redis.name) for target in targets] if redis else []
+    for name, reference in pairs:
         print(ratio_line(
-            f"{reference}/{server.name} events/s",
-            [(r[reference].events_per_second, r[server.name].events_per_second) for r in rounds],
+            f"{name}/{reference} events/s",
+            [(r[name].events_per_second, r[reference].events_per_second) for r in rounds],
         ))
         print(ratio_line(
-            f"{reference}/{server.name} server CPU/event",
-            [(r[reference].cpu_per_event, r[server.name].cpu_per_event) for r in rounds],
+            f"{name}/{reference} server CPU/event",
+            [(r[name].cpu_per_event, r[reference].cpu_per_event) for r in rounds],
         ))
 
 
@@ -733,6 +735,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--readers", type=int, default=64, help="shared: readers (default 64)")
     parser.add_argument("--writers", type=int, default=1, help="shared: writers (default 1)")
     parser.add_argument("--procs", type=int, default=1, help="processes the looping clients are split over (default 1)")
+    parser.add_argument(
+        "--profile-server",
+        metavar="FILE",
+        help="run the first jesync under cProfile and save its stats to FILE (python -m pstats FILE)",
+    )
     args = parser.parse_args(argv)
     parts = args.part or list(PARTS)
     targets_wanted = args.jesync or [("jesync", REPO, sys.executable)]
@@ -744,7 +751,8 @@ def main(argv: list[str] | None = None) -> None:
         redis = None
         try:
             for name, checkout, python in targets_wanted:
-                targets.append(start_jesync(Path(tmp), None, None, name, checkout, python))
+                profile = args.profile_server and not targets and os.path.abspath(args.profile_server)
+                targets.append(start_jesync(Path(tmp), profile or None, None, name, checkout, python))
             if "events" in parts and not args.no_redis:
                 if shutil.which("redis-server") is None:
                     print("\nredis-server is not installed: skipping the Redis comparison", end="")

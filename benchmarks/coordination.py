@@ -15,8 +15,10 @@ the median of the rounds' own ratios.
 
 ``events``
     ``--watchers`` connections (default 1,000) each send ``watch K`` and read
-    ``WATCHING K``; then ``--lockers`` connections (default 1) loop
-    ``lock K`` / ``release K`` for ``--seconds``.  Counted: the ``EVENT``
+    ``WATCHING K``; then ``--lockers`` connections loop ``lock K`` /
+    ``release K`` for ``--seconds`` (default: 1 locker, then 4: one request
+    in flight leaves the server idle for each round trip; with four it
+    always has work, and the figure is what its CPU can send).  Counted: the ``EVENT``
     lines the watchers receive per second (each cycle is two changes,
     GRANTED and RELEASED, told to every watcher), the lock cycles/s, the
     server's CPU per event delivered, each watcher's count (the least and
@@ -34,7 +36,8 @@ the median of the rounds' own ratios.
     fields; counted the same way (``message`` frames received per second).
     Redis sends one message per round trip and jesync two events per cycle
     of two round trips: the figure compared is the events delivered per
-    second, and the CPU each costs the server.
+    second, and the CPU each costs the server (with the server's share of a
+    core, to tell a saturated server from a waiting one).
 ``idle``
     the plain path: loadgen.py's loop, ``--connections`` connections
     (default 64) each locking and releasing its own key, alone and with
@@ -507,8 +510,8 @@ def event_payload(server: Server, key: bytes) -> bytes:
     return b"GRANTED %s %s:%d %d exclusive" % (key, server.address[0].encode(), 54321, 10**15)
 
 
-def events_part(targets: list[Server], redis: Server | None, args) -> None:
-    print(f"\n## events: {args.watchers:,} watchers of one key, {args.lockers} locker(s) / publisher(s)\n", flush=True)
+def events_part(targets: list[Server], redis: Server | None, lockers: int, args) -> None:
+    print(f"\n## events: {args.watchers:,} watchers of one key, {lockers} locker(s) / publisher(s)\n", flush=True)
     servers = targets + ([redis] if redis else [])
     rounds = []
     for attempt in range(args.repeat):
@@ -516,14 +519,14 @@ def events_part(targets: list[Server], redis: Server | None, args) -> None:
             wait_for_quiet(args.quiet, 30.0)
         measured = {}
         for server in servers if attempt % 2 == 0 else servers[::-1]:
-            key = b"hot-%d" % attempt
+            key = b"hot-%d-%d" % (lockers, attempt)
             watchers = Watchers(server, key, args.watchers, args.watcher_procs, args.read_interval)
             try:
                 if server.protocol == "redis":
                     payload = event_payload(targets[0], key)
-                    clients = [redis_publisher(key, payload, args.watchers) for _ in range(args.lockers)]
+                    clients = [redis_publisher(key, payload, args.watchers) for _ in range(lockers)]
                 else:
-                    clients = [jesync_locker("locker", key) for _ in range(args.lockers)]
+                    clients = [jesync_locker("locker", key) for _ in range(lockers)]
                 counts, watcher_counts, window = run_loops(server, clients, args, watchers)
             finally:
                 watchers.close()
@@ -556,14 +559,15 @@ def events_part(targets: list[Server], redis: Server | None, args) -> None:
                 print(f"  ** {server.name}: {result.order_error or ''} {result.dropped} watcher(s) dropped", flush=True)
         rounds.append(measured)
     print()
-    print("| server | events/s delivered (median round) | cycles or publishes/s | server CPU/event | "
+    print("| server | events/s delivered (median round) | cycles or publishes/s | server CPU | server CPU/event | "
           "events per watcher (least-most) | dropped |")
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for server in servers:
         runs = sorted((r[server.name] for r in rounds), key=lambda r: r.events_per_second)
         r = runs[(len(runs) - 1) // 2]
         print(
             f"| {server.name} | {r.events_per_second:,.0f} | {r.cycles_per_second:,.0f} | "
+            f"{fmt(r.window.server_cpu and 100 * r.window.server_cpu / r.window.seconds)}% | "
             f"{fmt(r.cpu_per_event, '.2f')} µs | {r.least:,}-{r.most:,} | {r.dropped} |"
         )
     print()
@@ -730,7 +734,13 @@ def main(argv: list[str] | None = None) -> None:
         help="before each round wait (at most 30 s) for a second in which the machine used less than CORES "
         "of a core (e.g. 0.3); the rounds' other-CPU figures say how quiet each run was",
     )
-    parser.add_argument("--lockers", type=int, default=1, help="events: lock/release loops or publishers (default 1)")
+    parser.add_argument(
+        "--lockers",
+        type=int,
+        nargs="+",
+        default=[1, 4],
+        help="events: lock/release loops or publishers, one run of the part per number (default 1 4)",
+    )
     parser.add_argument("--connections", type=int, default=64, help="idle: lock/release connections (default 64)")
     parser.add_argument("--readers", type=int, default=64, help="shared: readers (default 64)")
     parser.add_argument("--writers", type=int, default=1, help="shared: writers (default 1)")
@@ -761,7 +771,7 @@ def main(argv: list[str] | None = None) -> None:
                         ["redis-server", "--version"], check=False, capture_output=True, text=True
                     ).stdout
                     print(f", redis {version.split()[2].removeprefix('v=')}", end="")
-                    redis = start_redis(Path(tmp), None, maxclients=args.watchers + args.lockers + 100)
+                    redis = start_redis(Path(tmp), None, maxclients=args.watchers + max(args.lockers) + 100)
             print()
             for name, checkout, python in targets_wanted:
                 print(f"  {name}: {checkout} at {describe_checkout(checkout)}, {python}")
@@ -771,7 +781,8 @@ def main(argv: list[str] | None = None) -> None:
                 "machine's use meanwhile (noise)"
             )
             if "events" in parts:
-                events_part(targets, redis, args)
+                for lockers in args.lockers:
+                    events_part(targets, redis, lockers, args)
             if "idle" in parts:
                 idle_part(targets[0], args)
             if "shared" in parts:

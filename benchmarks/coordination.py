@@ -82,7 +82,9 @@ from types import SimpleNamespace
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from loadgen import (  # noqa: E402  (benchmarks/ is on sys.path)
     REPO,
+    ProtocolError,
     Server,
+    _resp as resp,
     cpu_seconds,
     describe_checkout,
     jesync_target,
@@ -97,16 +99,6 @@ from loadgen import (  # noqa: E402  (benchmarks/ is on sys.path)
 
 PARTS = ("events", "idle", "shared")
 CONNECT_TIMEOUT = 30.0  # seconds for a client process to open and set up all its connections
-DRAIN = 2.0  # seconds a process waits for the last replies once its window has ended
-
-
-class ProtocolError(Exception):
-    pass
-
-
-def resp(*args: bytes) -> bytes:
-    """A Redis request in RESP."""
-    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
 
 
 def connect(address) -> socket.socket:

@@ -185,6 +185,20 @@ class ServerSettings:
         default=10_000,
         logged=5,
     )
+    max_watches: Optional[int] = option(
+        "max-watches",
+        "Limits",
+        "Most keys and prefixes one JESync connection may watch at once.",
+        parser=limit,
+        default=1_000,
+    )
+    max_total_watches: Optional[int] = option(
+        "max-total-watches",
+        "Limits",
+        "Most watches at once, all connections together.",
+        parser=limit,
+        default=100_000,
+    )
     max_sessions: Optional[int] = option(
         "max-sessions",
         "Limits",
@@ -513,6 +527,8 @@ def build_lock_server(
         max_waiters=settings.max_waiters,
         max_held=settings.max_held,
         max_total_waits=settings.max_total_waits,
+        max_watches=settings.max_watches,
+        max_total_watches=settings.max_total_watches,
         first_token=first_token,
     )
     policy = ConnectionPolicy(

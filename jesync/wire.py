@@ -17,6 +17,11 @@ The rules (docs/protocols/index.md says them to users):
    is a distinct key and is echoed back exactly as it was sent.
  - A number is an optional C{-} and 1 to L{MAX_DIGITS} decimal digits, within
    +-L{LARGEST_NUMBER} (JESync's clients use 32-bit integers).
+ - A holder's value (arbitrary bytes, at most L{MAX_VALUE_BYTES}) is one
+   field, percent-encoded (L{encode_value}): the printable ASCII bytes
+   C{!} to C{~} but C{%} stand for themselves, every other byte is C{%XX},
+   two upper-case hex digits.  So any bytes fit one field of one line,
+   and a value made of plain words reads as itself.
 """
 
 from __future__ import annotations
@@ -57,6 +62,44 @@ class KeyStatus(NamedTuple):
 
 class BadRequest(Exception):
     """A request's arguments are wrong; the message says how (it is sent to the client)."""
+
+
+#: The longest holder value, decoded (the lock service's MAX_VALUE).
+MAX_VALUE_BYTES = 4096
+
+# The bytes a value field carries as themselves: ! to ~ except %.
+_PLAIN_VALUE_BYTES = frozenset(range(0x21, 0x7F)) - {ord("%")}
+_VALUE_BYTE_FIELDS = [bytes([byte]) if byte in _PLAIN_VALUE_BYTES else b"%%%02X" % byte for byte in range(256)]
+_NEEDS_ESCAPE = re.compile(rb"[^!-$&-~]")
+_ESCAPE = re.compile(rb"%([0-9A-Fa-f]{2})")
+
+
+def _unescape(match: re.Match[bytes]) -> bytes:
+    return bytes([int(match.group(1), 16)])
+
+
+def encode_value(value: bytes) -> bytes:
+    """A holder's value as one field of a line: percent-encoded (see the module's rules)."""
+    if _NEEDS_ESCAPE.search(value) is None:
+        return value  # (plain words: the common case)
+    fields = _VALUE_BYTE_FIELDS
+    return b"".join([fields[byte] for byte in value])
+
+
+def decode_value(field: bytes) -> bytes:
+    """
+    A percent-encoded value field as its bytes; L{BadRequest} for a field
+    that is not percent-encoded (a C{%} without two hex digits, a byte that
+    should have been escaped) or a value over L{MAX_VALUE_BYTES}.  Lower-case
+    hex digits are accepted (what is read is lenient; what is written is not).
+    """
+    escaped = b"%" in field
+    if _NEEDS_ESCAPE.search(_ESCAPE.sub(b"", field) if escaped else field) is not None:
+        raise BadRequest("value is not percent-encoded")
+    value = _ESCAPE.sub(_unescape, field) if escaped else field
+    if len(value) > MAX_VALUE_BYTES:
+        raise BadRequest(f"A value should be at most {MAX_VALUE_BYTES} bytes")
+    return value
 
 
 def decode_key(field: bytes) -> str:
@@ -168,6 +211,8 @@ __all__ = [
     "ListingOrder",
     "check_key_field",
     "decode_key",
+    "decode_value",
+    "encode_value",
     "key_problem",
     "encode_key",
     "parse_integer",

@@ -171,9 +171,13 @@ def request(line: bytes) -> tuple[list[bytes], int]:
 # (with fencing on, a grant's reply ends with its token; lock-many answers one line for all its keys)
 JESYNC_STATUS = re.compile(rb"(GRANTED|TIMEOUT|RELEASED|NOT_RELEASED|STATUS) (\d+) (\d+) (\S+)( \d+)?( \d+)?")
 JESYNC_LINE = re.compile(
-    rb"(GRANTED \d+ \d+ \S+ \d+( \d+)?|(TIMEOUT|RELEASED|NOT_RELEASED|STATUS) \d+ \d+ \S+|HOLDER \S+ \S+ \d+ \d+ \d+"
+    rb"(GRANTED \d+ \d+ \S+ \d+( \d+)?|(TIMEOUT|RELEASED|NOT_RELEASED) \d+ \d+ \S+|STATUS \d+ \d+ \S+( shared)?"
+    # (a holder's line ends with its mode and value when it is shared or has one)
+    rb"|HOLDER \S+ \S+ \d+ \d+ \d+( shared| (exclusive|shared) [!-~]+)?"
     rb"|GRANTED-MANY \d+ \d+( \S+)+|TIMEOUT-MANY \d+( \S+)+|FENCING (ON|OFF)"
-    rb"|OWNED -?\d+ \S+|NOT_OWNED \S+|END|OK|INVALID_COMMAND|INVALID_PARAMETER: [ -~]+)\n"
+    rb"|OWNED -?\d+ \S+|NOT_OWNED \S+|END|OK|INVALID_COMMAND|INVALID_PARAMETER: [ -~]+"
+    rb"|(WATCHING|NOT_WATCHING|UNWATCHED) \S+|(WATCHING|NOT_WATCHING|UNWATCHED)-PREFIX( \S+)?"
+    rb"|EVENT (GRANTED \S+ \S+ \d+ (exclusive|shared)( [!-~]+)?|(RELEASED|EXPIRED|LOST) \S+ \S+ \d+|(APPEARED|DISAPPEARED) \S+))\n"
 )
 ELOCK_LINE = re.compile(
     rb"(200 Acquired|409 Unavailable|200 Unlocked|403 not_yours|403 not_locked|200 OK|200 conn id set"

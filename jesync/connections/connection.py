@@ -43,7 +43,10 @@ decided here, once:
    transport has been paused for a whole reactor turn counts toward
    C{max_unsent}; past it, the client is disconnected.  What one reactor
    turn writes is never counted, however much it is: a client that reads as
-   fast as it can is never cut off.
+   fast as it can is never cut off.  Events (L{LockConnection.write_event}:
+   lines a watcher did not ask for, written while the lock table changes)
+   count the same way, but never close the connection inside that change:
+   past C{max_unsent}, it is dropped on the next reactor turn.
  - B{A paused connection's peer.}  While reading is paused (either way
    above), the reactor does not watch the socket for input, which is how
    it learns of a FIN, an RST or a failed keepalive; so the connection asks
@@ -176,6 +179,8 @@ class LockConnection(Protocol):
         self._output: Optional[Deque[_Output]] = None
         self._pump_call: Optional[IDelayedCall] = None
         self._read_call: Optional[IDelayedCall] = None
+        # An event took it past max_unsent: its drop, on the next turn.
+        self._drop_call: Optional[IDelayedCall] = None
         self._timer: Optional[IDelayedCall] = None
         # While reading is paused: the next look at whether the peer is gone.
         self._peer_call: Optional[IDelayedCall] = None
@@ -410,10 +415,10 @@ class LockConnection(Protocol):
 
     def _cancel_calls(self) -> None:
         self._cancel_timer()
-        for call in (self._pump_call, self._read_call, self._peer_call):
+        for call in (self._pump_call, self._read_call, self._peer_call, self._drop_call):
             if call is not None and call.active():
                 call.cancel()
-        self._pump_call = self._read_call = self._peer_call = None
+        self._pump_call = self._read_call = self._peer_call = self._drop_call = None
 
     # -- input -------------------------------------------------------------
 
@@ -599,6 +604,37 @@ class LockConnection(Protocol):
         self.transport.write(data)
         if self._paused_long:
             self._count_behind(len(data))
+
+    def write_event(self, data: bytes) -> None:
+        """
+        Send C{data}, a line nobody asked for (a watch's event), after
+        anything already queued.  It is written while the lock table
+        changes, so it never closes the connection there and then: bytes
+        written while the client has not taken its replies for a whole
+        reactor turn count toward C{max_unsent} as replies do, and past it
+        the connection is dropped on the next reactor turn (unless it has
+        caught up by then).
+        """
+        if not self._paused_long:
+            self.write(data)  # (what one turn writes is never counted)
+            return
+        if self.state not in ANSWERING:
+            return
+        serving = self._serving
+        if serving is not None and not serving():
+            return
+        if self._output is not None:
+            self._output.append(data)
+        else:
+            self.transport.write(data)
+        self.behind += len(data)
+        if self.behind > self.policy.max_unsent and self._drop_call is None:
+            self._drop_call = self.clock.callLater(0, self._drop_if_behind)
+
+    def _drop_if_behind(self) -> None:
+        self._drop_call = None
+        if self.behind > self.policy.max_unsent and self.state in ANSWERING:
+            self.drop(f"not reading its events ({self.behind} bytes behind)")
 
     def write_stream(self, pieces: Iterator[bytes], held: Optional[Held] = None) -> None:
         """

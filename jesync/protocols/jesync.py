@@ -7,11 +7,18 @@ and names its key.  A C{lock} that has to wait does not hold up the
 connection: later commands are answered meanwhile, and the C{lock} is answered
 when it is granted or does not get the lock (it timed out, or the client
 sent FIN while it waited).
+
+The coordination extensions (docs/protocols/jesync.md) add, without
+changing a byte of what a client that does not use them reads: a value on
+a grant, shared locks, and watches.  The one line nobody asked for is a
+watch's C{EVENT}, only ever to a connection that watches, written from
+inside the table change it reports, so it goes out before the reply to any
+later request that could observe that change.
 """
 
 from __future__ import annotations
 
-from typing import Iterable, Iterator, List, Sequence, Tuple
+from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
@@ -19,8 +26,9 @@ from twisted.python.failure import Failure
 from jesync.connections.connection import LockServerFactory
 from jesync.connections.grammar import PIECE, CommandGrammar
 from jesync.connections.listings import ROW_BYTES
-from jesync.errors import AlreadyWaiting, LockTimeout
-from jesync.interfaces import IGrant
+from jesync.errors import AlreadyWaiting, LockTimeout, ModeConflict
+from jesync.interfaces import GRANTED, IGrant, LockEvent
+from jesync.service import EXCLUSIVE, SHARED
 from jesync.wire import (
     DEFAULT_EXPIRES,
     WAIT_FOREVER,
@@ -30,6 +38,8 @@ from jesync.wire import (
     granted_reply,
     no_arguments,
     only_argument,
+    decode_value,
+    encode_value,
     parse_integer,
     status_reply,
 )
@@ -44,6 +54,46 @@ def whole_seconds_left(grant: IGrant) -> int:
 def describe_owner(owner: object) -> bytes:
     """One field naming a holder: a connection's peer address, or what an embedder's owner calls itself."""
     return name_field(getattr(owner, "peer", None) or repr(owner))
+
+
+def holder_line(raw_key: bytes, grant: IGrant, now: float) -> bytes:
+    """
+    C{HOLDER <key> <peer> <held_seconds> <seconds_left> <token>}, as ever
+    for an exclusive holder without a value; a shared one's line ends with
+    C{ shared}, and one with a value with C{ <mode> <value>} (percent-encoded).
+    """
+    line = b"HOLDER %s %s %d %d %d" % (
+        raw_key,
+        describe_owner(grant.owner),
+        int(now - grant.granted_at),
+        whole_seconds_left(grant),
+        grant.token,
+    )
+    value = grant.value
+    if value is not None:
+        return b"%s %s %s" % (line, grant.mode.encode(), encode_value(value))
+    if grant.mode == SHARED:
+        return line + b" shared"
+    return line
+
+
+def event_line(event: LockEvent) -> bytes:
+    """
+    A watch's event line (without its end): C{EVENT GRANTED <key> <peer>
+    <token> <mode>[ <value>]}; C{EVENT RELEASED|EXPIRED|LOST <key> <peer>
+    <token>}; C{EVENT APPEARED|DISAPPEARED <key>}.
+    """
+    kind = event.kind.upper().encode()
+    grant = event.grant
+    if grant is None:
+        return b"EVENT %s %s" % (kind, encode_key(event.key))
+    line = b"EVENT %s %s %s %d" % (kind, encode_key(event.key), describe_owner(grant.owner), grant.token)
+    if event.kind != GRANTED:
+        return line
+    value = grant.value
+    if value is None:
+        return b"%s %s" % (line, grant.mode.encode())
+    return b"%s %s %s" % (line, grant.mode.encode(), encode_value(value))
 
 
 def name_field(name: str) -> bytes:
@@ -81,19 +131,32 @@ class JESyncProtocol(CommandGrammar):
     # -- commands ---------------------------------------------------------
 
     def do_lock(self, args: List[bytes]) -> None:
+        """C{lock <key>[ <max_concurrent>[ <timeout>[ <expires>[ <value>]]]]}: exclusive (a counting lock)."""
+        if not args:
+            raise BadRequest("missing key")
+        if len(args) > 5:
+            raise BadRequest("too many arguments")
+        max_concurrent = parse_integer(args[1], "max_concurrent") if len(args) > 1 else 1
+        self._lock(args[0], max_concurrent, args[2:], EXCLUSIVE)
+
+    def do_lock_shared(self, args: List[bytes]) -> None:
+        """An extension: C{lock-shared <key>[ <timeout>[ <expires>[ <value>]]]}: a shared (read) lock."""
         if not args:
             raise BadRequest("missing key")
         if len(args) > 4:
             raise BadRequest("too many arguments")
-        raw_key = args[0]
+        self._lock(args[0], 1, args[1:], SHARED)
+
+    def _lock(self, raw_key: bytes, max_concurrent: int, rest: List[bytes], mode: str) -> None:
+        """A lock request: C{rest} is its optional C{<timeout> <expires> <value>}."""
         key = self.key(raw_key)
-        max_concurrent = parse_integer(args[1], "max_concurrent") if len(args) > 1 else 1
-        timeout = parse_integer(args[2], "timeout") if len(args) > 2 else WAIT_FOREVER
-        expires = parse_integer(args[3], "expires") if len(args) > 3 else DEFAULT_EXPIRES
+        timeout = parse_integer(rest[0], "timeout") if rest else WAIT_FOREVER
+        expires = parse_integer(rest[1], "expires") if len(rest) > 1 else DEFAULT_EXPIRES
+        value = decode_value(rest[2]) if len(rest) > 2 else None
         if not self.connection.may_wait and timeout >= WAIT_FOREVER:
             timeout = 0  # after a FIN: granted now, or not at all
         try:
-            result = self.service.request(key, self.connection, max_concurrent, timeout, expires)
+            result = self.service.request(key, self.connection, max_concurrent, timeout, expires, mode, value)
         except ValueError as error:
             raise BadRequest(str(error)) from None
         if isinstance(result, Deferred):
@@ -114,12 +177,22 @@ class JESyncProtocol(CommandGrammar):
         # FIN while it waited (once the connection is closing, nothing is sent).
         if failure.check(LockTimeout, CancelledError):
             self._reply_status(b"TIMEOUT", self.key(raw_key), raw_key)
+        elif failure.check(ModeConflict):
+            # (an upgrade or a downgrade: refused at once, its grant kept)
+            self.reply(self.bad_request(str(failure.value)))
         elif not failure.check(AlreadyWaiting):
             # AlreadyWaiting: the first request will be answered.
             self.log.failure("lock request failed", failure)
 
     def do_lock_many(self, args: List[bytes]) -> None:
         """An extension: C{lock-many <timeout> <expires> <key>...}, all or nothing, a mutex on each."""
+        self._lock_many(args, EXCLUSIVE)
+
+    def do_lock_many_shared(self, args: List[bytes]) -> None:
+        """An extension: C{lock-many-shared <timeout> <expires> <key>...}, all or nothing, shared on each."""
+        self._lock_many(args, SHARED)
+
+    def _lock_many(self, args: List[bytes], mode: str) -> None:
         if len(args) < 3:
             raise BadRequest("lock-many takes a timeout, an expiry and at least one key")
         timeout = parse_integer(args[0], "timeout")
@@ -129,7 +202,7 @@ class JESyncProtocol(CommandGrammar):
         if not self.connection.may_wait and timeout >= WAIT_FOREVER:
             timeout = 0
         try:
-            result = self.service.request_many(keys, self.connection, timeout, expires)
+            result = self.service.request_many(keys, self.connection, timeout, expires, mode)
         except ValueError as error:
             raise BadRequest(str(error)) from None
         if isinstance(result, Deferred):
@@ -147,7 +220,7 @@ class JESyncProtocol(CommandGrammar):
     def _not_granted_many(self, failure: Failure, raw_keys: Sequence[bytes]) -> None:
         if failure.check(LockTimeout, CancelledError):
             self.reply(b"TIMEOUT-MANY %d %s" % (len(raw_keys), b" ".join(raw_keys)))
-        elif failure.check(AlreadyWaiting):
+        elif failure.check(AlreadyWaiting, ModeConflict):
             # (unlike a second `lock`, no earlier request will answer it)
             self.reply(self.bad_request(str(failure.value)))
         else:
@@ -165,8 +238,19 @@ class JESyncProtocol(CommandGrammar):
         self._reply_status(word, key, raw_key)
 
     def do_status(self, args: List[bytes]) -> None:
+        """C{status <key>}: C{STATUS <granted> <waiting> <key>}, then C{ shared} if its holders hold it shared."""
         raw_key = only_argument(args, "key")
-        self._reply_status(b"STATUS", self.key(raw_key), raw_key)
+        key = self.key(raw_key)
+        status = self.service.status(key)
+        line = status_reply(b"STATUS", status.granted, status.waiting, raw_key)
+        if status.granted and self.service.shared_keys and self._held_shared(key):
+            line += b" shared"
+        self.reply(line)
+
+    def _held_shared(self, key: str) -> bool:
+        """Whether C{key}'s holders (it has some) hold it shared."""
+        holders = self.service.holders(key)
+        return bool(holders) and holders[0].mode == SHARED
 
     def do_owned(self, args: List[bytes]) -> None:
         """
@@ -182,21 +266,15 @@ class JESyncProtocol(CommandGrammar):
         self.reply(b"OWNED %d %s" % (-1 if seconds_left is None else int(seconds_left * 1000), raw_key))
 
     def do_holders(self, args: List[bytes]) -> None:
-        """An extension: who holds a key, for how long so far, for how long yet, and its fencing token."""
+        """
+        An extension: who holds a key, for how long so far, for how long yet,
+        and its fencing token; then C{shared} for a shared holder without a
+        value, C{<mode> <value>} for a holder with one.
+        """
         raw_key = only_argument(args, "key")
         now = self.service.clock.seconds()
         grants = self.service.holders(self.key(raw_key))
-        lines = [
-            b"HOLDER %s %s %d %d %d"
-            % (
-                raw_key,
-                describe_owner(grant.owner),
-                int(now - grant.granted_at),
-                whole_seconds_left(grant),
-                grant.token,
-            )
-            for grant in grants
-        ]
+        lines = [holder_line(raw_key, grant, now) for grant in grants]
         lines.append(b"END")
         self.reply_listing(lines)
 
@@ -207,21 +285,25 @@ class JESyncProtocol(CommandGrammar):
         was taken; otherwise from a new one (sorted once), within the
         server's C{--max-listing-memory} (L{jesync.connections.listings}).
         A table too small to fill a piece of a stream is listed at once,
-        shared and charged nothing.
+        shared and charged nothing.  While any key is held shared, a held
+        key's line is marked C{shared} as it is made (the snapshot's rows
+        are the table's counts only, so the all-exclusive listing costs
+        what it did).
         """
         no_arguments(args)
         service = self.service
         size = service.totals().keys * ROW_BYTES
+        shared = self._held_shared if service.shared_keys else None  # (none held shared: the plain lines)
         if size < PIECE:
             # (a small table: its listing is most likely less than a piece, written at once)
-            lines = list(_status_lines(service.snapshot(order)))
+            lines = list(_status_lines(service.snapshot(order), shared))
             lines.append(b"END")
             self.reply_listing(lines)
             return
         snapshot = self.connection.policy.listings.share(
             ("status", order), service.version, size, lambda: service.snapshot(order)
         )
-        self.reply_stream(ended_listing(_status_lines(snapshot.rows)), snapshot)
+        self.reply_stream(ended_listing(_status_lines(snapshot.rows, shared)), snapshot)
 
     def do_status_by_key(self, args: List[bytes]) -> None:
         self._listing("key", args)
@@ -232,15 +314,81 @@ class JESyncProtocol(CommandGrammar):
     def do_status_by_grants(self, args: List[bytes]) -> None:
         self._listing("grants", args)
 
+    # -- watches ------------------------------------------------------------
+
+    def do_watch(self, args: List[bytes]) -> None:
+        """An extension: C{watch <key>}: events for the key's holders (L{event_line}) from now on."""
+        raw_key = only_argument(args, "key")
+        self._watch(self.key(raw_key), False)
+        self.reply(b"WATCHING " + raw_key)
+
+    def do_watch_prefix(self, args: List[bytes]) -> None:
+        """An extension: C{watch-prefix [<prefix>]}: events for every key with the prefix (without one: every key)."""
+        raw_prefix = self._prefix_argument(args)
+        self._watch(self.key(raw_prefix) if raw_prefix else "", True)
+        self.reply(b"WATCHING-PREFIX " + raw_prefix if raw_prefix else b"WATCHING-PREFIX")
+
+    def do_unwatch(self, args: List[bytes]) -> None:
+        raw_key = only_argument(args, "key")
+        watched = self.service.unwatch(self.connection, self.key(raw_key), False)
+        self.reply((b"UNWATCHED " if watched else b"NOT_WATCHING ") + raw_key)
+
+    def do_unwatch_prefix(self, args: List[bytes]) -> None:
+        raw_prefix = self._prefix_argument(args)
+        watched = self.service.unwatch(self.connection, self.key(raw_prefix) if raw_prefix else "", True)
+        word = b"UNWATCHED-PREFIX" if watched else b"NOT_WATCHING-PREFIX"
+        self.reply(word + b" " + raw_prefix if raw_prefix else word)
+
+    @staticmethod
+    def _prefix_argument(args: List[bytes]) -> bytes:
+        if len(args) > 1:
+            raise BadRequest("too many arguments")
+        return args[0] if args else b""
+
+    def _watch(self, key: str, prefix: bool) -> None:
+        """Watch C{key} (or the prefix); L{LimitReached} past a cap (the grammar's limit reply)."""
+        try:
+            self.service.watch(self.connection, key, self._event, prefix)
+        except ValueError as error:
+            raise BadRequest(str(error)) from None
+
+    def _event(self, event: LockEvent) -> None:
+        """
+        A change of a watched key, told while the lock table changes: its
+        line is written now, so it goes out before the reply to any later
+        request (L{jesync.connections.connection.LockConnection.write_event}
+        never closes the connection from here).
+        """
+        line = event_line(event)
+        connection = self.connection
+        if connection.verbose:
+            self.log.debug("{peer} was sent {line!r}", peer=connection.peer, line=line)
+        connection.write_event(line + b"\n")
+
+    def holds_nothing(self) -> bool:
+        """Whether the connection holds, waits for and watches nothing (a watcher waits for events: not idle)."""
+        return super().holds_nothing() and not self.service.watches_of(self.connection)
+
     def do_quit(self, args: List[bytes]) -> None:
         no_arguments(args)
         self.connection.close()
 
 
-def _status_lines(rows: Sequence[Tuple[str, int, int]]) -> Iterator[bytes]:
-    """A listing's lines, from its snapshot (shared: read, never changed)."""
+def _status_lines(
+    rows: Sequence[Tuple[str, int, int]], held_shared: Optional[Callable[[str], bool]] = None
+) -> Iterator[bytes]:
+    """
+    A listing's lines, from its snapshot (shared: read, never changed); with
+    C{held_shared} (while any key is held shared), a held key's line ends
+    with C{ shared} if its holders hold it shared when the line is made.
+    """
+    if held_shared is None:
+        for key, granted, waiting in rows:
+            yield status_reply(b"STATUS", granted, waiting, encode_key(key))
+        return
     for key, granted, waiting in rows:
-        yield status_reply(b"STATUS", granted, waiting, encode_key(key))
+        line = status_reply(b"STATUS", granted, waiting, encode_key(key))
+        yield line + b" shared" if granted and held_shared(key) else line
 
 
 def ended_listing(lines: Iterable[bytes]) -> Iterator[bytes]:
@@ -252,6 +400,8 @@ def ended_listing(lines: Iterable[bytes]) -> Iterator[bytes]:
 JESyncProtocol.commands = {
     b"lock": JESyncProtocol.do_lock,
     b"lock-many": JESyncProtocol.do_lock_many,
+    b"lock-shared": JESyncProtocol.do_lock_shared,
+    b"lock-many-shared": JESyncProtocol.do_lock_many_shared,
     b"fencing": JESyncProtocol.do_fencing,
     b"release": JESyncProtocol.do_release,
     b"status": JESyncProtocol.do_status,
@@ -260,6 +410,10 @@ JESyncProtocol.commands = {
     b"status-by-key": JESyncProtocol.do_status_by_key,
     b"status-by-requests": JESyncProtocol.do_status_by_requests,
     b"status-by-grants": JESyncProtocol.do_status_by_grants,
+    b"watch": JESyncProtocol.do_watch,
+    b"watch-prefix": JESyncProtocol.do_watch_prefix,
+    b"unwatch": JESyncProtocol.do_unwatch,
+    b"unwatch-prefix": JESyncProtocol.do_unwatch_prefix,
     b"quit": JESyncProtocol.do_quit,
 }
 

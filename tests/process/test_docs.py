@@ -48,6 +48,7 @@ RUN = [
     ("docs/clients.md", "A tooz backend", "python", None),  # test_client_docs
     ("docs/development.md", "Adding an option", "python", None),  # test_adding_an_option
     ("docs/testing.md", "A test of your own", "python", None),  # tests/unit/test_testing.py DocsExampleTests
+    ("docs/coordination.md", "In a Twisted application", "python", None),  # test_coordination_docs
 ]
 
 #: Fenced examples no test runs, by page and (language, first line), with the reason.

@@ -40,9 +40,11 @@ the median of the rounds' own ratios.
     core, to tell a saturated server from a waiting one).
 ``idle``
     the plain path: loadgen.py's loop, ``--connections`` connections
-    (default 64) each locking and releasing its own key, alone and with
-    ``--watchers`` connections watching another key (opened before the run,
-    closed after it), in the same round: cycles/s and server CPU per cycle.
+    (default 64) each locking and releasing its own key, in the same round
+    alone, with ``--watchers`` idle connections (each sent one ``status``)
+    and with as many connections watching another key (opened before the
+    run, closed after it): cycles/s and server CPU per cycle.  The idle
+    connections tell what the watches cost from what the connections do.
 ``shared``
     one key: ``--readers`` connections (default 64) loop
     ``lock-shared K`` / ``release K`` and ``--writers`` (default 1) loop
@@ -53,6 +55,13 @@ the median of the rounds' own ratios.
     bounded (a waiting exclusive request holds back the shared requests that
     arrive after it).  The ratio is all cycles with shared readers over all
     cycles with every client exclusive.
+
+``lock-path``
+    the idle part's question in process (no sockets, so the machine's other
+    load matters less; each checkout under its Python): 64 owners each take
+    and release a key of their own, 200 times over, best of 15, on a lock
+    service with no watch and on one with ``--watchers`` watches of another
+    key, alternated over ``--repeat`` rounds: nanoseconds per cycle.
 
     python benchmarks/coordination.py                          # ~2 min
     python benchmarks/coordination.py --part events --repeat 5 --seconds 3
@@ -97,7 +106,7 @@ from loadgen import (  # noqa: E402  (benchmarks/ is on sys.path)
     wait_for_quiet,
 )
 
-PARTS = ("events", "idle", "shared")
+PARTS = ("events", "idle", "shared", "lock-path")
 CONNECT_TIMEOUT = 30.0  # seconds for a client process to open and set up all its connections
 
 
@@ -125,8 +134,18 @@ def read_until(sock: socket.socket, end: bytes, buffer: bytes = b"") -> tuple[by
 # the idle part, only waits to be told to close.
 
 
-def subscribe(sock: socket.socket, protocol: str, key: bytes) -> bytes:
-    """Ask for the key's events; return what arrived after the confirmation."""
+def subscribe(sock: socket.socket, protocol: str, key: bytes, watch: bool = True) -> bytes:
+    """
+    Ask for the key's events; return what arrived after the confirmation.
+    Without C{watch} (jesync): only C{status K}, a connection that has
+    spoken once and then stays idle, watching nothing.
+    """
+    if protocol == "jesync" and not watch:
+        sock.sendall(b"status %s\n" % key)
+        line, rest = read_until(sock, b"\n")
+        if line != b"STATUS 0 0 %s\n" % key:
+            raise ProtocolError(f"status {key!r} -> {line!r}")
+        return rest
     if protocol == "jesync":
         sock.sendall(b"watch %s\n" % key)
         line, rest = read_until(sock, b"\n")
@@ -195,9 +214,10 @@ class WatcherCounts:
     cpu: float  # the watcher process's CPU seconds in the window
 
 
-def watcher_worker(address, protocol: str, key: bytes, count: int, read_interval: float, pipe) -> None:
+def watcher_worker(address, protocol: str, key: bytes, count: int, read_interval: float, watch: bool, pipe) -> None:
     """
-    Open C{count} connections watching C{key}, say "ready", then obey the
+    Open C{count} connections watching C{key} (only idle, without
+    C{watch}: L{subscribe}), say "ready", then obey the
     parent: ("measure", start, warmup, seconds) counts what arrives in the
     window and sends a L{WatcherCounts}; ("close",) closes them all and
     sends "closed".
@@ -206,7 +226,7 @@ def watcher_worker(address, protocol: str, key: bytes, count: int, read_interval
     leftovers = []
     for _ in range(count):
         sock = connect(address)
-        leftovers.append(subscribe(sock, protocol, key))
+        leftovers.append(subscribe(sock, protocol, key, watch))
         sock.setblocking(False)
         socks.append(sock)
     pipe.send("ready")
@@ -390,12 +410,17 @@ def spawn(target, *arguments):
 
 
 class Watchers:
-    """C{count} watchers of C{key}, in C{procs} processes, open until L{close}."""
+    """
+    C{count} watchers of C{key} (without C{watch}: connections that watch
+    nothing), in C{procs} processes, open until L{close}.
+    """
 
-    def __init__(self, server: Server, key: bytes, count: int, procs: int, read_interval: float = 0.0) -> None:
+    def __init__(
+        self, server: Server, key: bytes, count: int, procs: int, read_interval: float = 0.0, watch: bool = True
+    ) -> None:
         shares = [count // procs + (1 if i < count % procs else 0) for i in range(procs)]
         self.workers = [
-            spawn(watcher_worker, server.address, server.protocol, key, share, read_interval)
+            spawn(watcher_worker, server.address, server.protocol, key, share, read_interval, watch)
             for share in shares
             if share
         ]
@@ -579,8 +604,8 @@ def events_part(targets: list[Server], redis: Server | None, lockers: int, args)
 
 def idle_part(server: Server, args) -> None:
     print(
-        f"\n## idle: {args.connections} connections, a key each, without and with {args.watchers:,} "
-        f"watchers of another key ({server.name})\n",
+        f"\n## idle: {args.connections} connections, a key each, alone (plain), with {args.watchers:,} idle "
+        f"connections (connected) and with {args.watchers:,} watchers of another key (watched) ({server.name})\n",
         flush=True,
     )
     options = SimpleNamespace(procs=1, warmup=args.warmup, seconds=args.seconds, client_cpus=None)
@@ -589,10 +614,13 @@ def idle_part(server: Server, args) -> None:
         if args.quiet is not None:
             wait_for_quiet(args.quiet, 30.0)
         measured = {}
-        for workload in ("plain", "watched") if attempt % 2 == 0 else ("watched", "plain"):
+        workloads = ("plain", "connected", "watched")
+        for workload in workloads if attempt % 2 == 0 else workloads[::-1]:
             watchers = None
-            if workload == "watched":
-                watchers = Watchers(server, b"idle-other-%d" % attempt, args.watchers, args.watcher_procs)
+            if workload != "plain":
+                key = b"idle-other-%d" % attempt
+                watch = workload == "watched"
+                watchers = Watchers(server, key, args.watchers, args.watcher_procs, watch=watch)
             try:
                 tag = f"idle-{workload}-{attempt}"
                 result = run_scenario(server, "uncontended", args.connections, options, tag=tag)
@@ -610,7 +638,7 @@ def idle_part(server: Server, args) -> None:
     print()
     print("| workload | cycles/s (median round) | p50 µs | p99 µs | server CPU/cycle |")
     print("|---|---|---|---|---|")
-    for workload in ("plain", "watched"):
+    for workload in ("plain", "connected", "watched"):
         runs = sorted((r[workload] for r in rounds), key=lambda r: r.cycles_per_second)
         r = runs[(len(runs) - 1) // 2]
         print(
@@ -618,10 +646,11 @@ def idle_part(server: Server, args) -> None:
             f"{fmt(r.server_us_per_cycle, '.1f')} µs |"
         )
     print()
-    print(ratio_line("watched/plain cycles/s", [(r["watched"].cycles_per_second, r["plain"].cycles_per_second)
-                                                for r in rounds]))
-    print(ratio_line("watched/plain server CPU/cycle", [(r["watched"].server_us_per_cycle,
-                                                         r["plain"].server_us_per_cycle) for r in rounds]))
+    for name, reference in (("watched", "plain"), ("connected", "plain"), ("watched", "connected")):
+        print(ratio_line(f"{name}/{reference} cycles/s",
+                         [(r[name].cycles_per_second, r[reference].cycles_per_second) for r in rounds]))
+        print(ratio_line(f"{name}/{reference} server CPU/cycle",
+                         [(r[name].server_us_per_cycle, r[reference].server_us_per_cycle) for r in rounds]))
 
 
 def shared_part(server: Server, args) -> None:
@@ -691,6 +720,63 @@ def shared_part(server: Server, args) -> None:
     writer_cycles = [r["shared"][0]["writer"].cycles for r in rounds]
     print(f"writer cycles per round: {', '.join(f'{c:,}' for c in writer_cycles)}"
           f" ({'never starved' if all(writer_cycles) else 'STARVED in some round'})")
+
+
+# One measurement of the lock path, run under a target's Python with its
+# checkout first on the path: argv[1] watches of a key nobody locks.
+LOCK_PATH = """
+import gc, sys, time
+from twisted.internet.task import Clock
+from jesync.service import LockService
+
+class Owner:
+    __slots__ = ("__weakref__", "n")
+    def __init__(self, n):
+        self.n = n
+
+service = LockService(Clock())
+for i in range(int(sys.argv[1])):
+    service.watch(Owner(-1 - i), "watched-key", lambda event: None)
+owners = [(Owner(i), "key-%d" % i) for i in range(64)]
+best = None
+gc.disable()
+for _ in range(15):
+    start = time.perf_counter_ns()
+    for _ in range(200):
+        for owner, key in owners:
+            service.acquire(key, owner)
+            service.release(key, owner)
+    elapsed = (time.perf_counter_ns() - start) / (200 * 64)
+    best = elapsed if best is None else min(best, elapsed)
+print(best)
+"""
+
+
+def lock_path_part(targets_wanted, args) -> None:
+    print(f"\n## lock-path: in process, 64 owners, without and with {args.watchers:,} watches of another key\n")
+    for name, checkout, python in targets_wanted:
+        rounds = []
+        for attempt in range(args.repeat):
+            measured = {}
+            for watches in (0, args.watchers) if attempt % 2 == 0 else (args.watchers, 0):
+                # (in the checkout: "python -c" puts the working directory first on the path)
+                out = subprocess.run(
+                    [python, "-c", LOCK_PATH, str(watches)],
+                    cwd=checkout,
+                    env=dict(os.environ, PYTHONPATH=str(checkout)),
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                    check=True,
+                )
+                measured[watches] = float(out.stdout)
+            rounds.append(measured)
+        for watches in (0, args.watchers):
+            shown = ", ".join(f"{r[watches]:,.0f}" for r in rounds)
+            best = min(r[watches] for r in rounds)
+            print(f"{name}, {watches:,} watches: best {best:,.0f} ns/cycle (rounds: {shown})")
+        print(ratio_line(f"{name}, {args.watchers:,} watches / none, ns/cycle",
+                         [(r[args.watchers], r[0]) for r in rounds]))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -779,6 +865,8 @@ def main(argv: list[str] | None = None) -> None:
                 idle_part(targets[0], args)
             if "shared" in parts:
                 shared_part(targets[0], args)
+            if "lock-path" in parts:
+                lock_path_part(targets_wanted, args)
         finally:
             for server in targets + ([redis] if redis else []):
                 server.stop()

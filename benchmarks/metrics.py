@@ -250,8 +250,15 @@ def lock_path(targets, rounds: int) -> None:
         for kind in ("plain", "store"):
             for name, checkout, python in targets:
                 env = dict(os.environ, PYTHONPATH=str(checkout))
+                # (in the checkout: "python -c" puts the working directory ahead of PYTHONPATH)
                 out = subprocess.run(
-                    [python, "-c", LOCK_PATH, kind], env=env, capture_output=True, text=True, timeout=300, check=True
+                    [python, "-c", LOCK_PATH, kind],
+                    cwd=checkout,
+                    env=env,
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                    check=True,
                 )
                 results.setdefault((kind, name), []).append(float(out.stdout))
     for (kind, name), values in results.items():

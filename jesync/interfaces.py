@@ -6,7 +6,16 @@ from typing import Any, Hashable, NamedTuple, Optional
 
 from zope.interface import Attribute, Interface
 
-from jesync.wire import KeyStatus, ListingOrder
+from jesync.wire import (  # noqa: F401 (the kinds of LockEvent, for the service's users)
+    APPEARED,
+    DISAPPEARED,
+    EXPIRED,
+    GRANTED,
+    LOST,
+    RELEASED,
+    KeyStatus,
+    ListingOrder,
+)
 
 
 class Totals(NamedTuple):
@@ -17,14 +26,6 @@ class Totals(NamedTuple):
     waiting: int
 
 
-#: The kinds of L{LockEvent}: a holder granted, released, expired, lost
-#: (its owner went away); a key entered or left the table (prefix watches).
-GRANTED = "granted"
-RELEASED = "released"
-EXPIRED = "expired"
-LOST = "lost"
-APPEARED = "appeared"
-DISAPPEARED = "disappeared"
 
 
 class LockEvent(NamedTuple):
@@ -34,7 +35,7 @@ class LockEvent(NamedTuple):
     APPEARED and DISAPPEARED).
     """
 
-    kind: str
+    kind: str  # GRANTED, RELEASED, EXPIRED, LOST, APPEARED or DISAPPEARED (jesync.wire)
     key: str
     grant: Optional[Any]
 

@@ -133,14 +133,10 @@ from jesync.interfaces import (
     Totals,
 )
 from jesync.listing import listing_sort_key
+from jesync.wire import EXCLUSIVE, MAX_VALUE, SHARED, VALUE_TOO_LONG
 
 DEFAULT_EXPIRES = 120
 WAIT_FOREVER = -1
-#: The two modes of a request and a grant.
-EXCLUSIVE = "exclusive"
-SHARED = "shared"
-#: The longest holder value, in bytes.
-MAX_VALUE = 4096
 
 _new_status = tuple.__new__
 
@@ -319,7 +315,7 @@ def check_mode(mode: str, max_concurrent: int, value: bytes | None) -> bool:
         if not isinstance(value, bytes):
             raise ValueError("A value should be bytes")
         if len(value) > MAX_VALUE:
-            raise ValueError(f"A value should be at most {MAX_VALUE} bytes")
+            raise ValueError(VALUE_TOO_LONG)
     if mode == EXCLUSIVE:
         return False
     if mode != SHARED:

@@ -17,7 +17,7 @@ The rules (docs/protocols/index.md says them to users):
    is a distinct key and is echoed back exactly as it was sent.
  - A number is an optional C{-} and 1 to L{MAX_DIGITS} decimal digits, within
    +-L{LARGEST_NUMBER} (JESync's clients use 32-bit integers).
- - A holder's value (arbitrary bytes, at most L{MAX_VALUE_BYTES}) is one
+ - A holder's value (arbitrary bytes, at most L{MAX_VALUE}) is one
    field, percent-encoded (L{encode_value}): the printable ASCII bytes
    C{!} to C{~} but C{%} stand for themselves, every other byte is C{%XX},
    two upper-case hex digits.  So any bytes fit one field of one line,
@@ -64,8 +64,21 @@ class BadRequest(Exception):
     """A request's arguments are wrong; the message says how (it is sent to the client)."""
 
 
-#: The longest holder value, decoded (the lock service's MAX_VALUE).
-MAX_VALUE_BYTES = 4096
+#: The two modes of a request and a grant.
+EXCLUSIVE = "exclusive"
+SHARED = "shared"
+#: The longest holder value, in bytes (decoded): the lock service's limit.
+MAX_VALUE = 4096
+VALUE_TOO_LONG = f"A value should be at most {MAX_VALUE} bytes"
+
+#: The kinds of a watch's events: a holder granted, released, expired, lost
+#: (its owner went away); a key entered or left the table (prefix watches).
+GRANTED = "granted"
+RELEASED = "released"
+EXPIRED = "expired"
+LOST = "lost"
+APPEARED = "appeared"
+DISAPPEARED = "disappeared"
 
 # The bytes a value field carries as themselves: ! to ~ except %.
 _PLAIN_VALUE_BYTES = frozenset(range(0x21, 0x7F)) - {ord("%")}
@@ -90,15 +103,15 @@ def decode_value(field: bytes) -> bytes:
     """
     A percent-encoded value field as its bytes; L{BadRequest} for a field
     that is not percent-encoded (a C{%} without two hex digits, a byte that
-    should have been escaped) or a value over L{MAX_VALUE_BYTES}.  Lower-case
+    should have been escaped) or a value over L{MAX_VALUE}.  Lower-case
     hex digits are accepted (what is read is lenient; what is written is not).
     """
     escaped = b"%" in field
     if _NEEDS_ESCAPE.search(_ESCAPE.sub(b"", field) if escaped else field) is not None:
         raise BadRequest("value is not percent-encoded")
     value = _ESCAPE.sub(_unescape, field) if escaped else field
-    if len(value) > MAX_VALUE_BYTES:
-        raise BadRequest(f"A value should be at most {MAX_VALUE_BYTES} bytes")
+    if len(value) > MAX_VALUE:
+        raise BadRequest(VALUE_TOO_LONG)
     return value
 
 

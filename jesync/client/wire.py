@@ -7,7 +7,7 @@ The coordination extensions (docs/protocols/jesync.md) read thus:
 
  - A holder's value is one field, percent-encoded (L{jesync.wire.encode_value}).
    A value is bytes, or a str sent as its UTF-8; an empty one is no value
-   (the server keeps none).  One over the limit (L{MAX_VALUE_BYTES}, 4096)
+   (the server keeps none).  One over the limit (L{MAX_VALUE}, 4096)
    or whose request line, the value encoded, would be longer than a server
    reads (L{MAX_LINE}: a binary value may triple) is refused here, with
    ValueError, before anything is sent.
@@ -35,7 +35,7 @@ from jesync.wire import (
     WAIT_FOREVER,
     KeyStatus,
     ListingOrder,
-    MAX_VALUE_BYTES,
+    MAX_VALUE,
     BadRequest,
     decode_key,
     decode_value,
@@ -141,7 +141,7 @@ def check_value(value: bytes | str | None) -> Optional[bytes]:
     """
     A holder's value as bytes (a str as its UTF-8), or None for no value
     (None or empty); TypeError for anything else, ValueError for one over
-    L{MAX_VALUE_BYTES}.
+    L{MAX_VALUE}.
     """
     if value is None:
         return None
@@ -151,8 +151,8 @@ def check_value(value: bytes | str | None) -> Optional[bytes]:
         value = bytes(value)
     elif not isinstance(value, bytes):
         raise TypeError(f"a value is bytes or str, not {type(value).__name__}")
-    if len(value) > MAX_VALUE_BYTES:
-        raise ValueError(f"a value is at most {MAX_VALUE_BYTES} bytes")
+    if len(value) > MAX_VALUE:
+        raise ValueError(f"a value is at most {MAX_VALUE} bytes")
     return value or None
 
 

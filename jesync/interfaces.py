@@ -201,10 +201,13 @@ class ILockService(Interface):
         @return: True if C{owner} held C{key}.
         """
 
-    def release_all(owner: Hashable) -> None:
+    def release_all(owner: Hashable, why: str = "lost") -> None:
         """
-        Forget C{owner}: release everything it holds (each a LOST event),
-        cancel its waits and end its watches.
+        Release everything C{owner} holds and cancel its waits.  C{why}:
+        LOST (the default), the owner went away: each grant's event is
+        LOST, and its watches end too; RELEASED, it gave everything back
+        (an elock C{unlock_all}) and stays: each grant's event is
+        RELEASED, and its watches stay.
         """
 
     def watch(owner: Hashable, key: str, listener, prefix: bool = False) -> bool:

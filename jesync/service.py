@@ -599,8 +599,8 @@ class LockService:
             return False
         return self._release_grant(grant)
 
-    def release_all(self, owner: Hashable) -> None:
-        if owner in self._watchers:
+    def release_all(self, owner: Hashable, why: str = LOST) -> None:
+        if why is LOST and owner in self._watchers:
             self._unwatch_all(owner)
         entries = self._owners.pop(owner, None)
         self._spread.pop(owner, None)
@@ -610,7 +610,7 @@ class LockService:
         freed: dict[str, None] = {}
         for key, entry in entries.items():
             if isinstance(entry, Grant):
-                self._remove_holder(self._locks[key], entry, LOST)
+                self._remove_holder(self._locks[key], entry, why)
                 freed[key] = None
             elif entry.deferred is not None:  # (a multi-key wait is met once per key)
                 cancelled.append(self._leave(entry))

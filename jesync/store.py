@@ -50,7 +50,7 @@ from twisted.application.service import Service
 from twisted.internet.interfaces import IDelayedCall
 
 from jesync.interfaces import ILockService
-from jesync.wire import decode_key, encode_key
+from jesync.wire import RELEASED, decode_key, encode_key
 
 #: memcached's longest key, in bytes.
 MAX_KEY_LENGTH = 250
@@ -231,9 +231,12 @@ class ObjectStore:
             return Outcome.OK
         return Outcome.NOT_LOCKED if self._live(key) is not None else Outcome.NOT_FOUND
 
-    def unlock_all(self, owner: Hashable) -> None:
-        """Unlock every object C{owner} has locked."""
-        self.service.release_all(owner)
+    def unlock_all(self, owner: Hashable, why: str = RELEASED) -> None:
+        """
+        Unlock every object C{owner} has locked: RELEASED (it asked, and
+        stays), or LOST (it went away).
+        """
+        self.service.release_all(owner, why)
 
     # -- reads -----------------------------------------------------------------------
 

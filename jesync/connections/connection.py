@@ -45,8 +45,12 @@ decided here, once:
    turn writes is never counted, however much it is: a client that reads as
    fast as it can is never cut off.  Events (L{LockConnection.write_event}:
    lines a watcher did not ask for, written while the lock table changes)
-   count the same way, but never close the connection inside that change:
-   past C{max_unsent}, it is dropped on the next reactor turn.
+   count from the moment the transport pauses the connection (one change
+   is written to every watcher of its key, so a turn's burst of them is
+   not bounded by what the watcher asked), and never close the connection
+   inside that change: past C{max_unsent}, a watcher is sent nothing more
+   and is dropped on the next reactor turn, whatever it reads meanwhile (an
+   event it missed is never passed over in silence).
  - B{A paused connection's peer.}  While reading is paused (either way
    above), the reactor does not watch the socket for input, which is how
    it learns of a FIN, an RST or a failed keepalive; so the connection asks
@@ -610,13 +614,14 @@ class LockConnection(Protocol):
         Send C{data}, a line nobody asked for (a watch's event), after
         anything already queued.  It is written while the lock table
         changes, so it never closes the connection there and then: bytes
-        written while the client has not taken its replies for a whole
-        reactor turn count toward C{max_unsent} as replies do, and past it
-        the connection is dropped on the next reactor turn (unless it has
-        caught up by then).
+        written while the transport has paused the connection count toward
+        C{max_unsent}, and past it the connection is sent nothing more and
+        is dropped on the next reactor turn.
         """
-        if not self._paused_long:
-            self.write(data)  # (what one turn writes is never counted)
+        if self._drop_call is not None:
+            return  # (past max_unsent: it is dropped on the next turn)
+        if not self._paused:
+            self.write(data)
             return
         if self.state not in ANSWERING:
             return
@@ -628,13 +633,13 @@ class LockConnection(Protocol):
         else:
             self.transport.write(data)
         self.behind += len(data)
-        if self.behind > self.policy.max_unsent and self._drop_call is None:
-            self._drop_call = self.clock.callLater(0, self._drop_if_behind)
+        if self.behind > self.policy.max_unsent:
+            self._drop_call = self.clock.callLater(0, self._drop_behind)
 
-    def _drop_if_behind(self) -> None:
+    def _drop_behind(self) -> None:
         self._drop_call = None
-        if self.behind > self.policy.max_unsent and self.state in ANSWERING:
-            self.drop(f"not reading its events ({self.behind} bytes behind)")
+        if self.state in ANSWERING:
+            self.drop(f"not reading its events (past {self.policy.max_unsent} bytes behind)")
 
     def write_stream(self, pieces: Iterator[bytes], held: Optional[Held] = None) -> None:
         """

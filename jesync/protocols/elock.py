@@ -26,7 +26,7 @@ from jesync.connections.policy import ConnectionPolicy
 from jesync.errors import AlreadyWaiting, LockTimeout
 from jesync.interfaces import IGrant, ILockService
 from jesync.sessions import DEFAULT_MAX_GRACE_MS, DEFAULT_MAX_SESSIONS, Session, SessionTable
-from jesync.wire import BadRequest, check_key_field, no_arguments, only_argument, parse_integer
+from jesync.wire import RELEASED, BadRequest, check_key_field, no_arguments, only_argument, parse_integer
 
 if TYPE_CHECKING:
     from jesync.protocols.dlock import DlockFactory
@@ -162,7 +162,7 @@ class ELockProtocol(CommandGrammar):
     def do_unlock_all(self, args: List[bytes]) -> None:
         no_arguments(args)
         if self.session is not None:
-            self.service.release_all(self.session)
+            self.service.release_all(self.session, RELEASED)  # (the session stays: not lost)
         self.reply(b"200 OK")
 
     def do_fencing(self, args: List[bytes]) -> None:

@@ -18,6 +18,7 @@ later request that could observe that change.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from twisted.internet.defer import CancelledError, Deferred
@@ -70,55 +71,33 @@ def holder_line(raw_key: bytes, grant: IGrant, now: float) -> bytes:
         grant.token,
     )
     value = grant.value
-    if value is not None:
+    if value:  # (an embedder's b"" is shown as no value: a field is never empty)
         return b"%s %s %s" % (line, grant.mode.encode(), encode_value(value))
     if grant.mode == SHARED:
         return line + b" shared"
     return line
 
 
+@lru_cache(maxsize=1)
 def event_line(event: LockEvent) -> bytes:
     """
-    A watch's event line (without its end): C{EVENT GRANTED <key> <peer>
+    A watch's event line, with its end: C{EVENT GRANTED <key> <peer>
     <token> <mode>[ <value>]}; C{EVENT RELEASED|EXPIRED|LOST <key> <peer>
-    <token>}; C{EVENT APPEARED|DISAPPEARED <key>}.
+    <token>}; C{EVENT APPEARED|DISAPPEARED <key>}.  Made once for all the
+    watchers of a change (the service tells each the same event; making it
+    once per watcher was a fifth of the server's time, telling 1,000).
     """
     kind = event.kind.upper().encode()
     grant = event.grant
     if grant is None:
-        return b"EVENT %s %s" % (kind, encode_key(event.key))
+        return b"EVENT %s %s\n" % (kind, encode_key(event.key))
     line = b"EVENT %s %s %s %d" % (kind, encode_key(event.key), describe_owner(grant.owner), grant.token)
     if event.kind != GRANTED:
-        return line
+        return line + b"\n"
     value = grant.value
-    if value is None:
-        return b"%s %s" % (line, grant.mode.encode())
-    return b"%s %s %s" % (line, grant.mode.encode(), encode_value(value))
-
-
-class _LastEvent:
-    """
-    The line of the event being told, made once: the service tells every
-    watcher of a change the same L{LockEvent}, and its line is the same for
-    all of them (making it once per watcher was a fifth of the server's
-    time, telling 1,000 watchers).
-    """
-
-    __slots__ = ("event", "line")
-
-    def __init__(self) -> None:
-        self.event: Optional[LockEvent] = None
-        self.line = b""
-
-    def line_of(self, event: LockEvent) -> bytes:
-        """C{event}'s line, with its end."""
-        if event is not self.event:
-            self.event = event
-            self.line = event_line(event) + b"\n"
-        return self.line
-
-
-_last_event = _LastEvent()
+    if not value:
+        return b"%s %s\n" % (line, grant.mode.encode())
+    return b"%s %s %s\n" % (line, grant.mode.encode(), encode_value(value))
 
 
 def name_field(name: str) -> bytes:
@@ -384,7 +363,7 @@ class JESyncProtocol(CommandGrammar):
         request (L{jesync.connections.connection.LockConnection.write_event}
         never closes the connection from here).
         """
-        line = _last_event.line_of(event)
+        line = event_line(event)
         connection = self.connection
         if connection.verbose:
             self.log.debug("{peer} was sent {line!r}", peer=connection.peer, line=line)

@@ -42,6 +42,7 @@ from jesync.store import (
     OutOfMemory,
     TooLarge,
 )
+from jesync.wire import LOST
 
 #: What C{version} answers.
 VERSION = b"1.6.0-jesync"
@@ -809,8 +810,8 @@ class MemcacheProtocol(Grammar):
         return b"CLIENT_ERROR line too long" + CRLF
 
     def closing(self) -> None:
-        # (a disconnect releases every lock of the connection)
-        self.store.unlock_all(self.connection)
+        # (a disconnect releases every lock of the connection: they are lost)
+        self.store.unlock_all(self.connection, LOST)
 
 
 def _values(found: List[Tuple[bytes, int, bytes, int]], with_cas: bool) -> Iterator[bytes]:

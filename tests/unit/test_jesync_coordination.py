@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.wire import MAX_VALUE, BadRequest, decode_value, encode_value
+from jesync.testing import MemoryServer
 from tests.support import PausingTransport, UnitServer
 
 
@@ -173,35 +174,50 @@ class EventOutputTests(ServerTestCase):
         client.protocol.write_event(b"EVENT APPEARED k\n")
         self.assertEqual(client.take(), b"EVENT APPEARED k\n")
 
-    def test_past_max_unsent_dropped_on_a_later_turn(self) -> None:
+    def test_past_max_unsent_sent_nothing_more_and_dropped_on_a_later_turn(self) -> None:
         self.server.policy.max_unsent = 100
         client = self.paused_watcher()
         for _ in range(11):
-            client.protocol.write_event(b"EVENT RELEASED k 127.0.0.1:1 1\n")  # (11 x 31 bytes)
+            client.protocol.write_event(b"EVENT RELEASED k 127.0.0.1:1 1\n")  # (31 bytes each)
         self.assertFalse(client.transport.disconnecting)
-        self.assertEqual(client.protocol.behind, 341)
+        self.assertEqual(client.protocol.behind, 124)  # (the fourth passed it: none after it was written)
+        self.assertEqual(client.transport.value().count(b"EVENT"), 4)
         self.clock.advance(0)
         self.assertTrue(client.transport.disconnecting)
         self.flushLoggedErrors()
 
-    def test_not_dropped_if_it_caught_up(self) -> None:
+    def test_dropped_even_if_it_caught_up(self) -> None:
+        """Past the limit, events were not sent: a watcher that reads them all now is dropped all the same."""
         self.server.policy.max_unsent = 100
         client = self.paused_watcher()
-        for _ in range(4):
+        for _ in range(5):
+            client.protocol.write_event(b"EVENT RELEASED k 127.0.0.1:1 1\n")
+        client.transport.drain()
+        self.clock.advance(0)
+        self.assertTrue(client.transport.disconnecting)
+        self.flushLoggedErrors()
+
+    def test_not_dropped_below_the_limit(self) -> None:
+        self.server.policy.max_unsent = 100
+        client = self.paused_watcher()
+        for _ in range(3):
             client.protocol.write_event(b"EVENT RELEASED k 127.0.0.1:1 1\n")
         client.transport.drain()
         self.clock.advance(0)
         self.assertFalse(client.transport.disconnecting)
         self.assertEqual(client.ask(b"status k\n"), b"STATUS 0 0 k\n")
 
-    def test_one_turn_is_never_counted(self) -> None:
+    def test_counted_from_the_first_turn_paused(self) -> None:
+        """Unlike replies, events count as soon as the transport pauses: one turn's burst is bounded too."""
         self.server.policy.max_unsent = 10
         client = self.connect(PausingTransport())
         client.protocol.pauseProducing()
-        client.protocol.write_event(b"EVENT APPEARED some-key\n" * 4)
+        client.protocol.write_event(b"EVENT APPEARED some-key\n")
+        client.protocol.write_event(b"EVENT APPEARED other-key\n")
+        self.assertEqual(client.transport.value(), b"EVENT APPEARED some-key\n")
         self.clock.advance(0)
-        self.assertFalse(client.transport.disconnecting)
-        self.assertEqual(client.protocol.behind, 0)
+        self.assertTrue(client.transport.disconnecting)
+        self.flushLoggedErrors()
 
 
 class WatchTests(ServerTestCase):
@@ -394,3 +410,45 @@ class DocsTranscriptTests(ServerTestCase):
             with self.subTest(transcript=transcript.splitlines()[0]):
                 self.setUp()
                 self.replay(transcript)
+
+
+class GivenBackOverOtherProtocolsTests(SynchronousTestCase):
+    """Over every protocol, a holder that gives everything back is released; one that goes away is lost."""
+
+    def setUp(self) -> None:
+        self.server = MemoryServer(elock_ports=["tcp:11401"], memcache_ports=["tcp:11211"])
+        self.addCleanup(self.server.stop)
+        self.watcher = self.server.connect()
+        self.assertEqual(self.watcher.ask(b"watch k\n"), b"WATCHING k\n")
+
+    def events(self) -> list:
+        return [line.split()[1] for line in self.watcher.received().splitlines()]
+
+    def test_elock_unlock_all_releases(self) -> None:
+        elock = self.server.connect("elock")
+        self.assertEqual(elock.ask(b"lock k\r\n"), b"200 Acquired\r\n")
+        self.assertEqual(elock.ask(b"unlock_all\r\n"), b"200 OK\r\n")
+        self.assertEqual(self.events(), [b"GRANTED", b"RELEASED"])
+
+    def test_memcached_unlock_all_releases_and_a_disconnect_loses(self) -> None:
+        memcache = self.server.connect("memcache")
+        self.assertEqual(memcache.ask(b"set k 0 0 1\r\nx\r\nlock k\r\n"), b"STORED\r\nOK\r\n")
+        self.assertEqual(memcache.ask(b"unlock_all\r\n"), b"OK\r\n")
+        self.assertEqual(memcache.ask(b"lock k\r\n"), b"OK\r\n")
+        memcache.close()
+        self.server.flush()
+        self.assertEqual(self.events(), [b"GRANTED", b"RELEASED", b"GRANTED", b"LOST"])
+
+
+class EmptyValueTests(SynchronousTestCase):
+    def test_an_empty_value_is_shown_as_none(self) -> None:
+        """An embedder's grant with the value b"" is shown as one without: a field is never empty."""
+        server = MemoryServer()
+        self.addCleanup(server.stop)
+        watcher = server.connect()
+        self.assertEqual(watcher.ask(b"watch k\n"), b"WATCHING k\n")
+        grant = server.service.request("k", "embedded", value=b"")
+        self.assertEqual(grant.value, b"")
+        server.flush()
+        self.assertEqual(watcher.received(), b"EVENT GRANTED k 'embedded' %d exclusive\n" % grant.token)
+        self.assertEqual(watcher.ask(b"holders k\n"), b"HOLDER k 'embedded' 0 120 %d\nEND\n" % grant.token)

@@ -325,6 +325,29 @@ class TimeoutTests(WatchTestCase):
         """A multi-key wait that times out takes its keys out of the table: they disappear."""
         self.successResultOf(self.service.acquire("x", "a"))
         self.watch("w", "", prefix=True)
-        failure = self.failureResultOf(self.service.acquire_many(["x", "n"], "b", timeout=0), LockTimeout)
+        waiting = self.service.acquire_many(["x", "n"], "b", timeout=3)
+        self.clock.advance(3)
+        failure = self.failureResultOf(waiting, LockTimeout)
         self.assertEqual(failure.value.busy, ["x"])
+        self.assertEqual(self.seen("w"), [(APPEARED, "n", None), (DISAPPEARED, "n", None)])
+
+    def test_a_wait_that_does_not_wait(self) -> None:
+        """A request refused at once (timeout 0) leaves no trace: no event."""
+        self.successResultOf(self.service.acquire("x", "a"))
+        self.watch("w", "", prefix=True)
+        self.failureResultOf(self.service.acquire_many(["x", "n"], "b", timeout=0), LockTimeout)
         self.assertEqual(self.seen("w"), [])
+
+
+class GivenBackTests(WatchTestCase):
+    def test_an_owner_giving_everything_back_releases_and_keeps_its_watches(self) -> None:
+        """C{release_all(owner, RELEASED)} (elock's unlock_all): its grants are released, not lost, and it watches on."""
+        self.successResultOf(self.service.acquire("k", "a"))
+        self.watch("w", "k")
+        self.watch("a", "k")
+        self.service.release_all("a", RELEASED)
+        self.assertEqual(self.seen("w"), [(RELEASED, "k", "a")])
+        self.assertEqual(self.seen("a"), [(RELEASED, "k", "a")])
+        self.successResultOf(self.service.acquire("k", "b"))
+        self.assertEqual(self.seen("a")[-1], (GRANTED, "k", "b"))
+        self.assertEqual(self.service.watches_of("a"), 1)

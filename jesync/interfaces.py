@@ -266,7 +266,9 @@ class ILockService(Interface):
     def snapshot(order: ListingOrder = "key") -> list:
         """
         L{listing} as plain C{(key, granted, waiting)} tuples, for a
-        protocol's listing of a large table (faster to make).
+        protocol's listing of a large table (faster to make); a key held
+        shared has a fourth item, C{"shared"} (made only while one is:
+        C{shared_keys}).
         """
 
 

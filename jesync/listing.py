@@ -15,7 +15,7 @@ LISTING_ORDERS: tuple[ListingOrder, ...] = ("key", "requests", "grants")
 # A row is a KeyStatus, or any (key, granted, waiting) tuple: the server's
 # snapshot is plain tuples (LockService.snapshot), and the rules read fields by
 # position so that one sort order serves both.
-Row = Tuple[str, int, int]
+Row = Tuple[Any, ...]  # (key, granted, waiting), and "shared" for a key held shared
 
 
 def _by_key(row: Row) -> bytes:

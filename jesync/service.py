@@ -794,11 +794,20 @@ class LockService:
         return list(lock.holders) if lock is not None else []
 
     def listing(self, order: ListingOrder = "key") -> list[KeyStatus]:
-        return [KeyStatus(*row) for row in self.snapshot(order)]
+        return [KeyStatus(*row[:3]) for row in self.snapshot(order)]
 
-    def snapshot(self, order: ListingOrder = "key") -> list[tuple[str, int, int]]:
+    def snapshot(self, order: ListingOrder = "key") -> list[tuple]:
         # Plain tuples: a million KeyStatus take several times as long to make.
-        rows = [(key, len(lock.holders), lock.waiting) for key, lock in self._locks.items()]
+        rows: list[tuple]
+        if self.shared_keys:
+            rows = [
+                (key, len(lock.holders), lock.waiting, SHARED)
+                if lock.holders and lock.holders[0].mode is SHARED
+                else (key, len(lock.holders), lock.waiting)
+                for key, lock in self._locks.items()
+            ]
+        else:
+            rows = [(key, len(lock.holders), lock.waiting) for key, lock in self._locks.items()]
         rows.sort(key=listing_sort_key(order))
         return rows
 

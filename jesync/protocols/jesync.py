@@ -19,7 +19,7 @@ later request that could observe that change.
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Iterable, Iterator, List, Sequence
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
@@ -289,15 +289,15 @@ class JESyncProtocol(CommandGrammar):
         was taken; otherwise from a new one (sorted once), within the
         server's C{--max-listing-memory} (L{jesync.connections.listings}).
         A table too small to fill a piece of a stream is listed at once,
-        shared and charged nothing.  While any key is held shared, a held
-        key's line is marked C{shared} as it is made (the snapshot's rows
-        are the table's counts only, so the all-exclusive listing costs
-        what it did).
+        shared and charged nothing.  A key held shared when the snapshot
+        was taken is marked C{shared} (its row says so; while no key is
+        held shared, no row does, and the listing costs what it did).
         """
         no_arguments(args)
         service = self.service
         size = service.totals().keys * ROW_BYTES
-        shared = self._held_shared if service.shared_keys else None  # (none held shared: the plain lines)
+        # (a snapshot of this version was taken with this many keys held shared)
+        shared = bool(service.shared_keys)
         if size < PIECE:
             # (a small table: its listing is most likely less than a piece, written at once)
             lines = list(_status_lines(service.snapshot(order), shared))
@@ -378,21 +378,19 @@ class JESyncProtocol(CommandGrammar):
         self.connection.close()
 
 
-def _status_lines(
-    rows: Sequence[Tuple[str, int, int]], held_shared: Optional[Callable[[str], bool]] = None
-) -> Iterator[bytes]:
+def _status_lines(rows: Sequence[tuple], shared: bool = False) -> Iterator[bytes]:
     """
-    A listing's lines, from its snapshot (shared: read, never changed); with
-    C{held_shared} (while any key is held shared), a held key's line ends
-    with C{ shared} if its holders hold it shared when the line is made.
+    A listing's lines, from its snapshot (shared: read, never changed); if
+    any key was held C{shared} when it was taken, the line of each such key
+    (a row of four) ends with C{ shared}.
     """
-    if held_shared is None:
+    if not shared:
         for key, granted, waiting in rows:
             yield status_reply(b"STATUS", granted, waiting, encode_key(key))
         return
-    for key, granted, waiting in rows:
-        line = status_reply(b"STATUS", granted, waiting, encode_key(key))
-        yield line + b" shared" if granted and held_shared(key) else line
+    for row in rows:
+        line = status_reply(b"STATUS", row[1], row[2], encode_key(row[0]))
+        yield line + b" shared" if len(row) > 3 else line
 
 
 def ended_listing(lines: Iterable[bytes]) -> Iterator[bytes]:

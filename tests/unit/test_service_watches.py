@@ -351,3 +351,14 @@ class GivenBackTests(WatchTestCase):
         self.successResultOf(self.service.acquire("k", "b"))
         self.assertEqual(self.seen("a")[-1], (GRANTED, "k", "b"))
         self.assertEqual(self.service.watches_of("a"), 1)
+
+
+class SnapshotTests(WatchTestCase):
+    def test_the_snapshot_marks_keys_held_shared(self) -> None:
+        """A listing's snapshot says which keys were held shared when it was taken (plain rows while none is)."""
+        self.successResultOf(self.service.acquire("x", "a"))
+        self.assertEqual(self.service.snapshot(), [("x", 1, 0)])
+        self.successResultOf(self.service.acquire("s", "a", mode=SHARED))
+        self.successResultOf(self.service.acquire("s", "b", mode=SHARED))
+        self.assertEqual(self.service.snapshot(), [("s", 2, 0, SHARED), ("x", 1, 0)])
+        self.assertEqual(self.service.listing("grants"), [("s", 2, 0), ("x", 1, 0)])

@@ -409,8 +409,8 @@ def run_holders(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
-def event_line(event: WatchEvent) -> str:
-    """One event in C{jesync watch}'s human form (see the module's docstring)."""
+def event_text(event: WatchEvent) -> str:
+    """One event as C{jesync watch} prints it for people (see the module's docstring), not its wire line."""
     words = [event.kind, printable(event.key)]
     if event.holder is not None:
         words += [event.holder, f"token={event.token}"]
@@ -427,7 +427,7 @@ def run_watch(args: argparse.Namespace, client: Client) -> int:
     try:
         with client.watch(args.key, prefix=args.prefix) as events:
             for event in events:
-                print(json.dumps(event.as_dict()) if args.json else event_line(event), flush=True)
+                print(json.dumps(event.as_dict()) if args.json else event_text(event), flush=True)
     except KeyboardInterrupt:
         return 0
     return 0

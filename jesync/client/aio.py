@@ -15,6 +15,7 @@ import asyncio
 import socket
 import ssl
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generator, Iterable, Mapping, Optional
 
 from jesync.client.address import Address, Member, UNIXAddress
@@ -225,11 +226,11 @@ class _Connection:
         value: Optional[bytes] = None,
     ) -> AsyncLock:
         return await self._acquire(
-            key, self.session.request_lock, key, max_concurrent, timeout, expires, shared, value
+            key, partial(self.session.lock, shared=shared, value=value), key, max_concurrent, timeout, expires
         )
 
     async def lock_many(self, keys: tuple[str, ...], timeout: int, expires: int, shared: bool = False) -> AsyncLock:
-        return await self._acquire(keys[0], self.session.request_lock_many, keys, timeout, expires, shared)
+        return await self._acquire(keys[0], partial(self.session.lock_many, shared=shared), keys, timeout, expires)
 
     async def _acquire(self, key: str, operation: Callable[..., None], *args: Any) -> AsyncLock:
         """Make a lock request (for C{key}, and others with it) and wait for the lock."""

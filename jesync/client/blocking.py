@@ -18,6 +18,7 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
 from jesync.client.address import Address, Member, TCPAddress, UNIXAddress
@@ -338,10 +339,10 @@ class _Connection:
         shared: bool = False,
         value: Optional[bytes] = None,
     ) -> Lock:
-        return self._acquire(key, self.session.request_lock, key, max_concurrent, timeout, expires, shared, value)
+        return self._acquire(key, partial(self.session.lock, shared=shared, value=value), key, max_concurrent, timeout, expires)
 
     def lock_many(self, keys: tuple[str, ...], timeout: int, expires: int, shared: bool = False) -> Lock:
-        return self._acquire(keys[0], self.session.request_lock_many, keys, timeout, expires, shared)
+        return self._acquire(keys[0], partial(self.session.lock_many, shared=shared), keys, timeout, expires)
 
     def _acquire(self, key: str, operation: Callable[..., None], *args: Any) -> Lock:
         """Make a lock request (for C{key}, and others with it) and wait for the lock."""

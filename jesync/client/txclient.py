@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import re
 import warnings
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
 from twisted.internet import defer, endpoints, task
@@ -446,12 +447,12 @@ class _Connection:
         shared: bool = False,
         value: Optional[bytes] = None,
     ) -> defer.Deferred[TwistedLock]:
-        return self._acquire(key, self.session.request_lock, key, max_concurrent, timeout, expires, shared, value)
+        return self._acquire(key, partial(self.session.lock, shared=shared, value=value), key, max_concurrent, timeout, expires)
 
     def lock_many(
         self, keys: tuple[str, ...], timeout: int, expires: int, shared: bool = False
     ) -> defer.Deferred[TwistedLock]:
-        return self._acquire(keys[0], self.session.request_lock_many, keys, timeout, expires, shared)
+        return self._acquire(keys[0], partial(self.session.lock_many, shared=shared), keys, timeout, expires)
 
     def _acquire(self, key: str, operation: Callable[..., None], *args: Any) -> defer.Deferred[TwistedLock]:
         """Make a lock request (for C{key}, and others with it); the Deferred fires with the lock."""

@@ -11,6 +11,7 @@ callbacks, stop() and lost callbacks.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 from twisted.internet import defer
@@ -49,19 +50,19 @@ class RequestTests(SynchronousTestCase):
     def test_shared_lock_line(self) -> None:
         """A shared lock is sent as lock-shared (no max_concurrent), with its fence."""
         s = FakeSession()
-        s.call("lock", s.session.request_lock, "k", 1, 5, 30, True, None)
+        s.call("lock", partial(s.session.lock, shared=True), "k", 1, 5, 30)
         self.assertEqual(s.take_sent(), b"lock-shared k 5 30\nstatus k\n")
 
     def test_value_is_the_fifth_field_percent_encoded(self) -> None:
         s = FakeSession()
-        s.call("lock", s.session.request_lock, "k", 2, -1, 30, False, b"10.0.0.5:80 %\xff")
+        s.call("lock", partial(s.session.lock, value=b"10.0.0.5:80 %\xff"), "k", 2, -1, 30)
         self.assertEqual(s.take_sent(), b"lock k 2 -1 30 10.0.0.5:80%20%25%FF\nstatus k\n")
-        s.call("lock2", s.session.request_lock, "j", 1, 0, 30, True, b"v")
+        s.call("lock2", partial(s.session.lock, shared=True, value=b"v"), "j", 1, 0, 30)
         self.assertEqual(s.take_sent(), b"lock-shared j 0 30 v\nstatus j\n")
 
     def test_lock_many_shared(self) -> None:
         s = FakeSession()
-        s.call("many", s.session.request_lock_many, ("a", "b"), 3, 30, True)
+        s.call("many", partial(s.session.lock_many, shared=True), ("a", "b"), 3, 30)
         self.assertEqual(s.take_sent(), b"lock-many-shared 3 30 a b\nstatus a\n")
 
     def test_values_checked(self) -> None:
@@ -182,7 +183,7 @@ class SessionTests(SynchronousTestCase):
     def test_shared_lock_handle_and_renewal(self) -> None:
         """The handle knows its mode and value; a renewal asks the same mode, without the value (kept)."""
         s = FakeSession()
-        s.call("lock", s.session.request_lock, "k", 1, 0, 30, True, b"me")
+        s.call("lock", partial(s.session.lock, shared=True, value=b"me"), "k", 1, 0, 30)
         s.reply(b"GRANTED 2 0 k 30 9", b"STATUS 2 0 k shared")
         lock = s.results["lock"]
         self.assertEqual((lock.mode, lock.shared, lock.value, lock.token), ("shared", True, b"me", 9))
@@ -202,7 +203,7 @@ class SessionTests(SynchronousTestCase):
 
     def test_shared_lock_many_renewal(self) -> None:
         s = FakeSession()
-        s.call("many", s.session.request_lock_many, ("a", "b"), 0, 30, True)
+        s.call("many", partial(s.session.lock_many, shared=True), ("a", "b"), 0, 30)
         s.reply(b"GRANTED-MANY 2 30 a b 5 6", b"STATUS 1 0 a shared")
         lock = s.results["many"]
         self.assertTrue(lock.shared)

@@ -255,14 +255,24 @@ class SessionTests(SynchronousTestCase):
         self.assertFalse(s.results["again"])
 
     def test_pending_watch_keeps_the_server_watching(self) -> None:
-        """An unwatch is not sent while another subscription's watch of the key is unanswered."""
+        """
+        An unwatch is not sent while another subscription's watch of the
+        key is unanswered; it is once that one, answered, ends too.
+        """
         s = FakeSession()
         watch(s, "a", "k")
         s.reply(b"WATCHING k")
-        watch(s, "b", "k")
-        s.take_sent()
+        second = watch(s, "b", "k")
+        self.assertEqual(s.take_sent(), b"watch k\nwatch k\n")
         s.call("unwatch a", s.session.unwatch, s.results["a"])
         self.assertEqual(s.take_sent(), b"")
+        s.reply(b"WATCHING k", b"EVENT RELEASED k h:1 3")
+        self.assertEqual([e.kind for e in second.events], ["released"])
+        s.call("unwatch b", s.session.unwatch, s.results["b"])
+        self.assertEqual(s.take_sent(), b"unwatch k\n")
+        s.reply(b"UNWATCHED k")
+        self.assertTrue(s.results["unwatch b"])
+        self.assertEqual(len(s.session.watches), 0)
 
     def test_unwatch_prefix_lines(self) -> None:
         s = FakeSession()

@@ -152,11 +152,7 @@ class TwistedWatch:
         return not self._stopped and self.lost_reason is None
 
     def _subscribe(self, connection: _Connection) -> defer.Deferred[Any]:
-        added: list[Subscription] = []
-        operation = subscribe(connection.session.watch, self.key, self.prefix, self._event, self._end, added)
-        answer = connection.start(operation)
-        self._subscriptions.extend((connection, subscription) for subscription in added)
-        return answer
+        return connection.start(subscribe(connection, self.key, self.prefix, self._event, self._end, self._subscriptions))
 
     def _event(self, event: WatchEvent) -> None:
         if not self.active:

@@ -11,13 +11,23 @@ callbacks, stop() and lost callbacks.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from functools import partial
 from typing import Any
 
 from twisted.internet import defer
 from twisted.trial.unittest import SynchronousTestCase
 
-from jesync.client import ConnectionLost, Holder, KeyStatus, LockTimeout, ServerError, TwistedClient
+from jesync.client import (
+    ConnectionLost,
+    Holder,
+    KeyStatus,
+    LockTimeout,
+    ServerError,
+    TwistedClient,
+    Watch,
+    WatchFellBehind,
+)
 from jesync.client.pipeline import Pipeline
 from jesync.client.wire import (
     UnexpectedReply,
@@ -309,6 +319,79 @@ class SessionTests(SynchronousTestCase):
         s.call("unwatch", s.session.unwatch, s.results["active"])
         self.assertFalse(s.results["unwatch"])
         self.assertEqual(len(s.session.watches), 0)
+
+
+class FakeConnection:
+    """
+    What a blocking L{Watch} asks of its client connection, over a
+    L{FakeSession}: C{start} a request (its result in a Future), and
+    C{call} one that the session answers at once (nothing here answers later).
+    """
+
+    def __init__(self, s: FakeSession) -> None:
+        self.session = s.session
+
+    def start(self, operation: Any, *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        operation(*args, future.set_result, future.set_exception)
+        return future
+
+    def call(self, operation: Any, *args: Any) -> Any:
+        return self.start(operation, *args).result(timeout=0)
+
+
+class QueuedWatchTests(SynchronousTestCase):
+    """
+    The blocking client's watch (the asyncio one shares its queueing:
+    L{jesync.client.watch.QueuedWatch}) told events by literal server lines:
+    at most C{max_events} wait for the reader; one more ends the watch
+    with L{WatchFellBehind} after them, and unwatches on the server at once.
+    """
+
+    def watching(self, max_events: int, key: str = "k", prefix: bool = False) -> tuple[FakeSession, Watch]:
+        s = FakeSession()
+        connection = FakeConnection(s)
+        events = Watch(key, prefix, max_events)
+        connection.start(events._subscription_request(connection))
+        s.reply(b"WATCHING-PREFIX " + key.encode() if prefix else b"WATCHING " + key.encode())
+        s.take_sent()
+        return s, events
+
+    def test_a_reader_that_falls_behind(self) -> None:
+        s, events = self.watching(max_events=2)
+        s.reply(b"EVENT GRANTED k h:1 1 exclusive", b"EVENT RELEASED k h:1 1")
+        self.assertEqual(s.take_sent(), b"")
+        s.reply(b"EVENT GRANTED k h:2 2 shared v", b"EVENT LOST k h:2 2")
+        self.assertEqual(s.take_sent(), b"unwatch k\n")  # at the third event, once
+        s.reply(b"UNWATCHED k")
+        self.assertEqual(len(s.session.watches), 0)
+        self.assertEqual([(e.kind, e.token) for e in (next(events), events.get(0))], [("granted", 1), ("released", 1)])
+        error = self.assertRaises(WatchFellBehind, events.get, 0)
+        self.assertEqual((error.key, error.prefix, error.max_events), ("k", False, 2))
+        self.assertIn("the watch of key 'k' fell behind: 2 events were waiting to be read", str(error))
+        self.assertRaises(WatchFellBehind, next, events)  # and again, as ConnectionLost
+        self.assertEqual(s.take_sent(), b"")  # closed: nothing was left to unwatch
+        self.assertIn("closed", repr(events))
+
+    def test_reading_in_time_never_falls_behind(self) -> None:
+        s, events = self.watching(max_events=1, key="jobs/", prefix=True)
+        for n in range(3):
+            s.reply(b"EVENT APPEARED jobs/%d" % n)
+            self.assertEqual(events.get(0), WatchEvent("appeared", f"jobs/{n}"))
+        self.assertIsNone(events.get(0))
+        self.assertEqual(s.take_sent(), b"")
+
+    def test_the_connection_lost_after_the_queued_events(self) -> None:
+        """The end of a connection is not an event: it is queued even when the queue is full."""
+        s, events = self.watching(max_events=1)
+        s.reply(b"EVENT EXPIRED k h:1 4")
+        s.session.fail("the server closed the connection")
+        self.assertEqual(events.get(0), WatchEvent("expired", "k", "h:1", 4))
+        self.assertRaises(ConnectionLost, events.get, 0)
+
+    def test_max_events_checked(self) -> None:
+        self.assertRaises(ValueError, Watch, "k", False, 0)
+        self.assertRaises(TypeError, Watch, "k", False, 1.5)
 
 
 class TwistedCoordinationTests(SynchronousTestCase):

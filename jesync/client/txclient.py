@@ -130,6 +130,11 @@ class TwistedWatch:
     the callbacks given to L{add_lost_callback} are called with the
     L{ConnectionLost} (C{lost_reason}), as a lock's lost callbacks are;
     watch again (which reconnects) to go on.
+
+    It has no queue (unlike the blocking and asyncio watches, which hold at
+    most C{max_events} for their reader): the callback is called as each
+    event is read, so it never falls behind; a callback that takes long
+    holds up the reactor, not memory.
     """
 
     def __init__(self, key: str, prefix: bool, callback: Callable[[WatchEvent], object]) -> None:

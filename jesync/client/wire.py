@@ -158,6 +158,7 @@ def check_value(value: bytes | str | None) -> Optional[bytes]:
     elif not isinstance(value, bytes):
         raise TypeError(f"a value is bytes or str, not {type(value).__name__}")
     if len(value) > MAX_VALUE:
+        # (the client's own words, not the server's VALUE_TOO_LONG: `jesync lock --value` prints them)
         raise ValueError(f"a value is at most {MAX_VALUE} bytes")
     return value or None
 

@@ -3,7 +3,8 @@ The clients' core with shared locks, holder values and watches, read from
 literal server lines (docs/protocols/jesync.md's extensions): the requests
 it writes, the C{HOLDER}, C{STATUS} and C{EVENT} lines it parses, events
 routed to the connection's watches and never taken for the reply to a
-pending request, and a dropped connection ending every watch.  Then the
+pending request, and a dropped connection ending every watch; the blocking
+client's watch over that core, its reader falling behind.  Then the
 Twisted client against the real server in memory (L{jesync.testing}), on a
 clock the test moves: shared locks, values, and watches with their
 callbacks, stop() and lost callbacks.

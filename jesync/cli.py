@@ -37,10 +37,12 @@ from jesync.client import (
     LockLost,
     LockTimeout,
     ServerError,
+    WatchFellBehind,
 )
 from jesync.client.address import ClusterAddress, parse_servers
 from jesync.client.wire import Holder, WatchEvent
 from jesync.client.placement import PLACEMENTS
+from jesync.client.watch import MAX_EVENTS
 from jesync.client.wire import check_key, check_prefix, lock_value
 from jesync.listing import listing_sort_key
 from jesync.wire import encode_key, encode_value
@@ -185,7 +187,8 @@ so that an event is always one line.  With --json each line is a JSON object
 with kind, key, holder, token, mode and value (null where the event has none;
 the value as text, bytes that are not UTF-8 as \\xNN).
 
-If the connection drops (a cluster's failover too), jesync says so and exits
+If the connection drops (a cluster's failover too), or the output is read so
+slowly that {MAX_EVENTS:,} events wait to be printed, jesync says so and exits
 {EXIT_UNAVAILABLE}: the changes made until it watches again would be missed, so
 it does not watch again on its own; see jesync holders KEY for the state.
 """
@@ -409,8 +412,8 @@ def run_holders(args: argparse.Namespace, client: Client) -> int:
     return 0
 
 
-def event_line(event: WatchEvent) -> str:
-    """One event in C{jesync watch}'s human form (see the module's docstring)."""
+def event_text(event: WatchEvent) -> str:
+    """One event as C{jesync watch} prints it for people (see the module's docstring), not its wire line."""
     words = [event.kind, printable(event.key)]
     if event.holder is not None:
         words += [event.holder, f"token={event.token}"]
@@ -427,9 +430,12 @@ def run_watch(args: argparse.Namespace, client: Client) -> int:
     try:
         with client.watch(args.key, prefix=args.prefix) as events:
             for event in events:
-                print(json.dumps(event.as_dict()) if args.json else event_line(event), flush=True)
+                print(json.dumps(event.as_dict()) if args.json else event_text(event), flush=True)
     except KeyboardInterrupt:
         return 0
+    except WatchFellBehind as error:  # the output is read too slowly: what follows would be missed
+        say(str(error))
+        return EXIT_UNAVAILABLE
     return 0
 
 

@@ -47,6 +47,7 @@ from jesync.client.errors import (
     LockManyTimeout,
     LockTimeout,
     ServerError,
+    WatchFellBehind,
 )
 from jesync.client.placement import HashRing, PHPPlacement
 from jesync.client.wire import Holder, WatchEvent
@@ -102,5 +103,6 @@ __all__ = [
     "UNIXAddress",
     "Watch",
     "WatchEvent",
+    "WatchFellBehind",
     "parse_address",
 ]

@@ -15,6 +15,7 @@ import asyncio
 import socket
 import ssl
 import time
+from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generator, Iterable, Mapping, Optional
 
 from jesync.client.address import Address, Member, UNIXAddress
@@ -26,7 +27,7 @@ from jesync.client.handle import LockState
 from jesync.client.pipeline import discard
 from jesync.client.connection import ConnectionCore
 from jesync.client.session import SERVER_CLOSED
-from jesync.client.watch import Subscription, subscribe
+from jesync.client.watch import MAX_EVENTS, QueuedWatch, Subscription
 from jesync.client.wire import (
     PING_KEY,
     Holder,
@@ -225,11 +226,11 @@ class _Connection:
         value: Optional[bytes] = None,
     ) -> AsyncLock:
         return await self._acquire(
-            key, self.session.request_lock, key, max_concurrent, timeout, expires, shared, value
+            key, partial(self.session.lock, shared=shared, value=value), key, max_concurrent, timeout, expires
         )
 
     async def lock_many(self, keys: tuple[str, ...], timeout: int, expires: int, shared: bool = False) -> AsyncLock:
-        return await self._acquire(keys[0], self.session.request_lock_many, keys, timeout, expires, shared)
+        return await self._acquire(keys[0], partial(self.session.lock_many, shared=shared), keys, timeout, expires)
 
     async def _acquire(self, key: str, operation: Callable[..., None], *args: Any) -> AsyncLock:
         """Make a lock request (for C{key}, and others with it) and wait for the lock."""
@@ -315,47 +316,43 @@ class _LockRequest:
         await self._lock.__aexit__(kind, error, traceback)
 
 
-#: What ends an L{AsyncWatch}'s queue when it is closed.
-_CLOSED = object()
-
-
-class AsyncWatch:
+class AsyncWatch(QueuedWatch):
     """
     What L{AsyncClient.watch} gives: an async iterator of the
     L{WatchEvent}s of a key (or of every key with a prefix), in the order
     of the changes, until L{close}; C{async with} closes it.  As
     L{jesync.client.Watch}: if its connection drops, iterating (and L{get})
     raises L{ConnectionLost}, after the events read before it, and again on
-    every later call; events are queued as they are read.
+    every later call; events are queued as they are read, at most
+    C{max_events}: a reader that falls further behind gets
+    L{jesync.client.WatchFellBehind} after them, and the watch ends.
     """
 
-    def __init__(self, key: str, prefix: bool) -> None:
-        self.key = key
-        self.prefix = prefix
+    def __init__(self, key: str, prefix: bool, max_events: int = MAX_EVENTS) -> None:
+        super().__init__(key, prefix, max_events)
         self._queue: asyncio.Queue[Any] = asyncio.Queue()
-        self._subscriptions: list[tuple[_Connection, Subscription]] = []
-        self._error: Optional[ClientError] = None
-        self._closed = False
 
-    def __repr__(self) -> str:
-        return f"<AsyncWatch {'prefix' if self.prefix else 'key'} {self.key!r}{' closed' if self._closed else ''}>"
+    def _put(self, item: object) -> None:
+        self._queue.put_nowait(item)
+
+    def _queued(self) -> int:
+        return self._queue.qsize()
+
+    def _stop(self, connection: Any, subscription: Subscription) -> None:
+        # (while the connection reads: not awaited; an unwatch cut off by its connection is nothing to report)
+        connection.start(connection.session.unwatch, subscription).add_done_callback(_retrieved)
 
     async def _subscribe(self, connection: _Connection) -> None:
-        added: list[Subscription] = []
-        put = self._queue.put_nowait
-        answer = connection.start(subscribe(connection.session.watch, self.key, self.prefix, put, put, added))
-        self._subscriptions.extend((connection, subscription) for subscription in added)
-        await answer
+        await connection.start(self._subscription_request(connection))
 
     async def get(self, timeout: Optional[float] = None) -> Optional[WatchEvent]:
         """
         The next event, waiting at most C{timeout} seconds (None: for ever);
         None if none came in time, or once the watch is closed.  Raise
-        L{ConnectionLost} once its connection has dropped.
+        L{ConnectionLost} once its connection has dropped,
+        L{jesync.client.WatchFellBehind} once its reader has.
         """
-        if self._error is not None:
-            raise self._error
-        if self._closed and self._queue.empty():
+        if not self._open():
             return None
         if not self._queue.empty():
             item = self._queue.get_nowait()  # (wait_for with no time left would not even run get())
@@ -364,13 +361,10 @@ class AsyncWatch:
                 item = await asyncio.wait_for(self._queue.get(), timeout)
             except asyncio.TimeoutError:
                 return None
-        if item is _CLOSED:
-            return None
-        if isinstance(item, ClientError):
-            self._error = item
+        event = self._taken(item)
+        if self._error is not None:
             await self.close()
-            raise item
-        event: WatchEvent = item
+            raise self._error
         return event
 
     def __aiter__(self) -> AsyncWatch:
@@ -384,12 +378,7 @@ class AsyncWatch:
 
     async def close(self) -> None:
         """Stop watching (a task iterating over it stops too).  Never raises."""
-        if self._closed:
-            return
-        self._closed = True
-        subscriptions, self._subscriptions = self._subscriptions, []
-        self._queue.put_nowait(_CLOSED)
-        for connection, subscription in subscriptions:
+        for connection, subscription in self._closing():
             try:
                 await connection.call(connection.session.unwatch, subscription)
             except ClientError:
@@ -400,6 +389,12 @@ class AsyncWatch:
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+def _retrieved(future: asyncio.Future[Any]) -> None:
+    """A future nobody awaits: take its exception, so that asyncio does not log it as never retrieved."""
+    if not future.cancelled():
+        future.exception()
 
 
 class _WatchRequest:
@@ -562,18 +557,21 @@ class AsyncClient:
         connection = await self._connection(self._fleet.index_for(key))
         return await connection.call(connection.session.holders, key)
 
-    def watch(self, key: Optional[str] = None, *, prefix: Optional[str] = None) -> _WatchRequest:
+    def watch(
+        self, key: Optional[str] = None, *, prefix: Optional[str] = None, max_events: int = MAX_EVENTS
+    ) -> _WatchRequest:
         """
         Watch C{key}, or every key starting with C{prefix} (C{""}: every
         key), as L{jesync.client.Client.watch} does: C{async with
         client.watch("leader") as events: async for event in events: ...},
         or C{events = await client.watch(...)} (then C{await events.close()}).
+        At most C{max_events} wait for the reader (see L{AsyncWatch}).
         """
         what, is_prefix = watch_arguments(key, prefix)
         indexes = range(len(self.servers)) if is_prefix else [self._fleet.index_for(what)]
 
         async def start() -> AsyncWatch:
-            watch = AsyncWatch(what, is_prefix)
+            watch = AsyncWatch(what, is_prefix, max_events)
             try:
                 for index in indexes:
                     await watch._subscribe(await self._connection(index))

@@ -18,6 +18,7 @@ import threading
 import time
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
 from jesync.client.address import Address, Member, TCPAddress, UNIXAddress
@@ -28,7 +29,7 @@ from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
 from jesync.client.connection import ConnectionCore
 from jesync.client.session import SERVER_CLOSED
-from jesync.client.watch import Subscription, subscribe
+from jesync.client.watch import MAX_EVENTS, QueuedWatch, Subscription
 from jesync.client.wire import (
     PING_KEY,
     Holder,
@@ -338,10 +339,10 @@ class _Connection:
         shared: bool = False,
         value: Optional[bytes] = None,
     ) -> Lock:
-        return self._acquire(key, self.session.request_lock, key, max_concurrent, timeout, expires, shared, value)
+        return self._acquire(key, partial(self.session.lock, shared=shared, value=value), key, max_concurrent, timeout, expires)
 
     def lock_many(self, keys: tuple[str, ...], timeout: int, expires: int, shared: bool = False) -> Lock:
-        return self._acquire(keys[0], self.session.request_lock_many, keys, timeout, expires, shared)
+        return self._acquire(keys[0], partial(self.session.lock_many, shared=shared), keys, timeout, expires)
 
     def _acquire(self, key: str, operation: Callable[..., None], *args: Any) -> Lock:
         """Make a lock request (for C{key}, and others with it) and wait for the lock."""
@@ -460,11 +461,7 @@ class _Connection:
         self._tell_lost()
 
 
-#: What ends a L{Watch}'s queue when it is closed.
-_CLOSED = object()
-
-
-class Watch:
+class Watch(QueuedWatch):
     """
     What L{Client.watch} returns: an iterator of the L{WatchEvent}s of a key
     (or of every key with a prefix), in the order of the changes, until
@@ -478,50 +475,51 @@ class Watch:
     again, C{holders()} tells the state (see L{Client.watch}).
 
     Events are queued as they arrive (read by the client's background
-    thread), so a consumer that falls behind only delays them; nothing is
-    dropped while the watch is open.
+    thread), at most C{max_events} of them: a reader that falls further
+    behind gets, after those, L{WatchFellBehind} (and again on every later
+    call), and the watch stops watching on the server (see
+    L{jesync.client.watch}).
     """
 
-    def __init__(self, key: str, prefix: bool) -> None:
-        #: what it watches: a key, or (with C{prefix}) the start of keys
-        self.key = key
-        self.prefix = prefix
+    def __init__(self, key: str, prefix: bool, max_events: int = MAX_EVENTS) -> None:
+        super().__init__(key, prefix, max_events)
         self._queue: queue.Queue[Any] = queue.Queue()
-        self._subscriptions: list[tuple[_Connection, Subscription]] = []
-        self._error: Optional[ClientError] = None
-        self._closed = False
+        # (a prefix watch is told by one reader thread per server)
+        self._told_one_at_a_time = threading.Lock()
 
-    def __repr__(self) -> str:
-        return f"<Watch {'prefix' if self.prefix else 'key'} {self.key!r}{' closed' if self._closed else ''}>"
+    def _put(self, item: object) -> None:
+        self._queue.put(item)
+
+    def _queued(self) -> int:
+        return self._queue.qsize()
+
+    def _told(self, connection: Any, event: WatchEvent) -> None:
+        with self._told_one_at_a_time:
+            super()._told(connection, event)
+
+    def _stop(self, connection: Any, subscription: Subscription) -> None:
+        connection.start(connection.session.unwatch, subscription)  # (in its reader: not waited for)
 
     def _subscribe(self, connection: _Connection) -> None:
-        added: list[Subscription] = []
-        put = self._queue.put
-        answer = connection.start(subscribe(connection.session.watch, self.key, self.prefix, put, put, added))
-        self._subscriptions.extend((connection, subscription) for subscription in added)
-        answer.result()
+        connection.start(self._subscription_request(connection)).result()
 
     def get(self, timeout: Optional[float] = None) -> Optional[WatchEvent]:
         """
         The next event, waiting at most C{timeout} seconds (None: for ever);
         None if none came in time, or once the watch is closed.  Raise
-        L{ConnectionLost} once its connection has dropped.
+        L{ConnectionLost} once its connection has dropped, L{WatchFellBehind}
+        once its reader has (see above).
         """
-        if self._error is not None:
-            raise self._error
-        if self._closed and self._queue.empty():
+        if not self._open():
             return None
         try:
             item = self._queue.get(timeout=timeout)
         except queue.Empty:
             return None
-        if item is _CLOSED:
-            return None
-        if isinstance(item, ClientError):
-            self._error = item
+        event = self._taken(item)
+        if self._error is not None:
             self.close()
-            raise item
-        event: WatchEvent = item
+            raise self._error
         return event
 
     def __iter__(self) -> Watch:
@@ -535,16 +533,11 @@ class Watch:
 
     def close(self) -> None:
         """Stop watching (an iterator waiting in another thread stops too).  Never raises."""
-        if self._closed:
-            return
-        self._closed = True
-        subscriptions, self._subscriptions = self._subscriptions, []
-        for connection, subscription in subscriptions:
+        for connection, subscription in self._closing():
             try:
                 connection.call(connection.session.unwatch, subscription)
             except ClientError:
                 pass  # the connection is gone, and the server's watch with it
-        self._queue.put(_CLOSED)
 
     def __enter__(self) -> Watch:
         return self
@@ -785,7 +778,9 @@ class Client:
         connection = self._connection_for(key)
         return connection.call(connection.session.holders, key)
 
-    def watch(self, key: Optional[str] = None, *, prefix: Optional[str] = None) -> Watch:
+    def watch(
+        self, key: Optional[str] = None, *, prefix: Optional[str] = None, max_events: int = MAX_EVENTS
+    ) -> Watch:
         """
         Watch C{key}, or every key starting with C{prefix} (C{""}: every
         key): the L{Watch} returned is an iterator of L{WatchEvent}s, one per
@@ -802,12 +797,17 @@ class Client:
         several servers a prefix watch watches them all (the order of events
         from two servers is not defined).  Needs a server with watches.
 
+        Events wait for the reader in the watch, at most C{max_events} (by
+        default L{jesync.client.watch.MAX_EVENTS}, 10,000): a reader that
+        falls further behind gets L{WatchFellBehind} after them, and the
+        watch ends.
+
         @raise ServerError: the server refused (its C{max-watches} cap).
         @raise ConnectionLost: as L{lock}; and later, from the iterator,
             if its connection drops.
         """
         what, is_prefix = watch_arguments(key, prefix)
-        watch = Watch(what, is_prefix)
+        watch = Watch(what, is_prefix, max_events)
         indexes = range(len(self.servers)) if is_prefix else [self._fleet.index_for(what)]
         try:
             for index in indexes:

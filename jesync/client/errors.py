@@ -24,6 +24,7 @@ __all__ = [
     "LockManyTimeout",
     "LockTimeout",
     "ServerError",
+    "WatchFellBehind",
 ]
 
 
@@ -156,6 +157,28 @@ class LockLost(ClientError):
         super().__init__(f"lost the {'lock' if len(self.keys) == 1 else 'locks'} on {_names(self.keys)}: {reason}")
         self.key = key
         self.reason = reason
+
+
+class WatchFellBehind(ClientError):
+    """
+    A watch's reader fell behind: C{max_events} events were waiting to be
+    read when the server reported another change.  Rather than keep every
+    event in memory for ever, the watch ended there: it stopped watching on
+    the server, the events queued before this are still read first, and the
+    changes after them are not reported.  Read faster (or give C{watch()} a
+    larger C{max_events}), or watch again and ask C{holders()} for the
+    state.  C{key} and C{prefix} are the watch's.
+    """
+
+    def __init__(self, key: str, prefix: bool, max_events: int) -> None:
+        what = f"prefix {key!r}" if prefix else f"key {key!r}"
+        super().__init__(
+            f"the watch of {what} fell behind: {max_events} events were waiting to be read;"
+            " it stopped watching (watch again, and ask holders() for the state)"
+        )
+        self.key = key
+        self.prefix = prefix
+        self.max_events = max_events
 
 
 def _names(keys: Sequence[str]) -> str:

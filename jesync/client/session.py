@@ -207,25 +207,15 @@ class Session:
         expires: int,
         on_result: OnResult,
         on_error: OnError,
-    ) -> None:
-        """Ask for C{key}, exclusive, without a value; C{on_result} gets the new lock handle."""
-        self.request_lock(key, max_concurrent, timeout, expires, False, None, on_result, on_error)
-
-    def request_lock(
-        self,
-        key: str,
-        max_concurrent: int,
-        timeout: int,
-        expires: int,
-        shared: bool,
-        value: Optional[bytes],
-        on_result: OnResult,
-        on_error: OnError,
+        shared: bool = False,
+        value: Optional[bytes] = None,
     ) -> None:
         """
-        Ask for C{key}, shared or exclusive, with C{value} (checked:
-        L{jesync.client.wire.lock_value}) or none; C{on_result} gets the new
-        lock handle, whose C{mode} and C{value} say what was asked.
+        Ask for C{key}, exclusive or (C{shared}) shared, with C{value}
+        (checked: L{jesync.client.wire.lock_value}) or none; C{on_result}
+        gets the new lock handle, whose C{mode} and C{value} say what was
+        asked.  (C{shared} and C{value} come after the callbacks, which
+        the clients' C{start} appends last: they give them by keyword.)
         """
         self._check_free((key,))
         granted, failed, waiting = self._granted(
@@ -234,15 +224,19 @@ class Session:
         self.pipeline.lock(key, max_concurrent, timeout, expires, granted, failed, waiting, shared, value)
 
     def lock_many(
-        self, keys: tuple[str, ...], timeout: int, expires: int, on_result: OnResult, on_error: OnError
+        self,
+        keys: tuple[str, ...],
+        timeout: int,
+        expires: int,
+        on_result: OnResult,
+        on_error: OnError,
+        shared: bool = False,
     ) -> None:
-        """Ask for all of C{keys} (distinct, checked), a mutex on each; C{on_result} gets one handle for them all."""
-        self.request_lock_many(keys, timeout, expires, False, on_result, on_error)
-
-    def request_lock_many(
-        self, keys: tuple[str, ...], timeout: int, expires: int, shared: bool, on_result: OnResult, on_error: OnError
-    ) -> None:
-        """As L{lock_many}, each key shared if C{shared} (C{lock-many-shared})."""
+        """
+        Ask for all of C{keys} (distinct, checked), a mutex on each, or
+        each shared if C{shared} (C{lock-many-shared}); C{on_result} gets
+        one handle for them all.
+        """
         self._check_free(keys)
         granted, failed, waiting = self._granted(keys[0], 1, timeout, expires, on_result, on_error, shared)
         self.pipeline.lock_many(keys, timeout, expires, granted, failed, waiting, shared)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import re
 import warnings
+from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
 from twisted.internet import defer, endpoints, task
@@ -129,6 +130,11 @@ class TwistedWatch:
     the callbacks given to L{add_lost_callback} are called with the
     L{ConnectionLost} (C{lost_reason}), as a lock's lost callbacks are;
     watch again (which reconnects) to go on.
+
+    It has no queue (unlike the blocking and asyncio watches, which hold at
+    most C{max_events} for their reader): the callback is called as each
+    event is read, so it never falls behind; a callback that takes long
+    holds up the reactor, not memory.
     """
 
     def __init__(self, key: str, prefix: bool, callback: Callable[[WatchEvent], object]) -> None:
@@ -151,11 +157,7 @@ class TwistedWatch:
         return not self._stopped and self.lost_reason is None
 
     def _subscribe(self, connection: _Connection) -> defer.Deferred[Any]:
-        added: list[Subscription] = []
-        operation = subscribe(connection.session.watch, self.key, self.prefix, self._event, self._end, added)
-        answer = connection.start(operation)
-        self._subscriptions.extend((connection, subscription) for subscription in added)
-        return answer
+        return connection.start(subscribe(connection, self.key, self.prefix, self._event, self._end, self._subscriptions))
 
     def _event(self, event: WatchEvent) -> None:
         if not self.active:
@@ -446,12 +448,12 @@ class _Connection:
         shared: bool = False,
         value: Optional[bytes] = None,
     ) -> defer.Deferred[TwistedLock]:
-        return self._acquire(key, self.session.request_lock, key, max_concurrent, timeout, expires, shared, value)
+        return self._acquire(key, partial(self.session.lock, shared=shared, value=value), key, max_concurrent, timeout, expires)
 
     def lock_many(
         self, keys: tuple[str, ...], timeout: int, expires: int, shared: bool = False
     ) -> defer.Deferred[TwistedLock]:
-        return self._acquire(keys[0], self.session.request_lock_many, keys, timeout, expires, shared)
+        return self._acquire(keys[0], partial(self.session.lock_many, shared=shared), keys, timeout, expires)
 
     def _acquire(self, key: str, operation: Callable[..., None], *args: Any) -> defer.Deferred[TwistedLock]:
         """Make a lock request (for C{key}, and others with it); the Deferred fires with the lock."""

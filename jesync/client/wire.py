@@ -24,28 +24,34 @@ import math
 from typing import Any, Iterable, NamedTuple, Optional
 
 from jesync.wire import (
+    APPEARED,
+    DISAPPEARED,
     ERROR_WORDS,
+    EXCLUSIVE,
+    EXPIRED,
+    GRANTED,
     KEYED_REPLIES,
     LARGEST_NUMBER,
     LISTING_COMMANDS,
+    LOST,
     MAX_DIGITS,
     MAX_LINE,
     MAX_TOKEN,
+    MAX_VALUE,
     NEVER_EXPIRES,
+    RELEASED,
+    SHARED,
     WAIT_FOREVER,
+    BadRequest,
     KeyStatus,
     ListingOrder,
-    MAX_VALUE,
-    BadRequest,
     decode_key,
     decode_value,
     encode_key,
     encode_value,
 )
 
-#: The two modes of a grant, as the wire names them (the lock service's words).
-EXCLUSIVE = "exclusive"
-SHARED = "shared"
+# The two modes of a grant (jesync.wire's), as the wire names them.
 _MODE_WORDS = {b"exclusive": EXCLUSIVE, b"shared": SHARED}
 
 # The longest request is "lock KEY N N N" with three numbers of a sign and MAX_DIGITS digits.
@@ -152,6 +158,7 @@ def check_value(value: bytes | str | None) -> Optional[bytes]:
     elif not isinstance(value, bytes):
         raise TypeError(f"a value is bytes or str, not {type(value).__name__}")
     if len(value) > MAX_VALUE:
+        # (the client's own words, not the server's VALUE_TOO_LONG: `jesync lock --value` prints them)
         raise ValueError(f"a value is at most {MAX_VALUE} bytes")
     return value or None
 
@@ -339,16 +346,10 @@ class Holder(NamedTuple):
         return self.mode == SHARED
 
 
-#: The kinds of watch events (the lower-case words of C{EVENT} lines).
-GRANTED_EVENT = "granted"
-RELEASED_EVENT = "released"
-EXPIRED_EVENT = "expired"
-LOST_EVENT = "lost"
-APPEARED_EVENT = "appeared"
-DISAPPEARED_EVENT = "disappeared"
-#: The kinds that name a holder (its peer and token); the others are a prefix watch's keys entering and leaving.
-HOLDER_EVENTS = frozenset({GRANTED_EVENT, RELEASED_EVENT, EXPIRED_EVENT, LOST_EVENT})
-KEY_EVENTS = frozenset({APPEARED_EVENT, DISAPPEARED_EVENT})
+#: The kinds of watch events (jesync.wire's; the lower-case words of C{EVENT} lines) that name
+#: a holder (its peer and token); the others are a prefix watch's keys entering and leaving.
+HOLDER_EVENTS = frozenset({GRANTED, RELEASED, EXPIRED, LOST})
+KEY_EVENTS = frozenset({APPEARED, DISAPPEARED})
 
 
 class WatchEvent(NamedTuple):
@@ -516,11 +517,11 @@ def _event_reply(fields: list[bytes], text: str) -> Reply:
     kind = fields[1].decode("ascii", "replace").lower() if len(fields) > 1 and fields[1].isupper() else ""
     if kind in KEY_EVENTS and len(fields) == 3:
         event = WatchEvent(kind, decode_key(fields[2]))
-    elif kind == GRANTED_EVENT and len(fields) in (6, 7) and fields[5] in _MODE_WORDS:
+    elif kind == GRANTED and len(fields) in (6, 7) and fields[5] in _MODE_WORDS:
         value = decode_value(fields[6]) or None if len(fields) == 7 else None
         peer = fields[3].decode("utf-8", "replace")
         event = WatchEvent(kind, decode_key(fields[2]), peer, _token(fields[4]), _MODE_WORDS[fields[5]], value)
-    elif kind in HOLDER_EVENTS and kind != GRANTED_EVENT and len(fields) == 5:
+    elif kind in HOLDER_EVENTS and kind != GRANTED and len(fields) == 5:
         event = WatchEvent(kind, decode_key(fields[2]), fields[3].decode("utf-8", "replace"), _token(fields[4]))
     else:
         raise ValueError("EVENT")

@@ -3,8 +3,9 @@ The C{jesync} command's coordination commands, run as subprocesses against
 a real server in a thread (L{serve_in_thread}): C{jesync watch KEY} and
 C{--prefix P} print one event per line as other clients lock and release
 (C{--json}: one object per line), until SIGINT or SIGTERM (status 0), and
-end with status 69 when the server goes away; two C{jesync lock --shared}
-run their commands at once; C{--value V} is what C{jesync holders} shows.
+end with status 69 when the server goes away or their output is read too
+slowly; two C{jesync lock --shared} run their commands at once; C{--value
+V} is what C{jesync holders} shows.
 """
 
 from __future__ import annotations
@@ -155,6 +156,29 @@ class CoordinationCLITests(SynchronousTestCase):
         status, err = self.ended(watch)
         self.assertEqual(status, EXIT_UNAVAILABLE)
         self.assertIn("jesync: ", err)
+
+    def test_watch_read_too_slowly(self) -> None:
+        """
+        jesync watch | slow: once 10,000 events wait to be printed it stops
+        watching (at the next event), prints those, says so and exits 69.
+        Nobody reads its output here until then: past the pipe's buffer
+        (a few hundred lines) every event waits in its queue.
+        """
+        watch = self.spawn("watch", "--prefix", "")
+        self.watching()
+        worker = self.client()
+        keys = [f"k{n}" for n in range(1000)]
+        for _ in range(4):  # 4,000 events each: appeared and granted, released and disappeared, per key
+            self.assertTrue(worker.lock_many(keys).release())
+        self.wait_for(lambda: self.server.server.locks.watch_count == 0)
+        out, err = watch.communicate(timeout=WITHIN)
+        self.assertEqual(watch.returncode, EXIT_UNAVAILABLE, err)
+        self.assertIn("jesync: the watch of prefix '' fell behind: 10000 events were waiting to be read", err)
+        printed = out.splitlines()
+        self.assertGreater(len(printed), 10_000)
+        self.assertLess(len(printed), 16_000)
+        self.assertEqual(printed[:2], ["appeared k0", printed[1]])
+        self.assertTrue(printed[1].startswith("granted k0 "), printed[1])
 
     def test_two_shared_locks_run_at_once(self) -> None:
         """Each command waits for the other's marker: both succeed only if both hold the lock together."""

@@ -4,7 +4,9 @@ thread (what all three promise alike is the client contract,
 L{tests.tcp.test_client_contract}): the blocking client's iterator in a
 C{with} block, ended by C{close()} from another thread, and a prefix watch
 over several servers; the asyncio client's C{async with} / C{async for};
-the recipe for a consistent start (watch, then C{holders()}); a watch on a
+the recipe for a consistent start (watch, then C{holders()}); a reader
+that falls behind (each client: its watch unwatches on the server at
+once, seen through the server's C{--max-watches 1}); a watch on a
 cluster's leader ended by its death, and watched again on the next member
 (the members are real servers standing in, as in
 L{tests.tcp.test_client_failover}).
@@ -17,7 +19,7 @@ import threading
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from jesync.client import AsyncClient, Client, ConnectionLost, WatchEvent
+from jesync.client import AsyncClient, Client, ConnectionLost, WatchEvent, WatchFellBehind
 from tests.servers import serve_in_thread
 
 WITHIN = 5.0
@@ -92,6 +94,55 @@ class BlockingWatchTests(SynchronousTestCase):
         events.close()
 
 
+class FallingBehindTests(SynchronousTestCase):
+    """
+    A watch whose reader falls more than C{max_events} behind stops
+    watching on the server as soon as the next event is read: with
+    C{--max-watches 1}, the same connection may then watch another key.
+    (The C{status} round trip makes sure the watcher has read every event
+    of the changes before it: the server sends them before its reply.)
+    """
+
+    def setUp(self) -> None:
+        self.server = serve_in_thread(self, extra_args=["--max-watches", "1"])
+
+    def test_blocking(self) -> None:
+        watcher, worker = Client(self.server.address), Client(self.server.address)
+        self.addCleanup(watcher.close)
+        self.addCleanup(worker.close)
+        events = watcher.watch("k", max_events=2)
+        for _ in range(2):
+            self.assertTrue(worker.lock("k").release())
+        watcher.status("k")
+        with watcher.watch("j") as other:
+            kinds = [event.kind for event in (events.get(0), events.get(0)) if event is not None]
+            self.assertEqual(kinds, ["granted", "released"])
+            self.assertRaises(WatchFellBehind, events.get, 0)
+            lock = worker.lock("j")
+            event = other.get(WITHIN)
+            assert event is not None
+            self.assertEqual((event.kind, event.key, event.token), ("granted", "j", lock.token))
+
+    def test_asyncio(self) -> None:
+        async def scenario() -> list[str]:
+            async with AsyncClient(self.server.address) as watcher, AsyncClient(self.server.address) as worker:
+                events = await watcher.watch("k", max_events=2)
+                for _ in range(2):
+                    await (await worker.lock("k")).release()
+                await watcher.status("k")
+                async with watcher.watch("j"):
+                    kinds = [event.kind for event in (await events.get(0), await events.get(0)) if event is not None]
+                    try:
+                        await events.get(0)
+                    except WatchFellBehind:
+                        kinds.append("fell behind")
+                return kinds
+
+        self.assertEqual(
+            asyncio.run(asyncio.wait_for(scenario(), 3 * WITHIN)), ["granted", "released", "fell behind"]
+        )
+
+
 class FailoverWatchTests(SynchronousTestCase):
     def test_leader_killed_while_watching(self) -> None:
         """The watch raises ConnectionLost (never silence); watching again goes to the member that answers."""
@@ -141,11 +192,14 @@ class AsyncWatchTests(SynchronousTestCase):
         )
 
     def test_get_takes_what_is_queued_without_waiting(self) -> None:
+        """(The status round trip has both events read: the server sends them before its reply.)"""
+
         async def scenario() -> list[str]:
             async with AsyncClient(self.server.address) as watcher, AsyncClient(self.server.address) as worker:
                 async with watcher.watch("k") as events:
                     await (await worker.lock("k")).release()
-                    first = await events.get(WITHIN)
+                    await watcher.status("k")
+                    first = await events.get(0)
                     assert first is not None
                     second = await events.get(0)
                     assert second is not None

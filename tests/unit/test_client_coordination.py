@@ -3,7 +3,8 @@ The clients' core with shared locks, holder values and watches, read from
 literal server lines (docs/protocols/jesync.md's extensions): the requests
 it writes, the C{HOLDER}, C{STATUS} and C{EVENT} lines it parses, events
 routed to the connection's watches and never taken for the reply to a
-pending request, and a dropped connection ending every watch.  Then the
+pending request, and a dropped connection ending every watch; the blocking
+client's watch over that core, its reader falling behind.  Then the
 Twisted client against the real server in memory (L{jesync.testing}), on a
 clock the test moves: shared locks, values, and watches with their
 callbacks, stop() and lost callbacks.
@@ -11,12 +12,23 @@ callbacks, stop() and lost callbacks.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
+from functools import partial
 from typing import Any
 
 from twisted.internet import defer
 from twisted.trial.unittest import SynchronousTestCase
 
-from jesync.client import ConnectionLost, Holder, KeyStatus, LockTimeout, ServerError, TwistedClient
+from jesync.client import (
+    ConnectionLost,
+    Holder,
+    KeyStatus,
+    LockTimeout,
+    ServerError,
+    TwistedClient,
+    Watch,
+    WatchFellBehind,
+)
 from jesync.client.pipeline import Pipeline
 from jesync.client.wire import (
     UnexpectedReply,
@@ -49,19 +61,19 @@ class RequestTests(SynchronousTestCase):
     def test_shared_lock_line(self) -> None:
         """A shared lock is sent as lock-shared (no max_concurrent), with its fence."""
         s = FakeSession()
-        s.call("lock", s.session.request_lock, "k", 1, 5, 30, True, None)
+        s.call("lock", partial(s.session.lock, shared=True), "k", 1, 5, 30)
         self.assertEqual(s.take_sent(), b"lock-shared k 5 30\nstatus k\n")
 
     def test_value_is_the_fifth_field_percent_encoded(self) -> None:
         s = FakeSession()
-        s.call("lock", s.session.request_lock, "k", 2, -1, 30, False, b"10.0.0.5:80 %\xff")
+        s.call("lock", partial(s.session.lock, value=b"10.0.0.5:80 %\xff"), "k", 2, -1, 30)
         self.assertEqual(s.take_sent(), b"lock k 2 -1 30 10.0.0.5:80%20%25%FF\nstatus k\n")
-        s.call("lock2", s.session.request_lock, "j", 1, 0, 30, True, b"v")
+        s.call("lock2", partial(s.session.lock, shared=True, value=b"v"), "j", 1, 0, 30)
         self.assertEqual(s.take_sent(), b"lock-shared j 0 30 v\nstatus j\n")
 
     def test_lock_many_shared(self) -> None:
         s = FakeSession()
-        s.call("many", s.session.request_lock_many, ("a", "b"), 3, 30, True)
+        s.call("many", partial(s.session.lock_many, shared=True), ("a", "b"), 3, 30)
         self.assertEqual(s.take_sent(), b"lock-many-shared 3 30 a b\nstatus a\n")
 
     def test_values_checked(self) -> None:
@@ -182,7 +194,7 @@ class SessionTests(SynchronousTestCase):
     def test_shared_lock_handle_and_renewal(self) -> None:
         """The handle knows its mode and value; a renewal asks the same mode, without the value (kept)."""
         s = FakeSession()
-        s.call("lock", s.session.request_lock, "k", 1, 0, 30, True, b"me")
+        s.call("lock", partial(s.session.lock, shared=True, value=b"me"), "k", 1, 0, 30)
         s.reply(b"GRANTED 2 0 k 30 9", b"STATUS 2 0 k shared")
         lock = s.results["lock"]
         self.assertEqual((lock.mode, lock.shared, lock.value, lock.token), ("shared", True, b"me", 9))
@@ -202,7 +214,7 @@ class SessionTests(SynchronousTestCase):
 
     def test_shared_lock_many_renewal(self) -> None:
         s = FakeSession()
-        s.call("many", s.session.request_lock_many, ("a", "b"), 0, 30, True)
+        s.call("many", partial(s.session.lock_many, shared=True), ("a", "b"), 0, 30)
         s.reply(b"GRANTED-MANY 2 30 a b 5 6", b"STATUS 1 0 a shared")
         lock = s.results["many"]
         self.assertTrue(lock.shared)
@@ -254,14 +266,24 @@ class SessionTests(SynchronousTestCase):
         self.assertFalse(s.results["again"])
 
     def test_pending_watch_keeps_the_server_watching(self) -> None:
-        """An unwatch is not sent while another subscription's watch of the key is unanswered."""
+        """
+        An unwatch is not sent while another subscription's watch of the
+        key is unanswered; it is once that one, answered, ends too.
+        """
         s = FakeSession()
         watch(s, "a", "k")
         s.reply(b"WATCHING k")
-        watch(s, "b", "k")
-        s.take_sent()
+        second = watch(s, "b", "k")
+        self.assertEqual(s.take_sent(), b"watch k\nwatch k\n")
         s.call("unwatch a", s.session.unwatch, s.results["a"])
         self.assertEqual(s.take_sent(), b"")
+        s.reply(b"WATCHING k", b"EVENT RELEASED k h:1 3")
+        self.assertEqual([e.kind for e in second.events], ["released"])
+        s.call("unwatch b", s.session.unwatch, s.results["b"])
+        self.assertEqual(s.take_sent(), b"unwatch k\n")
+        s.reply(b"UNWATCHED k")
+        self.assertTrue(s.results["unwatch b"])
+        self.assertEqual(len(s.session.watches), 0)
 
     def test_unwatch_prefix_lines(self) -> None:
         s = FakeSession()
@@ -298,6 +320,79 @@ class SessionTests(SynchronousTestCase):
         s.call("unwatch", s.session.unwatch, s.results["active"])
         self.assertFalse(s.results["unwatch"])
         self.assertEqual(len(s.session.watches), 0)
+
+
+class FakeConnection:
+    """
+    What a blocking L{Watch} asks of its client connection, over a
+    L{FakeSession}: C{start} a request (its result in a Future), and
+    C{call} one that the session answers at once (nothing here answers later).
+    """
+
+    def __init__(self, s: FakeSession) -> None:
+        self.session = s.session
+
+    def start(self, operation: Any, *args: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        operation(*args, future.set_result, future.set_exception)
+        return future
+
+    def call(self, operation: Any, *args: Any) -> Any:
+        return self.start(operation, *args).result(timeout=0)
+
+
+class QueuedWatchTests(SynchronousTestCase):
+    """
+    The blocking client's watch (the asyncio one shares its queueing:
+    L{jesync.client.watch.QueuedWatch}) told events by literal server lines:
+    at most C{max_events} wait for the reader; one more ends the watch
+    with L{WatchFellBehind} after them, and unwatches on the server at once.
+    """
+
+    def watching(self, max_events: int, key: str = "k", prefix: bool = False) -> tuple[FakeSession, Watch]:
+        s = FakeSession()
+        connection = FakeConnection(s)
+        events = Watch(key, prefix, max_events)
+        connection.start(events._subscription_request(connection))
+        s.reply(b"WATCHING-PREFIX " + key.encode() if prefix else b"WATCHING " + key.encode())
+        s.take_sent()
+        return s, events
+
+    def test_a_reader_that_falls_behind(self) -> None:
+        s, events = self.watching(max_events=2)
+        s.reply(b"EVENT GRANTED k h:1 1 exclusive", b"EVENT RELEASED k h:1 1")
+        self.assertEqual(s.take_sent(), b"")
+        s.reply(b"EVENT GRANTED k h:2 2 shared v", b"EVENT LOST k h:2 2")
+        self.assertEqual(s.take_sent(), b"unwatch k\n")  # at the third event, once
+        s.reply(b"UNWATCHED k")
+        self.assertEqual(len(s.session.watches), 0)
+        self.assertEqual([(e.kind, e.token) for e in (next(events), events.get(0))], [("granted", 1), ("released", 1)])
+        error = self.assertRaises(WatchFellBehind, events.get, 0)
+        self.assertEqual((error.key, error.prefix, error.max_events), ("k", False, 2))
+        self.assertIn("the watch of key 'k' fell behind: 2 events were waiting to be read", str(error))
+        self.assertRaises(WatchFellBehind, next, events)  # and again, as ConnectionLost
+        self.assertEqual(s.take_sent(), b"")  # closed: nothing was left to unwatch
+        self.assertIn("closed", repr(events))
+
+    def test_reading_in_time_never_falls_behind(self) -> None:
+        s, events = self.watching(max_events=1, key="jobs/", prefix=True)
+        for n in range(3):
+            s.reply(b"EVENT APPEARED jobs/%d" % n)
+            self.assertEqual(events.get(0), WatchEvent("appeared", f"jobs/{n}"))
+        self.assertIsNone(events.get(0))
+        self.assertEqual(s.take_sent(), b"")
+
+    def test_the_connection_lost_after_the_queued_events(self) -> None:
+        """The end of a connection is not an event: it is queued even when the queue is full."""
+        s, events = self.watching(max_events=1)
+        s.reply(b"EVENT EXPIRED k h:1 4")
+        s.session.fail("the server closed the connection")
+        self.assertEqual(events.get(0), WatchEvent("expired", "k", "h:1", 4))
+        self.assertRaises(ConnectionLost, events.get, 0)
+
+    def test_max_events_checked(self) -> None:
+        self.assertRaises(ValueError, Watch, "k", False, 0)
+        self.assertRaises(TypeError, Watch, "k", False, 1.5)
 
 
 class TwistedCoordinationTests(SynchronousTestCase):

@@ -434,7 +434,11 @@ def run_watch(args: argparse.Namespace, client: Client) -> int:
     except KeyboardInterrupt:
         return 0
     except WatchFellBehind as error:  # the output is read too slowly: what follows would be missed
-        say(str(error))
+        what = f"prefix {error.key!r}" if error.prefix else error.key
+        say(
+            f"the watch of {what}: its output was read too slowly ({error.max_events} events waiting):"
+            " stopped; watch again, and see `jesync holders` for the state"
+        )
         return EXIT_UNAVAILABLE
     return 0
 

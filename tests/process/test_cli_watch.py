@@ -173,7 +173,7 @@ class CoordinationCLITests(SynchronousTestCase):
         self.wait_for(lambda: self.server.server.locks.watch_count == 0)
         out, err = watch.communicate(timeout=WITHIN)
         self.assertEqual(watch.returncode, EXIT_UNAVAILABLE, err)
-        self.assertIn("jesync: the watch of prefix '' fell behind: 10000 events were waiting to be read", err)
+        self.assertIn("jesync: the watch of prefix '': its output was read too slowly (10000 events waiting): stopped", err)
         printed = out.splitlines()
         self.assertGreater(len(printed), 10_000)
         self.assertLess(len(printed), 16_000)

@@ -13,7 +13,8 @@ says so: a change to the backend shows here as a change to the table, made
 in the same commit.  Today (the driver has locks alone): 29 passed and 54
 skipped of test_coordination.py, 0 passed of test_partitioner.py's 15
 (all need groups); part 2 of issue 25 (groups and elections in the driver)
-is what changes it.
+is what changes it.  docs/clients.md's table of tooz's suite gives the
+jesync row L{EXPECTED} records (L{RecordTests}).
 
 The URL carries the server's admin endpoint and its token file
 (C{admin=HOST:PORT&admin_token_file=PATH}), for tooz's lock C{break_()}
@@ -23,8 +24,9 @@ C{tooz.NotImplemented}.
 
 The run takes about 3 s on CPython 3.11 (2.4 s of it tooz's 98 tests, the
 rest twistd's start and pytest's): a test the driver cannot run is skipped
-within milliseconds, so that time grows as they pass.  Skipped, with a message, under PyPy (the test extra installs tooz
-under CPython only) and with any tooz but the release the table records.
+within milliseconds, so that time grows as they pass.  Skipped, with a
+message, under PyPy (the test extra installs tooz under CPython only) and
+with any tooz but the release the table records.
 """
 
 # What tooz 9.1.0's test_coordination.py gives each of its drivers, as the
@@ -46,6 +48,7 @@ from __future__ import annotations
 
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -58,6 +61,7 @@ from xml.etree import ElementTree
 
 from twisted.trial.unittest import SynchronousTestCase
 
+from tests.doc_pages import ROOT, section
 from tests.servers import free_port, start_server
 
 #: The tooz release whose tests L{EXPECTED} records.
@@ -217,17 +221,45 @@ def differences(found: dict[str, tuple[str, str]]) -> list[str]:
     return lines
 
 
-def tally(results: dict[str, str], module: str) -> str:
-    """C{"N passed, M skipped"} (and failed, absent) of one module's tests."""
-    counts: dict[str, int] = {}
+def counts(results: dict[str, str], module: str) -> dict[str, int]:
+    """How many of one module's tests had each outcome (C{results}: outcome by test, as L{EXPECTED})."""
+    found: dict[str, int] = {}
     for test, outcome in results.items():
         if test.startswith(module + "::"):
-            counts[outcome] = counts.get(outcome, 0) + 1
-    return ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts.items())) or "none"
+            found[outcome] = found.get(outcome, 0) + 1
+    return found
+
+
+def tally(results: dict[str, str], module: str) -> str:
+    """C{"N passed, M skipped"} (and failed, absent) of one module's tests."""
+    return ", ".join(f"{count} {outcome}" for outcome, count in sorted(counts(results, module).items())) or "none"
 
 
 def tail(text: str, lines: int = 60) -> str:
     return "\n".join(text.splitlines()[-lines:])
+
+
+class RecordTests(SynchronousTestCase):
+    def test_the_docs_say_what_the_record_says(self) -> None:
+        """
+        docs/clients.md's table of tooz's suite gives jesync's row as
+        L{EXPECTED} records it: test_coordination.py's passed and skipped,
+        and test_partitioner.py's passed of its whole.
+        """
+        text = section((ROOT / "docs" / "clients.md").read_text(encoding="utf-8"), "A tooz backend")
+        assert text is not None, "docs/clients.md has no 'A tooz backend' section"
+        row = re.search(r"^\| \*\*jesync\*\* \|(.*)\|$", text, re.M)
+        assert row is not None, "docs/clients.md's tooz section has no jesync row"
+        coordination = counts(EXPECTED, "test_coordination.py")
+        partitioner = counts(EXPECTED, "test_partitioner.py")
+        self.assertEqual(
+            [cell.strip(" *") for cell in row.group(1).split("|")],
+            [
+                str(coordination.get("passed", 0)),
+                str(coordination.get("skipped", 0)),
+                f"{partitioner.get('passed', 0)} of {sum(partitioner.values())}",
+            ],
+        )
 
 
 class ToozSuiteTests(SynchronousTestCase):

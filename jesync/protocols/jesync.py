@@ -472,7 +472,7 @@ class JESyncProtocol(CommandGrammar):
         return self._member_names(args[0], args[1])
 
     def do_group_heartbeat(self, args: List[bytes]) -> None:
-        """An extension: C{group-heartbeat <G> <M> <lease>}: C{JOINED <G> <M> <seconds_left>} or C{NOT_JOINED <G> <M>}."""
+        """An extension: C{group-heartbeat <G> <M> <lease>}: C{JOINED <G> <M> <seconds_left>} or C{NOT_JOINED}."""
         name, member = self._member_arguments(args, 3, "group-heartbeat takes a group, a member and a lease")
         lease = parse_integer(args[2], "lease")
         try:

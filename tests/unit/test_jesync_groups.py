@@ -13,6 +13,8 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.protocols.jesync import describe_owner
 from jesync.testing import MemoryPeer, MemoryServer
+from tests.doc_pages import page_blocks, replay_transcript
+from tests.support import UnitServer
 
 
 class GroupWireCase(SynchronousTestCase):
@@ -212,3 +214,13 @@ class GroupLimitTests(GroupWireCase):
     def test_options(self) -> None:
         settings = MemoryServer.from_args(["--max-groups", "7", "--max-members", "0"]).settings
         self.assertEqual((settings.max_groups, settings.max_members), (7, None))
+
+
+class DocsTranscriptTests(SynchronousTestCase):
+    """The transcript of docs/protocols/jesync.md's "Groups" is what the server sends."""
+
+    def test_transcript(self) -> None:
+        [transcript] = page_blocks("docs/protocols/jesync.md", "", "Groups")
+        server = UnitServer()
+        replay_transcript(self, server, transcript)
+        self.assertEqual(server.service.listing(), [])

@@ -193,6 +193,21 @@ class GroupCommandTests(GroupWireCase):
         client.ask(b"group-leave g %s\ngroup-delete g\n" % member)
 
 
+class AdminListenerTests(GroupWireCase):
+    settings = {"admin_ports": ["tcp:11409"]}
+
+    def test_the_same_groups_and_force_release(self) -> None:
+        client, admin = self.connect(), self.server.connect("admin")
+        self.peers.append(admin)
+        client.ask(b"group-create g\ngroup-create h\ngroup-join g m 0\n")
+        self.assertEqual(admin.ask(b"groups\n"), b"GROUP g\nGROUP h\nEND\n")
+        self.assertEqual(admin.ask(b"force-release group:g/m\n"), b"FORCE-RELEASED 1 group:g/m\n")
+        self.assertEqual(admin.ask(b"force-release group:h\n"), b"FORCE-RELEASED 1 group:h\n")
+        self.assertEqual(client.ask(b"group-members g\ngroups\n"), b"END\nGROUP g\nEND\n")
+        self.assertEqual(client.ask(b"group-leave g m\n"), b"NOT_JOINED g m\n")
+        self.assertEqual(admin.ask(b"group-delete g\n"), b"GROUP-DELETED g\n")
+
+
 class GroupLimitTests(GroupWireCase):
     settings = {"max_groups": 2, "max_members": 1}
 

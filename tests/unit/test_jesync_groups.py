@@ -63,6 +63,14 @@ class GroupCommandTests(GroupWireCase):
             b"GROUP-DELETED a\nNO_GROUP a\nNO_GROUP a\nGROUP-DELETED b\nEND\n",
         )
 
+    def test_no_cost_until_used(self) -> None:
+        """The group table watches nothing until a group command: the plain lock path pays nothing for it."""
+        client = self.connect()
+        self.assertEqual(client.ask(b"lock k\nrelease k\n"), b"GRANTED 1 0 k 120\nRELEASED 0 0 k\n")
+        self.assertEqual(self.service.watch_count, 0)
+        self.assertEqual(client.ask(b"groups\n"), b"END\n")
+        self.assertEqual(self.service.watch_count, 1)
+
     def test_groups_outlive_their_creator(self) -> None:
         creator, other = self.connect(), self.connect()
         creator.ask(b"group-create g\n")

@@ -293,9 +293,13 @@ class GroupTable:
 
     # -- the index, kept from the table's events ---------------------------------
 
-    def _is_anchor(self, grant: IGrant) -> bool:
-        owner = grant.owner
-        return isinstance(owner, GroupAnchor) and owner.table is self
+    @staticmethod
+    def _is_anchor(grant: IGrant) -> bool:
+        """
+        Whether C{grant} is a group's anchor: any group table's, so that two
+        tables over one lock table (an embedder's) see the same groups.
+        """
+        return isinstance(grant.owner, GroupAnchor)
 
     def _start(self) -> None:
         """

@@ -613,7 +613,7 @@ def build_lock_server(
         admin_policy = admin_listener_policy(policy, settings)
         if tokens is not None and tokens.admin is not None and admin_policy is not policy:
             tokens.admin.copy_to(admin_policy)
-        admin = AdminFactory(locks, verbose, admin_policy, sessions=elock.sessions)
+        admin = AdminFactory(locks, verbose, admin_policy, sessions=elock.sessions, groups=groups)
         for description in settings.admin_ports:
             server.listen(description, admin)
         if settings.admin_token_file is not None and admin_policy is not policy and tokens is None:

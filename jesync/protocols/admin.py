@@ -34,6 +34,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from jesync.connections.policy import ConnectionPolicy
+from jesync.groups import GroupTable
 from jesync.interfaces import ILockService
 from jesync.protocols.jesync import JESyncFactory, JESyncProtocol, name_field
 from jesync.sessions import Session, SessionTable
@@ -103,6 +104,7 @@ class AdminFactory(JESyncFactory):
 
     @param sessions: the elock listener's sessions, for C{end-session}
         (None: the server serves no elock).
+    @param groups: the server's groups (as L{JESyncFactory}'s).
     """
 
     grammar = AdminProtocol
@@ -113,6 +115,7 @@ class AdminFactory(JESyncFactory):
         verbose: bool = False,
         policy: Optional[ConnectionPolicy] = None,
         sessions: Optional[SessionTable] = None,
+        groups: Optional[GroupTable] = None,
     ) -> None:
-        super().__init__(service, verbose, policy)
+        super().__init__(service, verbose, policy, groups)
         self.sessions = sessions

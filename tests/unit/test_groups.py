@@ -153,6 +153,20 @@ class GroupTests(GroupTableCase):
             self.table.members("g")
 
 
+class TwoTablesTests(GroupTableCase):
+    def test_two_tables_over_one_lock_table_agree(self) -> None:
+        other = GroupTable(self.service)
+        self.table.create("g")
+        self.assertEqual(other.groups(), ["g"])
+        with self.assertRaises(GroupAlreadyExists):
+            other.create("g")
+        other.join("g", "m", self.a, None, 0)
+        self.assertEqual(list(self.table.members("g")), ["m"])
+        other.leave("g", "m", self.a)
+        other.delete("g")
+        self.assertEqual(self.table.groups(), [])
+
+
 class MemberTests(GroupTableCase):
     def setUp(self) -> None:
         super().setUp()

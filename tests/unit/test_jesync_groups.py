@@ -63,6 +63,14 @@ class GroupCommandTests(GroupWireCase):
             b"GROUP-DELETED a\nNO_GROUP a\nNO_GROUP a\nGROUP-DELETED b\nEND\n",
         )
 
+    def test_no_cost_until_used(self) -> None:
+        """The group table watches nothing until a group command: the plain lock path pays nothing for it."""
+        client = self.connect()
+        self.assertEqual(client.ask(b"lock k\nrelease k\n"), b"GRANTED 1 0 k 120\nRELEASED 0 0 k\n")
+        self.assertEqual(self.service.watch_count, 0)
+        self.assertEqual(client.ask(b"groups\n"), b"END\n")
+        self.assertEqual(self.service.watch_count, 1)
+
     def test_groups_outlive_their_creator(self) -> None:
         creator, other = self.connect(), self.connect()
         creator.ask(b"group-create g\n")
@@ -191,6 +199,21 @@ class GroupCommandTests(GroupWireCase):
             client.ask(b"group-join g %sm 0\n" % member), b"INVALID_PARAMETER: max-key-length exceeded (%d)\n" % limit
         )
         client.ask(b"group-leave g %s\ngroup-delete g\n" % member)
+
+
+class AdminListenerTests(GroupWireCase):
+    settings = {"admin_ports": ["tcp:11409"]}
+
+    def test_the_same_groups_and_force_release(self) -> None:
+        client, admin = self.connect(), self.server.connect("admin")
+        self.peers.append(admin)
+        client.ask(b"group-create g\ngroup-create h\ngroup-join g m 0\n")
+        self.assertEqual(admin.ask(b"groups\n"), b"GROUP g\nGROUP h\nEND\n")
+        self.assertEqual(admin.ask(b"force-release group:g/m\n"), b"FORCE-RELEASED 1 group:g/m\n")
+        self.assertEqual(admin.ask(b"force-release group:h\n"), b"FORCE-RELEASED 1 group:h\n")
+        self.assertEqual(client.ask(b"group-members g\ngroups\n"), b"END\nGROUP g\nEND\n")
+        self.assertEqual(client.ask(b"group-leave g m\n"), b"NOT_JOINED g m\n")
+        self.assertEqual(admin.ask(b"group-delete g\n"), b"GROUP-DELETED g\n")
 
 
 class GroupLimitTests(GroupWireCase):

@@ -73,3 +73,14 @@ class ClientExampleTests(SynchronousTestCase):
         self.assertEqual(header.split(), ["HOLDER", "HELD", "LEFT", "TOKEN", "MODE", "VALUE"])
         self.assertEqual(holder.split()[4:6], ["shared", "reader%20on%20" + socket.gethostname()])
         self.assertTrue(status.startswith("schema: 2 holding, 0 waiting"), status)
+
+
+class GroupsExampleTests(SynchronousTestCase):
+    def test_the_group_table_example(self) -> None:
+        """Members join with capabilities, a second w1 is refused, a lapsed lease and a closed connection end them."""
+        text = page_section("Groups")
+        [example] = blocks(text, "python")
+        [printed] = blocks(text, "text")
+        result = run_example(example)
+        self.assertEqual((result.returncode, result.stderr), (0, ""))
+        self.assertEqual(result.stdout, printed)

@@ -52,6 +52,7 @@ RUN = [
     ("docs/coordination.md", "In a Twisted application", "python", None),  # test_coordination_docs
     ("docs/coordination.md", "From Python", "python", None),  # test_coordination_docs
     ("docs/coordination.md", "From the shell", "sh", None),  # test_coordination_docs
+    ("docs/coordination.md", "Groups", "python", None),  # test_coordination_docs
 ]
 
 #: Fenced examples no test runs, by page and (language, first line), with the reason.

@@ -93,3 +93,67 @@ class ProtectedMode(LimitReached):
         Exception.__init__(self, self.MESSAGE)
         self.limit = "protected-mode"
         self.value = 0
+
+
+class GroupError(Exception):
+    """
+    A group request (L{jesync.groups.GroupTable}) that the groups as they
+    are refuse; nothing changed.
+
+    @ivar group: the group's name.
+    """
+
+    def __init__(self, message: str, group: str) -> None:
+        super().__init__(message)
+        self.group = group
+
+
+class GroupNotCreated(GroupError):
+    """No group of that name exists (never created, or deleted)."""
+
+    def __init__(self, group: str) -> None:
+        super().__init__(f"group {group!r} does not exist: create it first", group)
+
+
+class GroupAlreadyExists(GroupError):
+    """A group of that name exists already."""
+
+    def __init__(self, group: str) -> None:
+        super().__init__(f"group {group!r} exists already", group)
+
+
+class GroupKeyTaken(GroupError):
+    """
+    The group's key is held (or waited for) by someone who locked it by hand,
+    not by the group table: no group can be created under it until it is free.
+    """
+
+    def __init__(self, group: str, key: str) -> None:
+        super().__init__(
+            f"group {group!r} cannot be created: its key {key!r} is locked by a client, not the group table",
+            group,
+        )
+        self.key = key
+
+
+class GroupNotEmpty(GroupError):
+    """The group still has members: they leave (or are lost) before it can be deleted."""
+
+    def __init__(self, group: str) -> None:
+        super().__init__(f"group {group!r} still has members", group)
+
+
+class MemberAlreadyExists(GroupError):
+    """The member id is taken in the group: someone (the asker too) holds its key."""
+
+    def __init__(self, group: str, member: str) -> None:
+        super().__init__(f"member {member!r} of group {group!r} exists already", group)
+        self.member = member
+
+
+class MemberNotJoined(GroupError):
+    """The asker is not that member of the group (it never joined, left, or its lease lapsed)."""
+
+    def __init__(self, group: str, member: str) -> None:
+        super().__init__(f"{member!r} is not a member of group {group!r} (for this owner)", group)
+        self.member = member

@@ -26,6 +26,7 @@ from jesync.connections.listings import ListingBudget
 from jesync.connections.policy import ConnectionPolicy, Connections
 from jesync.errors import show_number
 from jesync.fencing import TokenMark, TokenMarkService
+from jesync.groups import DEFAULT_MAX_GROUPS, DEFAULT_MAX_MEMBERS, GroupTable
 from jesync.listening import DEFAULT_TLS_CIPHERS, ListenFailed, TLSPolicy, public_endpoint
 from jesync.lock_server import LockServer, MemberTokens, TokenFile
 from jesync.metrics_connections import CountedFactory, scraper_authorized
@@ -198,6 +199,20 @@ class ServerSettings:
         "Most watches at once, all connections together.",
         parser=limit,
         default=100_000,
+    )
+    max_groups: Optional[int] = option(
+        "max-groups",
+        "Limits",
+        "Most groups (JESync group-create) at once.",
+        parser=limit,
+        default=DEFAULT_MAX_GROUPS,
+    )
+    max_members: Optional[int] = option(
+        "max-members",
+        "Limits",
+        "Most members one group may have.",
+        parser=limit,
+        default=DEFAULT_MAX_MEMBERS,
     )
     max_sessions: Optional[int] = option(
         "max-sessions",
@@ -558,7 +573,8 @@ def build_lock_server(
     server.tls = settings.tls
     server.summary = settings.summary()
     verbose = settings.verbose
-    jesync = JESyncFactory(locks, verbose, policy)
+    groups = GroupTable(locks, max_groups=settings.max_groups, max_members=settings.max_members)
+    jesync = JESyncFactory(locks, verbose, policy, groups=groups)
     elock = ELockFactory(
         locks,
         verbose,

@@ -218,15 +218,46 @@ def granted_reply(granted: int, waiting: int, raw_key: bytes, seconds_left: int)
 MAX_TOKEN = 2**64 - 1
 
 
+# -- Coordination names in the one key space ------------------------------
+# (docs/coordination.md says them to users; jesync/groups.py keeps the
+# server's rules over them, the clients name the same keys through these.)
+
+#: What separates a group's key from a member's id in a member's key.
+MEMBER_SEPARATOR = "/"
+GROUP_PREFIX = "group:"
+ELECTION_PREFIX = "election:"
+
+
+def group_key(name: str) -> str:
+    """The key that stands for group C{name} while it exists: C{group:<name>}."""
+    return GROUP_PREFIX + name
+
+
+def member_key(name: str, member: str) -> str:
+    """The key a member of group C{name} holds while it is one: C{group:<name>/<member>}."""
+    return group_key(name) + MEMBER_SEPARATOR + member
+
+
+def election_key(name: str) -> str:
+    """The key whose holder leads election C{name}: C{election:<name>}."""
+    return ELECTION_PREFIX + name
+
+
 __all__ = [
     "BadRequest",
+    "ELECTION_PREFIX",
+    "GROUP_PREFIX",
     "KeyStatus",
+    "MEMBER_SEPARATOR",
     "ListingOrder",
     "check_key_field",
     "decode_key",
     "decode_value",
+    "election_key",
     "encode_value",
+    "group_key",
     "key_problem",
+    "member_key",
     "encode_key",
     "parse_integer",
     "split_fields",

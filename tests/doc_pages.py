@@ -1,7 +1,8 @@
 """
 The pages of the docs as the doc tests read them: a section of a page
 (L{section}), the fenced blocks in a language (L{blocks}), and both from a
-page of the checkout (L{page_blocks}).
+page of the checkout (L{page_blocks}); and a JESync transcript of a page
+replayed against a server (L{replay_transcript}).
 """
 
 from __future__ import annotations
@@ -33,3 +34,44 @@ def page_blocks(page: str, language: str, title: Optional[str] = None) -> list[s
         assert found is not None, f"{page} has no section {title!r}"
         text = found
     return blocks(text, language)
+
+
+def replay_transcript(test, server, transcript: str) -> None:
+    """
+    Replay a JESync transcript of the docs (C{C1: <request>}, C{S→C1:
+    <line>}, C{(<n> seconds pass)}, C{(C1 disconnects)}) against C{server}
+    (a L{tests.support.UnitServer}), client C<n> connecting from
+    10.0.0.<n>:5000<n>: every line the page shows a client being sent is the
+    next one it reads, and it reads nothing else.
+    """
+    from twisted.internet.address import IPv4Address
+
+    clients = {}
+
+    def client(name: str):
+        if name not in clients:
+            number = int(name[1:])
+            clients[name] = server.connect(peer=IPv4Address("TCP", f"10.0.0.{number}", 50000 + number))
+            clients[name].unread = []
+        return clients[name]
+
+    def received(name: str) -> list:
+        one = client(name)
+        one.unread.extend(one.take().decode().splitlines())
+        return one.unread
+
+    for line in transcript.splitlines():
+        if line.startswith("S→"):
+            name, sent = line[2:].split(": ", 1)
+            unread = received(name)
+            test.assertTrue(unread, f"{name} was sent nothing; the page shows {sent!r}")
+            test.assertEqual(unread.pop(0), sent)
+        elif line.endswith(" seconds pass)"):
+            server.clock.advance(int(line[1:].split()[0]))
+        elif line.endswith(" disconnects)"):
+            client(line[1:].split()[0]).lose()
+        else:
+            name, sent = line.split(": ", 1)
+            client(name).send(sent.encode() + b"\n")
+    for name in clients:
+        test.assertEqual(received(name), [], name)

@@ -14,12 +14,16 @@ a grant, shared locks, and watches.  The one line nobody asked for is a
 watch's C{EVENT}, only ever to a connection that watches, written from
 inside the table change it reports, so it goes out before the reply to any
 later request that could observe that change.
+
+Groups (C{group-create}, C{group-join}, ...) are the factory's
+L{jesync.groups.GroupTable}'s rules, this grammar only their words: a
+member is the connection that joined, so its close ends its memberships.
 """
 
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Iterable, Iterator, List, Sequence
+from typing import Iterable, Iterator, List, Optional, Sequence, Tuple
 
 from twisted.internet.defer import CancelledError, Deferred
 from twisted.python.failure import Failure
@@ -27,14 +31,29 @@ from twisted.python.failure import Failure
 from jesync.connections.connection import LockServerFactory
 from jesync.connections.grammar import PIECE, CommandGrammar
 from jesync.connections.listings import ROW_BYTES
-from jesync.errors import AlreadyWaiting, LockTimeout, ModeConflict
-from jesync.interfaces import GRANTED, IGrant, LockEvent
+from jesync.connections.policy import ConnectionPolicy
+from jesync.errors import (
+    AlreadyWaiting,
+    GroupAlreadyExists,
+    GroupKeyTaken,
+    GroupNotCreated,
+    GroupNotEmpty,
+    LockTimeout,
+    MemberAlreadyExists,
+    MemberNotJoined,
+    ModeConflict,
+)
+from jesync.groups import GroupTable
+from jesync.interfaces import GRANTED, IGrant, ILockService, LockEvent
 from jesync.service import EXCLUSIVE, SHARED
 from jesync.wire import (
     DEFAULT_EXPIRES,
     WAIT_FOREVER,
+    GROUP_PREFIX,
+    MEMBER_SEPARATOR,
     BadRequest,
     ListingOrder,
+    decode_key,
     encode_key,
     granted_reply,
     no_arguments,
@@ -98,6 +117,13 @@ def event_line(event: LockEvent) -> bytes:
     if not value:
         return b"%s %s\n" % (line, grant.mode.encode())
     return b"%s %s %s\n" % (line, grant.mode.encode(), encode_value(value))
+
+
+def member_line(raw_name: bytes, member: str, grant: IGrant) -> bytes:
+    """C{MEMBER <G> <M> <peer> <token>}, then C{ <capabilities>} (percent-encoded) if it has any."""
+    line = b"MEMBER %s %s %s %d" % (raw_name, encode_key(member), describe_owner(grant.owner), grant.token)
+    value = grant.value
+    return b"%s %s" % (line, encode_value(value)) if value else line
 
 
 def name_field(name: str) -> bytes:
@@ -369,6 +395,141 @@ class JESyncProtocol(CommandGrammar):
             self.log.debug("{peer} was sent {line!r}", peer=connection.peer, line=line)
         connection.write_event(line)
 
+    # -- groups ------------------------------------------------------------------
+
+    @property
+    def groups(self) -> GroupTable:
+        return self.connection.factory.groups
+
+    def _group_name(self, raw_name: bytes) -> str:
+        """A group name argument: its key within max-key-length, without C{\\r} or C{/}."""
+        self.key(GROUP_PREFIX.encode() + raw_name)
+        if MEMBER_SEPARATOR.encode() in raw_name:
+            raise BadRequest(f"a group name cannot contain {MEMBER_SEPARATOR!r}")
+        return decode_key(raw_name)
+
+    def _member_names(self, raw_name: bytes, raw_member: bytes) -> Tuple[str, str]:
+        """A group name and a member id: the member's key within max-key-length."""
+        name = self._group_name(raw_name)
+        self.key(GROUP_PREFIX.encode() + raw_name + MEMBER_SEPARATOR.encode() + raw_member)
+        return name, decode_key(raw_member)
+
+    def do_group_create(self, args: List[bytes]) -> None:
+        """An extension: C{group-create <G>}: C{GROUP-CREATED <G>}, or C{GROUP-EXISTS <G>}."""
+        raw_name = only_argument(args, "group")
+        try:
+            self.groups.create(self._group_name(raw_name))
+        except GroupAlreadyExists:
+            self.reply(b"GROUP-EXISTS " + raw_name)
+        except (GroupKeyTaken, ValueError) as error:
+            raise BadRequest(str(error)) from None
+        else:
+            self.reply(b"GROUP-CREATED " + raw_name)
+
+    def do_group_delete(self, args: List[bytes]) -> None:
+        """An extension: C{group-delete <G>}: C{GROUP-DELETED}, C{NO_GROUP} or C{GROUP-NOT-EMPTY}, and C{<G>}."""
+        raw_name = only_argument(args, "group")
+        try:
+            self.groups.delete(self._group_name(raw_name))
+        except GroupNotCreated:
+            self.reply(b"NO_GROUP " + raw_name)
+        except GroupNotEmpty:
+            self.reply(b"GROUP-NOT-EMPTY " + raw_name)
+        else:
+            self.reply(b"GROUP-DELETED " + raw_name)
+
+    def do_group_join(self, args: List[bytes]) -> None:
+        """
+        An extension: C{group-join <G> <M> <lease>[ <capabilities>]}:
+        C{JOINED <G> <M> <seconds_left>}, C{NO_GROUP <G>} or C{MEMBER-EXISTS <G> <M>}.
+        """
+        if len(args) < 3:
+            raise BadRequest("group-join takes a group, a member and a lease")
+        if len(args) > 4:
+            raise BadRequest("too many arguments")
+        name, member = self._member_names(args[0], args[1])
+        lease = parse_integer(args[2], "lease")
+        capabilities = decode_value(args[3]) if len(args) > 3 else None
+        try:
+            grant = self.groups.join(name, member, self.connection, capabilities, lease)
+        except GroupNotCreated:
+            self.reply(b"NO_GROUP " + args[0])
+        except MemberAlreadyExists:
+            self.reply(b"MEMBER-EXISTS %s %s" % (args[0], args[1]))
+        except ValueError as error:
+            raise BadRequest(str(error)) from None
+        else:
+            self._joined(grant, args[0], args[1])
+
+    def _joined(self, grant: IGrant, raw_name: bytes, raw_member: bytes) -> None:
+        self.reply(b"JOINED %s %s %d" % (raw_name, raw_member, whole_seconds_left(grant)))
+
+    def _member_arguments(self, args: List[bytes], count: int, usage: str) -> Tuple[str, str]:
+        if len(args) < count:
+            raise BadRequest(usage)
+        if len(args) > count:
+            raise BadRequest("too many arguments")
+        return self._member_names(args[0], args[1])
+
+    def do_group_heartbeat(self, args: List[bytes]) -> None:
+        """An extension: C{group-heartbeat <G> <M> <lease>}: C{JOINED <G> <M> <seconds_left>} or C{NOT_JOINED}."""
+        name, member = self._member_arguments(args, 3, "group-heartbeat takes a group, a member and a lease")
+        lease = parse_integer(args[2], "lease")
+        try:
+            renewed = self.groups.heartbeat(name, member, self.connection, lease)
+        except ValueError as error:
+            raise BadRequest(str(error)) from None
+        grant = self.groups.member_grant(name, member, self.connection) if renewed else None
+        if grant is None:
+            self.reply(b"NOT_JOINED %s %s" % (args[0], args[1]))
+        else:
+            self._joined(grant, args[0], args[1])
+
+    def do_group_update(self, args: List[bytes]) -> None:
+        """An extension: C{group-update <G> <M> <capabilities>}: C{UPDATED <G> <M>} or C{NOT_JOINED <G> <M>}."""
+        name, member = self._member_arguments(args, 3, "group-update takes a group, a member and capabilities")
+        capabilities = decode_value(args[2])
+        try:
+            self.groups.update(name, member, self.connection, capabilities)
+        except MemberNotJoined:
+            self.reply(b"NOT_JOINED %s %s" % (args[0], args[1]))
+        except ValueError as error:
+            raise BadRequest(str(error)) from None
+        else:
+            self.reply(b"UPDATED %s %s" % (args[0], args[1]))
+
+    def do_group_leave(self, args: List[bytes]) -> None:
+        """An extension: C{group-leave <G> <M>}: C{LEFT <G> <M>} or C{NOT_JOINED <G> <M>}."""
+        name, member = self._member_arguments(args, 2, "group-leave takes a group and a member")
+        try:
+            self.groups.leave(name, member, self.connection)
+        except MemberNotJoined:
+            self.reply(b"NOT_JOINED %s %s" % (args[0], args[1]))
+        else:
+            self.reply(b"LEFT %s %s" % (args[0], args[1]))
+
+    def do_group_members(self, args: List[bytes]) -> None:
+        """
+        An extension: C{group-members <G>}: C{MEMBER <G> <M> <peer> <token>[
+        <capabilities>]} for each member in join order, then C{END}; or C{NO_GROUP <G>}.
+        """
+        raw_name = only_argument(args, "group")
+        try:
+            members = self.groups.member_grants(self._group_name(raw_name))
+        except GroupNotCreated:
+            self.reply(b"NO_GROUP " + raw_name)
+            return
+        lines = [member_line(raw_name, member, grant) for member, grant in members.items()]
+        lines.append(b"END")
+        self.reply_listing(lines)
+
+    def do_groups(self, args: List[bytes]) -> None:
+        """An extension: C{groups}: C{GROUP <G>} for each group, sorted, then C{END}."""
+        no_arguments(args)
+        lines = [b"GROUP " + encode_key(name) for name in self.groups.groups()]
+        lines.append(b"END")
+        self.reply_listing(lines)
+
     def holds_nothing(self) -> bool:
         """Whether the connection holds, waits for and watches nothing (a watcher waits for events: not idle)."""
         return super().holds_nothing() and not self.service.watches_of(self.connection)
@@ -416,6 +577,14 @@ JESyncProtocol.commands = {
     b"watch-prefix": JESyncProtocol.do_watch_prefix,
     b"unwatch": JESyncProtocol.do_unwatch,
     b"unwatch-prefix": JESyncProtocol.do_unwatch_prefix,
+    b"group-create": JESyncProtocol.do_group_create,
+    b"group-delete": JESyncProtocol.do_group_delete,
+    b"group-join": JESyncProtocol.do_group_join,
+    b"group-heartbeat": JESyncProtocol.do_group_heartbeat,
+    b"group-update": JESyncProtocol.do_group_update,
+    b"group-leave": JESyncProtocol.do_group_leave,
+    b"group-members": JESyncProtocol.do_group_members,
+    b"groups": JESyncProtocol.do_groups,
     b"quit": JESyncProtocol.do_quit,
 }
 
@@ -424,6 +593,20 @@ class JESyncFactory(LockServerFactory):
     """
     Serves the JESync protocol over a lock service; listen on it with any
     stream endpoint.  See L{LockServerFactory} for the parameters.
+
+    @param groups: the groups its C{group-*} commands serve: the server's
+        one L{GroupTable} over C{service} (the composition root makes it);
+        without one, a table of its own with the default limits.
     """
 
     grammar = JESyncProtocol
+
+    def __init__(
+        self,
+        service: ILockService,
+        verbose: bool = False,
+        policy: Optional[ConnectionPolicy] = None,
+        groups: Optional[GroupTable] = None,
+    ) -> None:
+        super().__init__(service, verbose, policy)
+        self.groups = groups if groups is not None else GroupTable(service)

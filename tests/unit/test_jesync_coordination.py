@@ -369,37 +369,9 @@ class DocsTranscriptTests(ServerTestCase):
     """
 
     def replay(self, transcript: str) -> None:
-        from twisted.internet.address import IPv4Address
+        from tests.doc_pages import replay_transcript
 
-        clients = {}
-
-        def client(name: str):
-            if name not in clients:
-                number = int(name[1:])
-                clients[name] = self.server.connect(peer=IPv4Address("TCP", f"10.0.0.{number}", 50000 + number))
-                clients[name].unread = []
-            return clients[name]
-
-        def received(name: str) -> list:
-            one = client(name)
-            one.unread.extend(one.take().decode().splitlines())
-            return one.unread
-
-        for line in transcript.splitlines():
-            if line.startswith("S→"):
-                name, sent = line[2:].split(": ", 1)
-                unread = received(name)
-                self.assertTrue(unread, f"{name} was sent nothing; the page shows {sent!r}")
-                self.assertEqual(unread.pop(0), sent)
-            elif line.endswith(" seconds pass)"):
-                self.clock.advance(int(line[1:].split()[0]))
-            elif line.endswith(" disconnects)"):
-                client(line[1:].split()[0]).lose()
-            else:
-                name, sent = line.split(": ", 1)
-                client(name).send(sent.encode() + b"\n")
-        for name in clients:
-            self.assertEqual(received(name), [], name)
+        replay_transcript(self, self.server, transcript)
 
     def test_every_transcript(self) -> None:
         from tests.doc_pages import page_blocks

@@ -106,6 +106,24 @@ class HandOverTests(ElectionTestCase):
         leader.add_lost_callback(later.append)  # added after: told at once
         self.assertEqual(later, lost)
 
+    def test_expired_leadership_is_told_and_handed_over(self) -> None:
+        """
+        A leader whose renewals do not get through (nothing moves between
+        it and the server) loses its grant to the failsafe: the next
+        candidate leads, and the old leader is told once it hears again.
+        """
+        leading = self.election().campaign("a", expires=3)
+        self.server.flush()
+        [waiting] = self.campaigns("b")
+        leader = self.result(leading)
+        lost: list[LockLost] = []
+        leader.add_lost_callback(lost.append)
+        self.server.reactor.advance(3.5)  # (no flush: the renewal sent at 1 s is not delivered)
+        self.assertTrue(leader.lost)  # its own deadline passed: told without waiting for the server
+        self.assertEqual(len(lost), 1)
+        self.server.flush()
+        self.assertEqual(self.successResultOf(waiting).value, b"b")
+
     def test_fencing_token_grows_with_each_leader(self) -> None:
         """Each leader's token is larger than every earlier leader's."""
         candidates = self.campaigns("a", "b", "c")

@@ -100,6 +100,7 @@ examples:
   jesync lock --shared --value "$(hostname)" config -- ./read-config.sh
   jesync holders config
   jesync watch --prefix jobs/ --json
+  jesync elect scheduler "$(hostname)" -- ./run-scheduler.sh    # runs while this host leads
   JESYNC_SERVERS=db1,db2 jesync status nightly-report
   JESYNC_SERVERS='a:11400|b:11400|c:11400' jesync lock deploy -- ./deploy.sh
   jesync ping

@@ -253,9 +253,11 @@ class Observation:
 
     def get(self, timeout: Optional[float] = None) -> tuple[bool, Optional[Leader]]:
         """
-        The next change, waiting at most C{timeout} seconds (None: for
-        ever): C{(True, leader)}, or C{(False, None)} if none came in time
-        or the observation is closed.  Raises as a watch's C{get} does.
+        The next change, waiting at most C{timeout} seconds for each event
+        (None: for ever; an event that changes nothing, such as a grant
+        already told, is read and the wait starts again): C{(True,
+        leader)}, or C{(False, None)} if none came in time or the
+        observation is closed.  Raises as a watch's C{get} does.
         """
         while not self._pending:
             event = self._watch.get(timeout)

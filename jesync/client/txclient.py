@@ -773,18 +773,24 @@ class TwistedElection:
         """
         Call C{callback} with the leader (a L{Leader}, or None: no leader)
         once the server watches the election and has said who leads, then
-        with each change, in order.  Fires with the L{TwistedWatch} under
-        it (C{stop()} it; C{add_lost_callback} to hear of its connection
+        with each change, in order (an exception it raises is logged).
+        Fires with the L{TwistedWatch} under it (C{stop()} it; C{add_lost_callback} to hear of its connection
         dropping) after the first call.
         """
         tracker = LeaderTracker()
         early: Optional[list[WatchEvent]] = []
 
+        def tell(leader: Optional[Leader]) -> None:
+            try:
+                callback(leader)
+            except Exception:
+                log.exception("the observe callback of %r failed", self)
+
         def told(event: WatchEvent) -> None:
             if early is not None:
                 early.append(event)  # before the holders answer: applied after it
             elif tracker.told(event):
-                callback(tracker.leader)
+                tell(tracker.leader)
 
         async def start() -> TwistedWatch:
             nonlocal early
@@ -794,11 +800,11 @@ class TwistedElection:
             except BaseException:
                 await watch.stop()
                 raise
-            callback(tracker.start(holders))
+            tell(tracker.start(holders))
             before, early = early or [], None
             for event in before:
                 if tracker.told(event):
-                    callback(tracker.leader)
+                    tell(tracker.leader)
             return watch
 
         return defer.ensureDeferred(start())

@@ -1,7 +1,9 @@
 """
 C{jesync}, the command line: run a command while holding a lock (exclusive
-or shared, with a value), look at a server's locks, and watch them change.
-Standard library only (plus the blocking client).
+or shared, with a value), or while leading an election (C{jesync elect}:
+the same runner, over L{jesync.client.Election}), look at a server's
+locks, and watch them change (C{jesync elect --observe}: an election's
+leader).  Standard library only (plus the blocking client).
 
 C{jesync watch} prints one event per line, flushed at once (so it can be
 piped), until interrupted: SIGINT or SIGTERM end it with status 0.  A
@@ -24,7 +26,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
 
 from jesync import __version__
 from jesync.client import (
@@ -32,7 +34,9 @@ from jesync.client import (
     AccessRefused,
     Client,
     ConnectionLost,
+    Election,
     KeyStatus,
+    Leader,
     Lock,
     LockLost,
     LockTimeout,
@@ -43,6 +47,7 @@ from jesync.client.address import ClusterAddress, parse_servers
 from jesync.client.wire import Holder, WatchEvent
 from jesync.client.placement import PLACEMENTS
 from jesync.client.watch import MAX_EVENTS
+from jesync.client.election import CAMPAIGN_EXPIRES, election_key_for
 from jesync.client.wire import check_key, check_prefix, lock_value
 from jesync.listing import listing_sort_key
 from jesync.wire import encode_key, encode_value
@@ -95,6 +100,7 @@ examples:
   jesync lock --shared --value "$(hostname)" config -- ./read-config.sh
   jesync holders config
   jesync watch --prefix jobs/ --json
+  jesync elect scheduler "$(hostname)" -- ./run-scheduler.sh    # runs while this host leads
   JESYNC_SERVERS=db1,db2 jesync status nightly-report
   JESYNC_SERVERS='a:11400|b:11400|c:11400' jesync lock deploy -- ./deploy.sh
   jesync ping
@@ -194,6 +200,44 @@ it does not watch again on its own; see jesync holders KEY for the state.
 """
 
 
+ELECT_DESCRIPTION = f"""\
+Campaign in the election NAME with VALUE, wait (in the order the candidates
+came) until elected, run COMMAND (or, with -c, STRING by /bin/sh -c) while
+this process leads, resign when COMMAND exits, and exit with COMMAND's exit
+status.  The next candidate is elected at once.
+
+An election NAME is the lock election:NAME: campaigning is an exclusive lock
+of it with VALUE, the leader is its holder (jesync holders election:NAME),
+and everything jesync lock says holds: the leadership is renewed every third
+of --expires, ends when jesync's connection closes, and COMMAND gets
+$JESYNC_KEY (election:NAME) and the leadership's fencing token in
+$JESYNC_FENCING_TOKEN, larger than every earlier leader's.
+
+If the leadership is lost while COMMAND runs (the server went away or
+stopped answering: another candidate may be elected at once), jesync says so
+on stderr and sends COMMAND SIGTERM (--no-terminate-on-loss leaves it
+running), and exits {EXIT_LOCK_LOST} after it ends.  --wait SECONDS gives up
+with status {EXIT_TIMEOUT} if not elected within SECONDS.
+
+With --observe, print who leads (or "no leader"), then each change, one
+line each, until interrupted (SIGINT or SIGTERM: status 0):
+
+  leader HOLDER token=T [value=V]   (the value percent-encoded)
+  no leader
+
+--json prints one object per line: election, leader (null: none), token,
+value.  A dropped connection ends it with status {EXIT_UNAVAILABLE}.
+"""
+
+ELECT_EXAMPLES = """\
+examples:
+  jesync elect scheduler "$(hostname)" -- ./run-scheduler.sh
+  jesync elect --wait 30 primary-db "$(hostname):5432" -c 'exec ./promote-and-serve.sh'
+  jesync elect --observe scheduler
+  jesync elect --observe --json scheduler | jq -r .value
+"""
+
+
 class _Interrupted(Exception):
     """A signal arrived while jesync itself was waiting (before COMMAND ran)."""
 
@@ -285,13 +329,33 @@ def run_lock(args: argparse.Namespace, client: Client) -> int:
     if args.terminate_on_loss is None:
         # A failover loses the lock, and another leader soon grants it to someone else.
         args.terminate_on_loss = isinstance(client.server_for(args.key), ClusterAddress)
-    relay = SignalRelay()
-    lock: Optional[Lock] = None
     wait = 0 if args.nonblock else args.wait
-    try:
-        lock = client.lock(
+
+    def acquire() -> Lock:
+        return client.lock(
             args.key, args.max_concurrent, wait, args.expires, auto_renew=True, shared=args.shared, value=args.value
         )
+
+    return run_granted(args, acquire, Holding(f"the lock on {printable(args.key)!r}", "the lock"))
+
+
+class Holding(NamedTuple):
+    """What COMMAND runs under, in jesync's messages: C{what} names it whole, C{noun} short."""
+
+    what: str
+    noun: str
+
+
+def run_granted(args: argparse.Namespace, acquire: Callable[[], Lock], holding: Holding) -> int:
+    """
+    Wait for C{acquire()} (interrupted by a signal: 128+N; its wait ran
+    out: the conflict status), then run COMMAND while holding what it
+    granted (L{run_holding}): jesync lock's and jesync elect's runner.
+    """
+    relay = SignalRelay()
+    lock: Optional[Lock] = None
+    try:
+        lock = acquire()
         relay.acquiring = False
     except _Interrupted as interrupted:
         relay.acquiring = False  # from now on signals are only noted
@@ -300,27 +364,27 @@ def run_lock(args: argparse.Namespace, client: Client) -> int:
         return SIGNAL_BASE + interrupted.signum
     except LockTimeout:
         if not args.nonblock:  # flock -n says nothing (cron mails no output)
-            say(f"timed out after waiting {args.wait:g} s for the lock on {printable(args.key)!r}")
+            say(f"timed out after waiting {args.wait:g} s for {holding.what}")
         return args.conflict_exit_code
-    return run_holding(args, lock, relay)
+    return run_holding(args, lock, relay, holding)
 
 
-def run_holding(args: argparse.Namespace, lock: Lock, relay: SignalRelay) -> int:
+def run_holding(args: argparse.Namespace, lock: Lock, relay: SignalRelay, holding: Holding) -> int:
     """Run COMMAND while holding C{lock}; release it however COMMAND ends."""
     program = args.program
-    key = printable(lock.key)
+    what = holding.what
 
     def lost(error: LockLost) -> None:
         if args.terminate_on_loss:
-            say(f"lost the lock on {key!r}: {error.reason}; terminating {program}")
+            say(f"lost {what}: {error.reason}; terminating {program}")
             if relay.child is not None:
                 relay.child.terminate()
         else:
-            say(f"lost the lock on {key!r}: {error.reason}; {program} keeps running")
+            say(f"lost {what}: {error.reason}; {program} keeps running")
 
     try:
         if not lock.held:
-            say(f"lost the lock on {key!r} before {program} started: {lock.lost_reason}")
+            say(f"lost {what} before {program} started: {lock.lost_reason}")
             return EXIT_LOCK_LOST
         lock.add_lost_callback(lost)
         try:
@@ -338,9 +402,58 @@ def run_holding(args: argparse.Namespace, lock: Lock, relay: SignalRelay) -> int
     finally:
         released = lock.release()
     if not released:
-        say(f"{program} exited with status {status}, but the lock was lost while it ran")
+        say(f"{program} exited with status {status}, but {holding.noun} was lost while it ran")
         return EXIT_LOCK_LOST
     return status
+
+
+# -- jesync elect -------------------------------------------------------------
+
+
+def run_elect(args: argparse.Namespace, client: Client) -> int:
+    election = Election(client, args.name)
+    if args.observe:
+        return run_observe(args, election)
+    args.nonblock = False
+    args.conflict_exit_code = EXIT_TIMEOUT
+
+    def campaign() -> Lock:
+        return election.campaign(args.value, args.expires, args.wait).lock
+
+    return run_granted(args, campaign, Holding(f"the leadership of {args.name!r}", "the leadership"))
+
+
+def leader_text(leader: Optional[Leader]) -> str:
+    """A leader as C{jesync elect --observe} prints it for people (the value percent-encoded: one line)."""
+    if leader is None:
+        return "no leader"
+    words = ["leader", leader.peer, f"token={leader.token}"]
+    if leader.value is not None:
+        words.append("value=" + encode_value(leader.value).decode("ascii"))
+    return " ".join(words)
+
+
+def run_observe(args: argparse.Namespace, election: Election) -> int:
+    """Print the leader, then each change, one per line, until interrupted (SIGINT, SIGTERM: status 0)."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with election.observe() as changes:
+            for leader in changes:
+                if args.json:
+                    row = {"election": args.name, "leader": None, "token": None, "value": None}
+                    row.update(leader.as_dict() if leader is not None else {})
+                    print(json.dumps(row), flush=True)
+                else:
+                    print(leader_text(leader), flush=True)
+    except KeyboardInterrupt:
+        return 0
+    except WatchFellBehind as error:
+        say(
+            f"observing {args.name!r}: the output was read too slowly ({error.max_events} changes waiting):"
+            " stopped; observe again"
+        )
+        return EXIT_UNAVAILABLE
+    return 0
 
 
 # -- jesync status / list / ping --------------------------------------------
@@ -766,6 +879,61 @@ def build_parser() -> WholeNameParser:
     add_connection_options(watch, argparse.SUPPRESS)
     watch.set_defaults(command_parser=watch)
 
+    elect = commands.add_parser(
+        "elect",
+        help="run a command while this process is an election's leader; or observe the leader",
+        usage="jesync elect [options] NAME VALUE -- COMMAND [ARGS...]\n"
+        "       jesync elect [options] NAME VALUE -c STRING\n"
+        "       jesync elect --observe [--json] NAME",
+        description=ELECT_DESCRIPTION,
+        epilog=ELECT_EXAMPLES,
+        formatter_class=formatter,
+    )
+    elect.add_argument("name", metavar="NAME", help="the election's name (no whitespace): the key election:NAME")
+    elect.add_argument(
+        "value", metavar="VALUE", nargs="?", default=None,
+        help="this candidate's value, shown to observers (at most 4096 bytes of UTF-8): say its address",
+    )
+    elect.add_argument(
+        "-c",
+        "--command",
+        dest="shell_command",
+        metavar="STRING",
+        help="run STRING with /bin/sh -c while leader, instead of a COMMAND after --",
+    )
+    elect.add_argument(
+        "--wait",
+        "-w",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help=f"give up, with a message and status {EXIT_TIMEOUT}, if not elected within SECONDS "
+        "[default: wait for ever]",
+    )
+    elect.add_argument(
+        "--expires",
+        "-e",
+        type=seconds,
+        default=CAMPAIGN_EXPIRES,
+        metavar="SECONDS",
+        help="the failsafe: if jesync stops renewing (hung, its connection open), the leadership "
+        f"ends SECONDS after the last renewal (0: never) [default: {CAMPAIGN_EXPIRES}]",
+    )
+    elect.add_argument(
+        "--terminate-on-loss",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="send COMMAND SIGTERM if the leadership is lost while it runs [default: yes]",
+    )
+    elect.add_argument(
+        "--observe",
+        action="store_true",
+        help="print the leader (or 'no leader'), then each change, until interrupted; no VALUE or COMMAND",
+    )
+    elect.add_argument("--json", action="store_true", help="with --observe: print one JSON object per line")
+    add_connection_options(elect, argparse.SUPPRESS)
+    elect.set_defaults(command_parser=elect)
+
     ping = commands.add_parser(
         "ping",
         help="is each server reachable, and how fast does it answer",
@@ -802,6 +970,36 @@ def check_whole_names(parser: WholeNameParser, argv: Sequence[str]) -> None:
             current.error(f"unrecognized arguments: {name} ({hint})")
 
 
+def check_elect_arguments(args: argparse.Namespace, parser: argparse.ArgumentParser, command: list[str]) -> None:
+    """C{jesync elect}: a VALUE and a COMMAND (or -c), or --observe and neither."""
+    try:
+        election_key_for(args.name)
+    except ValueError as error:
+        parser.error(str(error))
+    if args.observe:
+        if args.value is not None or command or args.shell_command is not None:
+            parser.error("--observe takes the election's NAME only: no VALUE, no COMMAND")
+        return
+    if args.json:
+        parser.error("--json goes with --observe")
+    if args.value is None:
+        parser.error("a VALUE is needed: jesync elect NAME VALUE -- COMMAND [ARGS...] (or --observe NAME)")
+    if args.shell_command is not None:
+        if command:
+            parser.error("give -c STRING or a COMMAND after --, not both")
+        args.command = [SHELL, "-c", args.shell_command]
+        args.program = "the -c command"
+    elif not command:
+        parser.error("a COMMAND to run is needed: jesync elect NAME VALUE -- COMMAND [ARGS...], or -c STRING")
+    else:
+        args.command = command
+        args.program = command[0]
+    try:
+        args.value = lock_value(election_key_for(args.name), os.fsencode(args.value), False)
+    except ValueError as error:
+        parser.error(str(error))
+
+
 def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
     """
     Parse; COMMAND is everything after the first C{--} (so its own options
@@ -831,6 +1029,8 @@ def parse_arguments(argv: Sequence[str]) -> argparse.Namespace:
             args.conflict_exit_code = EXIT_BUSY if args.nonblock else EXIT_TIMEOUT
         if args.shared and args.max_concurrent != 1:
             command_parser.error("--shared takes no --max-concurrent: any number of shared holders share the lock")
+    elif args.command_name == "elect":
+        check_elect_arguments(args, command_parser, command)
     elif args.command_name == "watch" and (args.key is None) == (args.prefix is None):
         command_parser.error("give a KEY or --prefix PREFIX (--prefix '' for every key), not both")
     elif command:
@@ -856,6 +1056,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace, Client], int]] = {
     "ping": run_ping,
     "holders": run_holders,
     "watch": run_watch,
+    "elect": run_elect,
 }
 
 

@@ -4,6 +4,8 @@ Clients of JESync lock servers (jesync, or any JESync-compatible one).
  - L{Client}: blocking, for ordinary Python code.
  - L{AsyncClient}: asyncio.
  - L{TwistedClient}: Twisted, returning Deferreds.
+ - L{Election}, L{AsyncElection}, L{TwistedElection}: leader elections
+   over each of those (L{jesync.client.election}).
  - L{ELockClient}: the elock protocol, blocking: one session whose locks
    survive a dropped connection and a cluster failover
    (L{jesync.client.elock}).
@@ -35,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from jesync.client.address import DEFAULT_PORT, DEFAULT_SERVER, ClusterAddress, TCPAddress, UNIXAddress, parse_address
 from jesync.client.aio import AsyncClient, AsyncLock, AsyncWatch
 from jesync.client.blocking import Client, Lock, Watch
+from jesync.client.election import AsyncElection, AsyncObservation, Election, Leader, Leadership, Observation
 from jesync.client.elock import ELockClient, ELockHandle
 from jesync.client.errors import (
     AccessRefused,
@@ -54,7 +57,7 @@ from jesync.client.wire import Holder, WatchEvent
 from jesync.wire import KeyStatus
 
 if TYPE_CHECKING:
-    from jesync.client.txclient import TwistedClient, TwistedLock, TwistedWatch
+    from jesync.client.txclient import TwistedClient, TwistedElection, TwistedLock, TwistedWatch
 
 
 def __getattr__(name: str) -> Any:
@@ -63,7 +66,7 @@ def __getattr__(name: str) -> Any:
     C{jesync.client}, the blocking or the asyncio client imports no Twisted
     module at all.
     """
-    if name in ("TwistedClient", "TwistedLock", "TwistedWatch"):
+    if name in ("TwistedClient", "TwistedElection", "TwistedLock", "TwistedWatch"):
         from jesync.client import txclient
 
         value = getattr(txclient, name)
@@ -76,6 +79,8 @@ __all__ = [
     "DEFAULT_PORT",
     "DEFAULT_SERVER",
     "AsyncClient",
+    "AsyncElection",
+    "AsyncObservation",
     "AsyncLock",
     "AsyncWatch",
     "AccessRefused",
@@ -84,6 +89,7 @@ __all__ = [
     "ClientError",
     "ClusterAddress",
     "ELockClient",
+    "Election",
     "ELockHandle",
     "ConnectFailed",
     "ConnectionLost",
@@ -91,13 +97,17 @@ __all__ = [
     "KeyBusy",
     "KeyStatus",
     "Lock",
+    "Leader",
+    "Leadership",
     "LockLost",
     "LockManyTimeout",
     "LockTimeout",
+    "Observation",
     "PHPPlacement",
     "ServerError",
     "TCPAddress",
     "TwistedClient",
+    "TwistedElection",
     "TwistedLock",
     "TwistedWatch",
     "UNIXAddress",

@@ -43,6 +43,7 @@ from jesync.client.errors import ClientError, ConnectFailed, ConnectionLost, Loc
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
 from jesync.client.connection import ConnectionCore
+from jesync.client.election import CAMPAIGN_EXPIRES, Leader, LeaderTracker, Leadership, election_key_for, leader_of
 from jesync.client.session import SERVER_CLOSED
 from jesync.client.watch import Subscription, subscribe
 from jesync.client.wire import (
@@ -736,3 +737,74 @@ class TwistedClient:
                 gone.append(connection.gone)
             self._connections[index] = None
         return defer.gatherResults(gone).addCallback(lambda _: None)
+
+
+class TwistedElection:
+    """
+    An election over a L{TwistedClient} (the rules:
+    L{jesync.client.election}): L{jesync.client.election.Election}'s
+    operations returning Deferreds, and L{observe} with a callback.
+    """
+
+    def __init__(self, client: TwistedClient, name: str) -> None:
+        self.key = election_key_for(name)
+        self.client = client
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<TwistedElection {self.name!r}>"
+
+    def campaign(
+        self, value: bytes | str | None, expires: Optional[float] = CAMPAIGN_EXPIRES, wait: Optional[float] = None
+    ) -> defer.Deferred[Leadership[TwistedLock]]:
+        """
+        As L{jesync.client.election.Election.campaign}: fires with the
+        L{Leadership} (its C{resign()} returns a Deferred) once this
+        candidate leads, or fails as C{lock} does.
+        """
+        locked = self.client.lock(self.key, wait=wait, expires=expires, auto_renew=True, value=value)
+        return locked.addCallback(lambda lock: Leadership(self.name, lock))
+
+    def leader(self) -> defer.Deferred[Optional[Leader]]:
+        """The leader now, or None."""
+        return self.client.holders(self.key).addCallback(leader_of)
+
+    def observe(self, callback: Callable[[Optional[Leader]], object]) -> defer.Deferred[TwistedWatch]:
+        """
+        Call C{callback} with the leader (a L{Leader}, or None: no leader)
+        once the server watches the election and has said who leads, then
+        with each change, in order (an exception it raises is logged).
+        Fires with the L{TwistedWatch} under it (C{stop()} it; C{add_lost_callback} to hear of its connection
+        dropping) after the first call.
+        """
+        tracker = LeaderTracker()
+        early: Optional[list[WatchEvent]] = []
+
+        def tell(leader: Optional[Leader]) -> None:
+            try:
+                callback(leader)
+            except Exception:
+                log.exception("the observe callback of %r failed", self)
+
+        def told(event: WatchEvent) -> None:
+            if early is not None:
+                early.append(event)  # before the holders answer: applied after it
+            elif tracker.told(event):
+                tell(tracker.leader)
+
+        async def start() -> TwistedWatch:
+            nonlocal early
+            watch = await self.client.watch(self.key, told)
+            try:
+                holders = await self.client.holders(self.key)
+            except BaseException:
+                await watch.stop()
+                raise
+            tell(tracker.start(holders))
+            before, early = early or [], None
+            for event in before:
+                if tracker.told(event):
+                    tell(tracker.leader)
+            return watch
+
+        return defer.ensureDeferred(start())

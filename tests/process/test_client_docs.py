@@ -59,6 +59,10 @@ class PythonExamples:
                 printed = re.search(r"It prints `([^`]+)`, `([^`]+)`,\s+`([^`]+)`, then `([^`]+)`", text)
                 self.assertIsNotNone(printed)
                 self.assertEqual(result.stdout.splitlines(), list(printed.groups()))
+            if "Election(" in example:
+                printed = re.search(r"This prints (.*?)\.\n", text, re.S)
+                self.assertIsNotNone(printed)
+                self.assertEqual(result.stdout.splitlines(), re.findall(r"`([^`]+)`", printed.group(1)))
             if "server_for" in example:
                 printed = re.search(r"It prints `([^`]+)`, then `([^`]+)`", text)
                 self.assertIsNotNone(printed)

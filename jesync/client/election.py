@@ -1,0 +1,357 @@
+"""
+Leader elections, in the style of etcd's C{concurrency.Election}: a small
+object over a client, built on the lock table's own primitives, with no
+election code in the server.
+
+The rules (docs/coordination.md, "Elections", says them to users):
+
+ - An election C{E} is the key C{election:E} (L{jesync.wire.election_key}).
+ - Campaigning is an exclusive C{lock} of that key with the candidate's
+   value, waiting: candidates queue in arrival order, and the server grants
+   the key to the first when the leader goes.  The leader is its holder;
+   its grant's fencing token is the leadership's token (each leader's is
+   larger than every earlier one's), to pass along with the leader's writes
+   so that a deposed leader's are refused downstream.
+ - The connection owns liveness, as an etcd session does: leadership ends
+   when the leader resigns (a C{release}: the next candidate is granted at
+   once), when its connection closes, or when its failsafe expiry runs out
+   (a leader renews itself every third of C{expires}).  A leader is always
+   told it lost the leadership (its L{Leadership} is C{lost}, its lost
+   callbacks are called, leaving a C{with} block raises L{LockLost}): never
+   silence.
+ - Observing is watching the key, then asking its C{holders}: the
+   consistent start.  The observer is told the leader then (or None: no
+   leader), and again on every change: a new leader (C{granted}), or none
+   (its leader released, expired or lost).  The events that crossed the
+   C{holders} answer are recognized by their fencing tokens: a grant no
+   newer than the leader already told is not told again.
+
+Anyone may also lock C{election:E} by hand (it is a key like any other):
+the election sees that holder as its leader.  This module has the blocking
+and the asyncio elections; the Twisted one is L{jesync.client.txclient}'s
+C{TwistedElection}, over the same L{Leader}, L{LeaderTracker} and
+L{Leadership}.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import TYPE_CHECKING, Any, Deque, Generic, Iterable, NamedTuple, Optional, TypeVar
+
+from jesync.client.errors import LockLost
+from jesync.client.handle import LockState, LostCallback
+from jesync.client.watch import MAX_EVENTS
+from jesync.client.wire import HOLDER_EVENTS, Holder, WatchEvent, check_key
+from jesync.wire import GRANTED, election_key
+
+if TYPE_CHECKING:
+    from jesync.client.aio import AsyncClient, AsyncLock, AsyncWatch
+    from jesync.client.blocking import Client, Lock, Watch
+
+#: A leader's failsafe expiry, by default, in seconds: how long a leader that
+#: hangs with its connection open stays leader (it renews every third of it).
+CAMPAIGN_EXPIRES = 60
+
+HandleT = TypeVar("HandleT", bound=LockState)
+
+
+def election_key_for(name: str) -> str:
+    """The key of the election C{name}; ValueError if it cannot be one (whitespace, too long)."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("an election's name is a non-empty str")
+    key = election_key(name)
+    check_key(key)
+    return key
+
+
+class Leader(NamedTuple):
+    """
+    An election's leader: C{peer} its address (as L{Holder}'s), C{value}
+    the value it campaigned with (bytes, or None), C{token} its grant's
+    fencing token.
+    """
+
+    peer: str
+    value: Optional[bytes]
+    token: Optional[int]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The leader as JSON can carry it (the value as text, bytes that are not UTF-8 as C{\\xNN})."""
+        value = None if self.value is None else self.value.decode("utf-8", "backslashreplace")
+        return {"leader": self.peer, "token": self.token, "value": value}
+
+
+def leader_of(holders: Iterable[Holder]) -> Optional[Leader]:
+    """The leader among a key's holders (the first: a campaign is exclusive), or None."""
+    for holder in holders:
+        return Leader(holder.peer, holder.value, holder.token)
+    return None
+
+
+class LeaderTracker:
+    """
+    Who leads, from a C{holders} answer and the watch's events: the
+    consistent start.  L{start} takes the answer; L{told} each event, and
+    says whether the leader changed.  An event from before the answer (the
+    watch starts first) is recognized by its token: a grant no newer than
+    the newest known is old; a release of another grant than the leader's
+    changes nothing.
+    """
+
+    def __init__(self) -> None:
+        self.leader: Optional[Leader] = None
+        self._newest: Optional[int] = None
+
+    def start(self, holders: Iterable[Holder]) -> Optional[Leader]:
+        self.leader = leader_of(holders)
+        if self.leader is not None:
+            self._newest = self.leader.token
+        return self.leader
+
+    def told(self, event: WatchEvent) -> bool:
+        """Apply C{event}; whether the leader changed (then see L{leader})."""
+        if event.kind not in HOLDER_EVENTS or event.holder is None:
+            return False
+        if event.kind == GRANTED:
+            if event.token is not None and self._newest is not None and event.token <= self._newest:
+                return False
+            if event.token is not None:
+                self._newest = event.token
+            self.leader = Leader(event.holder, event.value, event.token)
+            return True
+        leader = self.leader
+        if leader is None or (leader.token, leader.peer) != (event.token, event.holder):
+            return False
+        self.leader = None
+        return True
+
+
+class Leadership(Generic[HandleT]):
+    """
+    What a campaign won: the leadership of an election, held through one
+    lock handle (C{lock}: the client's own, renewing itself).  C{token} is
+    its fencing token, C{value} what it campaigned with.  It is C{held}
+    until L{resign} (then C{released}) or until it is lost (then C{lost},
+    with C{lost_reason}, a L{LockLost}): its connection dropped, its renewal
+    was refused or went unanswered, its failsafe ran out.  C{add_lost_callback}
+    is told, as a lock handle's is.  L{resign} returns what the client's
+    C{release} does: a bool, an awaitable of one, a Deferred of one.  A
+    context manager (C{with}, C{async with}): leaving resigns, and raises
+    L{LockLost} if the leadership was lost meanwhile.
+    """
+
+    def __init__(self, name: str, lock: HandleT) -> None:
+        #: the election's name
+        self.name = name
+        #: the lock handle that holds it
+        self.lock = lock
+
+    def __repr__(self) -> str:
+        state = "held" if self.held else "released" if self.released else "lost"
+        return f"<Leadership {self.name!r} token={self.token} {state}>"
+
+    @property
+    def token(self) -> Optional[int]:
+        return self.lock.token
+
+    @property
+    def value(self) -> Optional[bytes]:
+        return self.lock.value
+
+    @property
+    def held(self) -> bool:
+        return self.lock.held
+
+    @property
+    def released(self) -> bool:
+        return self.lock.released
+
+    @property
+    def lost(self) -> bool:
+        return self.lock.lost
+
+    @property
+    def lost_reason(self) -> Optional[LockLost]:
+        return self.lock.lost_reason
+
+    def add_lost_callback(self, callback: LostCallback) -> None:
+        """Call C{callback(LockLost)} when the leadership is lost (at once if it is); never after L{resign}."""
+        self.lock.add_lost_callback(callback)
+
+    def resign(self) -> Any:
+        """Give the leadership up: the next candidate, in arrival order, leads at once."""
+        return self.lock.release()  # type: ignore[attr-defined]
+
+    def __enter__(self) -> Leadership[HandleT]:
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        self.lock.__exit__(*exc_info)  # type: ignore[attr-defined]
+
+    async def __aenter__(self) -> Leadership[HandleT]:
+        return self
+
+    async def __aexit__(self, *exc_info: Any) -> None:
+        await self.lock.__aexit__(*exc_info)  # type: ignore[attr-defined]
+
+
+class Election:
+    """
+    An election over a blocking L{jesync.client.Client}: L{campaign},
+    L{leader}, L{observe} (see the module's docstring for the rules).
+    """
+
+    def __init__(self, client: Client, name: str) -> None:
+        self.key = election_key_for(name)
+        self.client = client
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<Election {self.name!r}>"
+
+    def campaign(
+        self, value: bytes | str | None, expires: Optional[float] = CAMPAIGN_EXPIRES, wait: Optional[float] = None
+    ) -> Leadership[Lock]:
+        """
+        Wait (in arrival order; at most C{wait} seconds, None: for ever) to
+        lead, with C{value} (at most 4096 bytes; what L{leader} and
+        observers see: say this candidate's address); the L{Leadership},
+        renewing itself every third of C{expires} (the failsafe: None or 0,
+        never).  Raise L{jesync.client.LockTimeout} if the wait runs out,
+        L{jesync.client.KeyBusy} if this client already campaigns in it, as
+        C{lock()} raises.
+        """
+        lock = self.client.lock(self.key, wait=wait, expires=expires, auto_renew=True, value=value)
+        return Leadership(self.name, lock)
+
+    def leader(self) -> Optional[Leader]:
+        """The leader now, or None."""
+        return leader_of(self.client.holders(self.key))
+
+    def observe(self, max_events: int = MAX_EVENTS) -> Observation:
+        """
+        The leader, then each change of it: an iterator of L{Leader} (None:
+        no leader), until closed; a context manager that closes it.  Bound
+        to its connection as a watch is (ConnectionLost after the changes
+        read before it).
+        """
+        watch = self.client.watch(self.key, max_events=max_events)
+        try:
+            return Observation(watch, self.client.holders(self.key))
+        except BaseException:
+            watch.close()
+            raise
+
+
+class Observation:
+    """What L{Election.observe} returns: an iterator of the leader's changes (L{Leader} or None)."""
+
+    def __init__(self, watch: Watch, holders: list[Holder]) -> None:
+        self._watch = watch
+        self._tracker = LeaderTracker()
+        self._pending: Deque[Optional[Leader]] = deque([self._tracker.start(holders)])
+
+    def get(self, timeout: Optional[float] = None) -> tuple[bool, Optional[Leader]]:
+        """
+        The next change, waiting at most C{timeout} seconds for each event
+        (None: for ever; an event that changes nothing, such as a grant
+        already told, is read and the wait starts again): C{(True,
+        leader)}, or C{(False, None)} if none came in time or the
+        observation is closed.  Raises as a watch's C{get} does.
+        """
+        while not self._pending:
+            event = self._watch.get(timeout)
+            if event is None:
+                return False, None
+            if self._tracker.told(event):
+                self._pending.append(self._tracker.leader)
+        return True, self._pending.popleft()
+
+    def __iter__(self) -> Observation:
+        return self
+
+    def __next__(self) -> Optional[Leader]:
+        changed, leader = self.get()
+        if not changed:
+            raise StopIteration
+        return leader
+
+    def close(self) -> None:
+        """Stop observing (never raises)."""
+        self._watch.close()
+
+    def __enter__(self) -> Observation:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+
+class AsyncElection:
+    """An election over an L{jesync.client.AsyncClient}: L{Election}'s operations, awaited."""
+
+    def __init__(self, client: AsyncClient, name: str) -> None:
+        self.key = election_key_for(name)
+        self.client = client
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<AsyncElection {self.name!r}>"
+
+    async def campaign(
+        self, value: bytes | str | None, expires: Optional[float] = CAMPAIGN_EXPIRES, wait: Optional[float] = None
+    ) -> Leadership[AsyncLock]:
+        """As L{Election.campaign}: C{leadership = await election.campaign(value)}."""
+        lock = await self.client.lock(self.key, wait=wait, expires=expires, auto_renew=True, value=value)
+        return Leadership(self.name, lock)
+
+    async def leader(self) -> Optional[Leader]:
+        """The leader now, or None."""
+        return leader_of(await self.client.holders(self.key))
+
+    async def observe(self, max_events: int = MAX_EVENTS) -> AsyncObservation:
+        """As L{Election.observe}: an async iterator of L{Leader} (None: no leader); C{await} its C{close()}."""
+        watch = await self.client.watch(self.key, max_events=max_events)
+        try:
+            return AsyncObservation(watch, await self.client.holders(self.key))
+        except BaseException:
+            await watch.close()
+            raise
+
+
+class AsyncObservation:
+    """What L{AsyncElection.observe} returns: an async iterator of the leader's changes."""
+
+    def __init__(self, watch: AsyncWatch, holders: list[Holder]) -> None:
+        self._watch = watch
+        self._tracker = LeaderTracker()
+        self._pending: Deque[Optional[Leader]] = deque([self._tracker.start(holders)])
+
+    async def get(self, timeout: Optional[float] = None) -> tuple[bool, Optional[Leader]]:
+        """As L{Observation.get}."""
+        while not self._pending:
+            event = await self._watch.get(timeout)
+            if event is None:
+                return False, None
+            if self._tracker.told(event):
+                self._pending.append(self._tracker.leader)
+        return True, self._pending.popleft()
+
+    def __aiter__(self) -> AsyncObservation:
+        return self
+
+    async def __anext__(self) -> Optional[Leader]:
+        changed, leader = await self.get()
+        if not changed:
+            raise StopAsyncIteration
+        return leader
+
+    async def close(self) -> None:
+        """Stop observing (never raises)."""
+        await self._watch.close()
+
+    async def __aenter__(self) -> AsyncObservation:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        await self.close()

@@ -259,10 +259,13 @@ class GroupTable:
         self.service.release(grant.key, owner)
 
     def member_grant(self, name: str, member: str, owner: Hashable) -> Optional[IGrant]:
-        """C{owner}'s grant as member C{member} of group C{name}, or None if it is not that member."""
+        """
+        C{owner}'s grant as member C{member} of group C{name}, or None if it
+        is not that member: whether the group still exists or not (an
+        admin's force-release of its key ends the group, not its members,
+        who may still heartbeat, update and leave).
+        """
         self._start()
-        if name not in self._groups:
-            return None
         return self.service.grant_of(member_key(name, member), owner)
 
     def members(self, name: str) -> Dict[str, Optional[bytes]]:
@@ -303,18 +306,17 @@ class GroupTable:
 
     def _start(self) -> None:
         """
-        Watch C{group:} (once), and index what is held under it already.
-
-        @raise LimitReached: the service's C{max-total-watches} is reached.
+        Watch C{group:} (once: a watch of the table's own, which no client
+        cap counts), and index what is held under it already (one pass over
+        the keys, unsorted).
         """
         if self._watching:
             return
-        self.service.watch(self, GROUP_PREFIX, self._changed, prefix=True)
+        self.service.watch(self, GROUP_PREFIX, self._changed, prefix=True, counted=False)
         self._watching = True
         held = []
-        for row in self.service.snapshot("key"):
-            if row[0].startswith(GROUP_PREFIX) and row[1]:
-                held.extend(self.service.holders(row[0]))
+        for key in self.service.keys_with_prefix(GROUP_PREFIX):
+            held.extend(self.service.holders(key))
         for grant in sorted(held, key=lambda grant: grant.token):
             self._changed(LockEvent(GRANTED, grant.key, grant))
 

@@ -210,7 +210,7 @@ class ILockService(Interface):
         RELEASED, and its watches stay.
         """
 
-    def watch(owner: Hashable, key: str, listener, prefix: bool = False) -> bool:
+    def watch(owner: Hashable, key: str, listener, prefix: bool = False, counted: bool = True) -> bool:
         """
         From now on, tell C{owner}'s C{listener} (one per owner: the one its
         latest watch gave) of every change of C{key}'s holders, or (C{prefix})
@@ -219,6 +219,11 @@ class ILockService(Interface):
         as the table changes and in the order of the changes; it must not
         change the table.  An owner is told of a change once, however many
         of its watches match it.
+
+        C{counted=False}: an owner whose watches are not a client's (a
+        table built on this one, such as the group table's) is not held to
+        the caps, nor counted in C{watch_count}; an owner's first watch
+        decides it for all of them.
 
         @return: True if this is a new watch, False if C{owner} had it already.
         @raise jesync.errors.LimitReached: past C{max-watches} (one owner's)
@@ -262,6 +267,9 @@ class ILockService(Interface):
         Every key in use, sorted by key, by waiting count ("requests",
         descending) or by holder count ("grants", descending); ties by key.
         """
+
+    def keys_with_prefix(prefix: str) -> list:
+        """The keys in use (held or waited for) that start with C{prefix}, in no order: one pass over the table."""
 
     def snapshot(order: ListingOrder = "key") -> list:
         """

@@ -280,10 +280,13 @@ class _ManyGranted:
 class _Watcher:
     """One owner's watches: its listener, the keys and the prefixes it watches."""
 
-    __slots__ = ("listener", "keys", "prefixes")
+    __slots__ = ("listener", "keys", "prefixes", "counted")
 
-    def __init__(self, listener: Callable[[LockEvent], None]) -> None:
+    def __init__(self, listener: Callable[[LockEvent], None], counted: bool) -> None:
         self.listener = listener
+        # (whether its watches count toward the caps and watch_count: not a
+        # table built on this one, such as the group table)
+        self.counted = counted
         self.keys: set[str] = set()
         self.prefixes: set[str] = set()
 
@@ -666,7 +669,14 @@ class LockService:
 
         self._hold_watcher = both
 
-    def watch(self, owner: Hashable, key: str, listener: Callable[[LockEvent], None], prefix: bool = False) -> bool:
+    def watch(
+        self,
+        owner: Hashable,
+        key: str,
+        listener: Callable[[LockEvent], None],
+        prefix: bool = False,
+        counted: bool = True,
+    ) -> bool:
         watcher = self._watchers.get(owner)
         watched = None if watcher is None else (watcher.prefixes if prefix else watcher.keys)
         if watched is not None and key in watched:
@@ -674,13 +684,13 @@ class LockService:
             return False
         if not key and not prefix:
             raise ValueError("a key cannot be empty")
-        if self.max_watches is not None and watcher is not None:
+        if counted and self.max_watches is not None and watcher is not None:
             if len(watcher.keys) + len(watcher.prefixes) >= self.max_watches:
                 raise LimitReached("max-watches", self.max_watches)
-        if self.max_total_watches is not None and self.watch_count >= self.max_total_watches:
+        if counted and self.max_total_watches is not None and self.watch_count >= self.max_total_watches:
             raise LimitReached("max-total-watches", self.max_total_watches)
         if watcher is None:
-            watcher = self._watchers[owner] = _Watcher(listener)
+            watcher = self._watchers[owner] = _Watcher(listener, counted)
         else:
             watcher.listener = listener
         if prefix:
@@ -692,7 +702,7 @@ class LockService:
             watcher.keys.add(key)
             owners = self._key_watchers.setdefault(key, {})
         owners[owner] = None
-        self.watch_count += 1
+        self.watch_count += watcher.counted
         return True
 
     def unwatch(self, owner: Hashable, key: str, prefix: bool = False) -> bool:
@@ -701,7 +711,7 @@ class LockService:
         if watched is None or key not in watched:
             return False
         watched.remove(key)
-        self._forget_watch(owner, key, prefix)
+        self._forget_watch(owner, key, prefix, watcher.counted)  # type: ignore[union-attr]
         if not watcher.keys and not watcher.prefixes:  # type: ignore[union-attr]
             del self._watchers[owner]
         return True
@@ -713,16 +723,16 @@ class LockService:
     def _unwatch_all(self, owner: Hashable) -> None:
         watcher = self._watchers.pop(owner)
         for key in watcher.keys:
-            self._forget_watch(owner, key, False)
+            self._forget_watch(owner, key, False, watcher.counted)
         for prefix in watcher.prefixes:
-            self._forget_watch(owner, prefix, True)
+            self._forget_watch(owner, prefix, True, watcher.counted)
 
-    def _forget_watch(self, owner: Hashable, key: str, prefix: bool) -> None:
+    def _forget_watch(self, owner: Hashable, key: str, prefix: bool, counted: bool) -> None:
         """Take C{owner} from the watchers of C{key} (or of the prefix)."""
         index = self._prefix_watchers if prefix else self._key_watchers
         owners = index[key]
         del owners[owner]
-        self.watch_count -= 1
+        self.watch_count -= counted
         if owners:
             return
         del index[key]
@@ -795,6 +805,9 @@ class LockService:
 
     def listing(self, order: ListingOrder = "key") -> list[KeyStatus]:
         return [KeyStatus(*row[:3]) for row in self.snapshot(order)]
+
+    def keys_with_prefix(self, prefix: str) -> list[str]:
+        return [key for key in self._locks if key.startswith(prefix)]
 
     def snapshot(self, order: ListingOrder = "key") -> list[tuple]:
         # Plain tuples: a million KeyStatus take several times as long to make.

@@ -146,11 +146,16 @@ class GroupTests(GroupTableCase):
     def test_anchor_force_released(self) -> None:
         """Released behind the table's back (an admin's force-release): the group is gone."""
         self.table.create("g")
+        self.table.join("g", "m", "owner", None, 0)
         [anchor] = self.service.holders("group:g")
         anchor.release()
         self.assertEqual(self.table.groups(), [])
         with self.assertRaises(GroupNotCreated):
             self.table.members("g")
+        # (its members are not stranded: they may still heartbeat and leave)
+        self.assertTrue(self.table.heartbeat("g", "m", "owner", 5))
+        self.table.leave("g", "m", "owner")
+        self.assertEqual(self.service.holders("group:g/m"), [])
 
 
 class TwoTablesTests(GroupTableCase):

@@ -67,9 +67,20 @@ class GroupCommandTests(GroupWireCase):
         """The group table watches nothing until a group command: the plain lock path pays nothing for it."""
         client = self.connect()
         self.assertEqual(client.ask(b"lock k\nrelease k\n"), b"GRANTED 1 0 k 120\nRELEASED 0 0 k\n")
-        self.assertEqual(self.service.watch_count, 0)
+        self.assertEqual(self.service._prefix_lengths, {})
         self.assertEqual(client.ask(b"groups\n"), b"END\n")
-        self.assertEqual(self.service.watch_count, 1)
+        self.assertEqual(self.service._prefix_lengths, {len("group:"): 1})
+        self.assertEqual(self.service.watch_count, 0)  # (the table's own watch counts toward no client cap)
+
+    def test_the_tables_watch_takes_no_client_slot(self) -> None:
+        """With --max-total-watches reached by clients, group commands still work, and the clients' slots stay theirs."""
+        self.service.max_total_watches = 1
+        watcher, other = self.connect(), self.connect()
+        self.assertEqual(watcher.ask(b"watch k\n"), b"WATCHING k\n")
+        self.assertEqual(other.ask(b"group-create g\ngroups\n"), b"GROUP-CREATED g\nGROUP g\nEND\n")
+        self.assertEqual(watcher.ask(b"unwatch k\n"), b"UNWATCHED k\n")
+        self.assertEqual(other.ask(b"watch j\n"), b"WATCHING j\n")
+        self.assertEqual(other.ask(b"group-delete g\n"), b"GROUP-DELETED g\n")
 
     def test_groups_outlive_their_creator(self) -> None:
         creator, other = self.connect(), self.connect()

@@ -22,9 +22,13 @@ The rules (docs/coordination.md, "Elections", says them to users):
  - Observing is watching the key, then asking its C{holders}: the
    consistent start.  The observer is told the leader then (or None: no
    leader), and again on every change: a new leader (C{granted}), or none
-   (its leader released, expired or lost).  The events that crossed the
-   C{holders} answer are recognized by their fencing tokens: a grant no
-   newer than the leader already told is not told again.
+   (its leader released, expired or lost).  The C{holders} answer itself
+   divides the watch's events: the server writes an event to a connection
+   before its reply to any request made after the event, and a client
+   handles the lines it reads in order, so when the answer is handled (in
+   the connection's reader: L{holders_marking}) the watch has been handed
+   exactly the events from before it, which the answer already counts.
+   Those are skipped; every later one is applied.
 
 Anyone may also lock C{election:E} by hand (it is a key like any other):
 the election sees that holder as its leader.  This module has the blocking
@@ -36,11 +40,11 @@ L{Leadership}.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any, Deque, Generic, Iterable, NamedTuple, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Deque, Generic, Iterable, NamedTuple, Optional, TypeVar
 
 from jesync.client.errors import LockLost
 from jesync.client.handle import LockState, LostCallback
-from jesync.client.watch import MAX_EVENTS
+from jesync.client.watch import MAX_EVENTS, Request
 from jesync.client.wire import HOLDER_EVENTS, Holder, WatchEvent, check_key
 from jesync.wire import GRANTED, election_key
 
@@ -88,35 +92,59 @@ def leader_of(holders: Iterable[Holder]) -> Optional[Leader]:
     return None
 
 
+def holders_marking(connection: Any, key: str, mark: Callable[[list[Holder]], None]) -> Request:
+    """
+    A client's request operation (for C{connection.start}, as
+    L{jesync.client.watch.subscribe} is) that asks C{connection}'s session
+    for C{key}'s holders and calls C{mark(holders)} as the answer is
+    handled, before its result goes on: in the connection's reader, where
+    the events written before the answer have all been handed to the
+    connection's watches and none written after it yet.  An observation
+    marks there how many events its watch had been given: those the answer
+    already counts.
+    """
+
+    def operation(on_result: Callable[[Any], None], on_error: Callable[[Exception], None]) -> None:
+        def answered(holders: list[Holder]) -> None:
+            mark(holders)
+            on_result(holders)
+
+        connection.session.holders(key, answered, on_error)
+
+    return operation
+
+
 class LeaderTracker:
     """
-    Who leads, from a C{holders} answer and the watch's events: the
-    consistent start.  L{start} takes the answer; L{told} each event, and
-    says whether the leader changed.  An event from before the answer (the
-    watch starts first) is recognized by its token: a grant no newer than
-    the newest known is old; a release of another grant than the leader's
-    changes nothing.
+    Who leads, from a C{holders} answer and the watch's events after it:
+    the consistent start.  L{start} takes the answer, and how many of the
+    events to come are from before it (C{skip}); L{told} each event, and
+    says whether the leader changed.  An event before L{start} is from
+    before the answer too: it changes nothing.
     """
 
     def __init__(self) -> None:
         self.leader: Optional[Leader] = None
-        self._newest: Optional[int] = None
+        self.started = False
+        self._skip = 0
 
-    def start(self, holders: Iterable[Holder]) -> Optional[Leader]:
+    def start(self, holders: Iterable[Holder], skip: int = 0) -> Optional[Leader]:
+        """The leader in C{holders}; the next C{skip} events told are from before them (and ignored)."""
         self.leader = leader_of(holders)
-        if self.leader is not None:
-            self._newest = self.leader.token
+        self.started = True
+        self._skip = skip
         return self.leader
 
     def told(self, event: WatchEvent) -> bool:
         """Apply C{event}; whether the leader changed (then see L{leader})."""
+        if not self.started:
+            return False
+        if self._skip:
+            self._skip -= 1
+            return False
         if event.kind not in HOLDER_EVENTS or event.holder is None:
             return False
         if event.kind == GRANTED:
-            if event.token is not None and self._newest is not None and event.token <= self._newest:
-                return False
-            if event.token is not None:
-                self._newest = event.token
             self.leader = Leader(event.holder, event.value, event.token)
             return True
         leader = self.leader
@@ -236,8 +264,12 @@ class Election:
         read before it).
         """
         watch = self.client.watch(self.key, max_events=max_events)
+        before: list[int] = []
         try:
-            return Observation(watch, self.client.holders(self.key))
+            connection = self.client._connection_for(self.key)
+            # Nothing has been read from the watch yet: what it queued is what it was given.
+            holders = connection.call(holders_marking(connection, self.key, lambda _: before.append(watch._queued())))
+            return Observation(watch, holders, before[0])
         except BaseException:
             watch.close()
             raise
@@ -246,10 +278,10 @@ class Election:
 class Observation:
     """What L{Election.observe} returns: an iterator of the leader's changes (L{Leader} or None)."""
 
-    def __init__(self, watch: Watch, holders: list[Holder]) -> None:
+    def __init__(self, watch: Watch, holders: list[Holder], before: int) -> None:
         self._watch = watch
         self._tracker = LeaderTracker()
-        self._pending: Deque[Optional[Leader]] = deque([self._tracker.start(holders)])
+        self._pending: Deque[Optional[Leader]] = deque([self._tracker.start(holders, before)])
 
     def get(self, timeout: Optional[float] = None) -> tuple[bool, Optional[Leader]]:
         """
@@ -312,8 +344,12 @@ class AsyncElection:
     async def observe(self, max_events: int = MAX_EVENTS) -> AsyncObservation:
         """As L{Election.observe}: an async iterator of L{Leader} (None: no leader); C{await} its C{close()}."""
         watch = await self.client.watch(self.key, max_events=max_events)
+        before: list[int] = []
         try:
-            return AsyncObservation(watch, await self.client.holders(self.key))
+            connection = await self.client._connection(self.client._fleet.index_for(self.key))
+            marking = holders_marking(connection, self.key, lambda _: before.append(watch._queued()))
+            holders = await connection.call(marking)
+            return AsyncObservation(watch, holders, before[0])
         except BaseException:
             await watch.close()
             raise
@@ -322,10 +358,10 @@ class AsyncElection:
 class AsyncObservation:
     """What L{AsyncElection.observe} returns: an async iterator of the leader's changes."""
 
-    def __init__(self, watch: AsyncWatch, holders: list[Holder]) -> None:
+    def __init__(self, watch: AsyncWatch, holders: list[Holder], before: int) -> None:
         self._watch = watch
         self._tracker = LeaderTracker()
-        self._pending: Deque[Optional[Leader]] = deque([self._tracker.start(holders)])
+        self._pending: Deque[Optional[Leader]] = deque([self._tracker.start(holders, before)])
 
     async def get(self, timeout: Optional[float] = None) -> tuple[bool, Optional[Leader]]:
         """As L{Observation.get}."""

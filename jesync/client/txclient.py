@@ -43,7 +43,15 @@ from jesync.client.errors import ClientError, ConnectFailed, ConnectionLost, Loc
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
 from jesync.client.connection import ConnectionCore
-from jesync.client.election import CAMPAIGN_EXPIRES, Leader, LeaderTracker, Leadership, election_key_for, leader_of
+from jesync.client.election import (
+    CAMPAIGN_EXPIRES,
+    Leader,
+    LeaderTracker,
+    Leadership,
+    election_key_for,
+    holders_marking,
+    leader_of,
+)
 from jesync.client.session import SERVER_CLOSED
 from jesync.client.watch import Subscription, subscribe
 from jesync.client.wire import (
@@ -778,7 +786,6 @@ class TwistedElection:
         dropping) after the first call.
         """
         tracker = LeaderTracker()
-        early: Optional[list[WatchEvent]] = []
 
         def tell(leader: Optional[Leader]) -> None:
             try:
@@ -787,24 +794,22 @@ class TwistedElection:
                 log.exception("the observe callback of %r failed", self)
 
         def told(event: WatchEvent) -> None:
-            if early is not None:
-                early.append(event)  # before the holders answer: applied after it
-            elif tracker.told(event):
+            # Before the holders answer (the tracker not started), an event
+            # is one the answer counts: ignored (jesync.client.election).
+            if tracker.told(event):
                 tell(tracker.leader)
 
+        def answered(holders: list[Holder]) -> None:
+            tell(tracker.start(holders))
+
         async def start() -> TwistedWatch:
-            nonlocal early
             watch = await self.client.watch(self.key, told)
             try:
-                holders = await self.client.holders(self.key)
+                index = self.client._fleet.index_for(self.key)
+                await self.client._call(index, lambda connection: connection.start(holders_marking(connection, self.key, answered)))
             except BaseException:
                 await watch.stop()
                 raise
-            tell(tracker.start(holders))
-            before, early = early or [], None
-            for event in before:
-                if tracker.told(event):
-                    tell(tracker.leader)
             return watch
 
         return defer.ensureDeferred(start())

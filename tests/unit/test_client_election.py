@@ -20,7 +20,7 @@ from jesync.client import Leader, Leadership, LockLost, TwistedClient, TwistedEl
 from jesync.client.election import LeaderTracker, election_key_for
 from jesync.client.wire import Holder, WatchEvent
 from jesync.testing import MemoryServer
-from tests.support import strictly_increasing
+from tests.support import grant_and_release_before_answering, strictly_increasing
 
 
 class ElectionTestCase(SynchronousTestCase):
@@ -186,19 +186,37 @@ class ObserveTests(ElectionTestCase):
         self.result(self.election("cache").campaign("x"))
         self.assertEqual(told, [None])
 
+    def test_no_leader_start_with_a_grant_and_release_before_the_answer(self) -> None:
+        """
+        A grant and its release (by hand) reach the watch before the
+        C{holders} answer, which counts them (nobody holds then): the
+        observer is told no leader, once, and nothing of the pair; a later
+        campaign is told.
+        """
+        grant_and_release_before_answering(self.server.service, "election:db")
+        told = self.observe()
+        self.assertEqual(told, [None])
+        leadership = self.result(self.election().campaign("a"))
+        self.assertEqual([(leader.value, leader.token) for leader in told[1:] if leader], [(b"a", leadership.token)])
+        self.assertEqual(len(told), 2)
 
 class TrackerTests(SynchronousTestCase):
     """The consistent start: events that crossed the holders answer are not told twice."""
 
     def test_events_from_before_the_answer(self) -> None:
+        """
+        The events before the answer (C{skip} of them, or any before
+        C{start}) change nothing; those after it do.
+        """
         tracker = LeaderTracker()
-        holder = Holder("election:e", "10.0.0.1:5000", 0, 0, 7, value=b"b")
-        self.assertEqual(tracker.start([holder]), Leader("10.0.0.1:5000", b"b", 7))
         old_grant = WatchEvent("granted", "election:e", "10.0.0.2:5000", 6, "exclusive", b"a")
         old_release = WatchEvent("released", "election:e", "10.0.0.2:5000", 6)
-        self.assertFalse(tracker.told(old_grant))
+        self.assertFalse(tracker.told(old_grant))  # not started: from before the answer
+        holder = Holder("election:e", "10.0.0.1:5000", 0, 0, 7, value=b"b")
+        self.assertEqual(tracker.start([holder], skip=2), Leader("10.0.0.1:5000", b"b", 7))
         self.assertFalse(tracker.told(old_release))
         self.assertFalse(tracker.told(WatchEvent("granted", "election:e", "10.0.0.1:5000", 7, "exclusive", b"b")))
+        self.assertEqual(tracker.leader, Leader("10.0.0.1:5000", b"b", 7))
         self.assertTrue(tracker.told(WatchEvent("expired", "election:e", "10.0.0.1:5000", 7)))
         self.assertIsNone(tracker.leader)
         self.assertTrue(tracker.told(WatchEvent("granted", "election:e", "10.0.0.3:5000", 8, "exclusive", None)))

@@ -777,13 +777,22 @@ class TwistedElection:
         """The leader now, or None."""
         return self.client.holders(self.key).addCallback(leader_of)
 
-    def observe(self, callback: Callable[[Optional[Leader]], object]) -> defer.Deferred[TwistedWatch]:
+    def observe(
+        self,
+        callback: Callable[[Optional[Leader]], object],
+        on_lost: Optional[Callable[[ClientError], object]] = None,
+    ) -> defer.Deferred[TwistedWatch]:
         """
         Call C{callback} with the leader (a L{Leader}, or None: no leader)
         once the server watches the election and has said who leads, then
         with each change, in order (an exception it raises is logged).
-        Fires with the L{TwistedWatch} under it (C{stop()} it; C{add_lost_callback} to hear of its connection
-        dropping) after the first call.
+        Fires with the L{TwistedWatch} under it (C{stop()} it) after the
+        first call.  Bound to its connection, as the other clients'
+        observations are (which end with L{ConnectionLost}): if the
+        connection drops, the observation ends and C{on_lost} is called
+        with the L{ConnectionLost} (without C{on_lost}, the loss is logged
+        as a warning: never silence); observe again (which reconnects) to
+        go on.  Never called once stopped.
         """
         tracker = LeaderTracker()
 
@@ -802,6 +811,9 @@ class TwistedElection:
         def answered(holders: list[Holder]) -> None:
             tell(tracker.start(holders))
 
+        def lost_unheard(error: ClientError) -> None:
+            log.warning("observing the election %r: %s; no longer observing", self.name, describe(error))
+
         async def start() -> TwistedWatch:
             watch = await self.client.watch(self.key, told)
             try:
@@ -810,6 +822,7 @@ class TwistedElection:
             except BaseException:
                 await watch.stop()
                 raise
+            watch.add_lost_callback(on_lost if on_lost is not None else lost_unheard)
             return watch
 
         return defer.ensureDeferred(start())

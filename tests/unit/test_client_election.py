@@ -16,7 +16,7 @@ from typing import Any, Optional
 from twisted.internet import defer
 from twisted.trial.unittest import SynchronousTestCase
 
-from jesync.client import Leader, Leadership, LockLost, TwistedClient, TwistedElection
+from jesync.client import ConnectionLost, Leader, Leadership, LockLost, TwistedClient, TwistedElection
 from jesync.client.election import LeaderTracker, election_key_for
 from jesync.client.wire import Holder, WatchEvent
 from jesync.testing import MemoryServer
@@ -199,6 +199,35 @@ class ObserveTests(ElectionTestCase):
         leadership = self.result(self.election().campaign("a"))
         self.assertEqual([(leader.value, leader.token) for leader in told[1:] if leader], [(b"a", leadership.token)])
         self.assertEqual(len(told), 2)
+
+    def test_observer_told_its_connection_dropped(self) -> None:
+        """
+        The connection drops: C{on_lost} gets the L{ConnectionLost}, as
+        the other clients' observations end with it; no change is told.
+        """
+        told: list[Optional[Leader]] = []
+        lost: list[Exception] = []
+        watch = self.result(self.election().observe(told.append, on_lost=lost.append))
+        self.server.drop_connections()
+        [error] = lost
+        self.assertIsInstance(error, ConnectionLost)
+        self.assertIs(error, watch.lost_reason)
+        self.assertEqual(told, [None])
+
+    def test_a_dropped_connection_without_on_lost_is_logged(self) -> None:
+        """Never silence: without C{on_lost}, the loss is logged as a warning."""
+        self.observe()
+        with self.assertLogs("jesync.client", "WARNING") as logged:
+            self.server.drop_connections()
+        [record] = logged.records
+        self.assertIn("observing the election 'db'", record.getMessage())
+
+    def test_a_stopped_observer_is_not_told(self) -> None:
+        lost: list[Exception] = []
+        watch = self.result(self.election().observe(lambda leader: None, on_lost=lost.append))
+        self.assertTrue(self.result(watch.stop()))
+        self.server.drop_connections()
+        self.assertEqual(lost, [])
 
 class TrackerTests(SynchronousTestCase):
     """The consistent start: events that crossed the holders answer are not told twice."""

@@ -31,7 +31,8 @@ The rules (docs/coordination.md, "Elections", says them to users):
    Those are skipped; every later one is applied.
 
 Anyone may also lock C{election:E} by hand (it is a key like any other):
-the election sees that holder as its leader.  This module has the blocking
+the election sees that holder as its leader; held shared by several, the
+first of them in grant order (L{leader_of}, L{LeaderTracker}).  This module has the blocking
 and the asyncio elections; the Twisted one is L{jesync.client.txclient}'s
 C{TwistedElection}, over the same L{Leader}, L{LeaderTracker} and
 L{Leadership}.
@@ -121,16 +122,26 @@ class LeaderTracker:
     events to come are from before it (C{skip}); L{told} each event, and
     says whether the leader changed.  An event before L{start} is from
     before the answer too: it changes nothing.
+
+    The leader is the first holder in grant order, as L{leader_of} says of
+    a C{holders} answer: the tracker keeps the holders (a campaign holds
+    alone, but the key may be held shared by hand), so a grant while one
+    leads is not a new leader, and the leader's release makes the next
+    holder, if any, the leader.
     """
 
     def __init__(self) -> None:
-        self.leader: Optional[Leader] = None
         self.started = False
+        self._holders: list[Leader] = []
         self._skip = 0
+
+    @property
+    def leader(self) -> Optional[Leader]:
+        return self._holders[0] if self._holders else None
 
     def start(self, holders: Iterable[Holder], skip: int = 0) -> Optional[Leader]:
         """The leader in C{holders}; the next C{skip} events told are from before them (and ignored)."""
-        self.leader = leader_of(holders)
+        self._holders = [Leader(holder.peer, holder.value, holder.token) for holder in holders]
         self.started = True
         self._skip = skip
         return self.leader
@@ -144,14 +155,13 @@ class LeaderTracker:
             return False
         if event.kind not in HOLDER_EVENTS or event.holder is None:
             return False
-        if event.kind == GRANTED:
-            self.leader = Leader(event.holder, event.value, event.token)
-            return True
         leader = self.leader
-        if leader is None or (leader.token, leader.peer) != (event.token, event.holder):
-            return False
-        self.leader = None
-        return True
+        if event.kind == GRANTED:
+            self._holders.append(Leader(event.holder, event.value, event.token))
+        else:
+            gone = (event.token, event.holder)
+            self._holders = [holder for holder in self._holders if (holder.token, holder.peer) != gone]
+        return self.leader is not leader
 
 
 class Leadership(Generic[HandleT]):

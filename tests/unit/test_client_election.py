@@ -23,6 +23,10 @@ from jesync.testing import MemoryServer
 from tests.support import grant_and_release_before_answering, strictly_increasing
 
 
+def values(leaders: list[Optional[Leader]]) -> list[Optional[bytes]]:
+    return [None if leader is None else leader.value for leader in leaders]
+
+
 class ElectionTestCase(SynchronousTestCase):
     def setUp(self) -> None:
         self.server = MemoryServer()
@@ -229,6 +233,31 @@ class ObserveTests(ElectionTestCase):
         self.server.drop_connections()
         self.assertEqual(lost, [])
 
+    def test_held_shared_by_hand_the_leader_is_the_first_holder(self) -> None:
+        """
+        C{election:db} held shared by two, by hand: C{leader()} and the
+        observers agree that the first holder, in grant order, leads; the
+        second grant is not a new leader; the first's release makes the
+        second the leader.
+        """
+        election = self.election()
+        early = self.observe()
+        first = self.result(self.client().lock("election:db", shared=True, value="one"))
+        second = self.result(self.client().lock("election:db", shared=True, value="two"))
+        late = self.observe()
+        leader = self.result(election.leader())
+        self.assertEqual((leader.value, leader.token), (b"one", first.token))
+        self.assertEqual(values(early), [None, b"one"])
+        self.assertEqual(late, [leader])
+        self.assertTrue(self.result(first.release()))
+        leader = self.result(election.leader())
+        self.assertEqual((leader.value, leader.token), (b"two", second.token))
+        self.assertEqual(early[-1], leader)
+        self.assertEqual(late[-1], leader)
+        self.assertTrue(self.result(second.release()))
+        self.assertEqual(values(early), [None, b"one", b"two", None])
+        self.assertEqual(values(late), [b"one", b"two", None])
+
 class TrackerTests(SynchronousTestCase):
     """The consistent start: events that crossed the holders answer are not told twice."""
 
@@ -250,3 +279,12 @@ class TrackerTests(SynchronousTestCase):
         self.assertIsNone(tracker.leader)
         self.assertTrue(tracker.told(WatchEvent("granted", "election:e", "10.0.0.3:5000", 8, "exclusive", None)))
         self.assertEqual(tracker.leader, Leader("10.0.0.3:5000", None, 8))
+
+    def test_a_second_holder_is_not_a_new_leader(self) -> None:
+        tracker = LeaderTracker()
+        self.assertIsNone(tracker.start([]))
+        self.assertTrue(tracker.told(WatchEvent("granted", "election:e", "10.0.0.1:5000", 1, "shared", b"a")))
+        self.assertFalse(tracker.told(WatchEvent("granted", "election:e", "10.0.0.2:5000", 2, "shared", b"b")))
+        self.assertFalse(tracker.told(WatchEvent("released", "election:e", "10.0.0.3:5000", 3)))  # not a holder
+        self.assertTrue(tracker.told(WatchEvent("lost", "election:e", "10.0.0.1:5000", 1)))
+        self.assertEqual(tracker.leader, Leader("10.0.0.2:5000", b"b", 2))

@@ -220,7 +220,9 @@ running), and exits {EXIT_LOCK_LOST} after it ends.  --wait SECONDS gives up
 with status {EXIT_TIMEOUT} if not elected within SECONDS.
 
 With --observe, print who leads (or "no leader"), then each change, one
-line each, until interrupted (SIGINT or SIGTERM: status 0):
+line each, until interrupted (SIGINT or SIGTERM: status 0); it campaigns
+for nothing, so --wait, --expires and --[no-]terminate-on-loss are refused
+with it (status 2):
 
   leader HOLDER token=T [value=V]   (the value percent-encoded)
   no leader
@@ -914,7 +916,7 @@ def build_parser() -> WholeNameParser:
         "--expires",
         "-e",
         type=seconds,
-        default=CAMPAIGN_EXPIRES,
+        default=None,  # (CAMPAIGN_EXPIRES once checked: None says it was not given)
         metavar="SECONDS",
         help="the failsafe: if jesync stops renewing (hung, its connection open), the leadership "
         f"ends SECONDS after the last renewal (0: never) [default: {CAMPAIGN_EXPIRES}]",
@@ -922,7 +924,7 @@ def build_parser() -> WholeNameParser:
     elect.add_argument(
         "--terminate-on-loss",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=None,  # (True once checked: None says it was not given)
         help="send COMMAND SIGTERM if the leadership is lost while it runs [default: yes]",
     )
     elect.add_argument(
@@ -979,7 +981,19 @@ def check_elect_arguments(args: argparse.Namespace, parser: argparse.ArgumentPar
     if args.observe:
         if args.value is not None or command or args.shell_command is not None:
             parser.error("--observe takes the election's NAME only: no VALUE, no COMMAND")
+        campaigning = {
+            "--wait": args.wait,
+            "--expires": args.expires,
+            "--[no-]terminate-on-loss": args.terminate_on_loss,
+        }
+        given = [option for option, value in campaigning.items() if value is not None]
+        if given:
+            parser.error(f"{' and '.join(given)} go with campaigning, not with --observe")
         return
+    if args.expires is None:
+        args.expires = CAMPAIGN_EXPIRES
+    if args.terminate_on_loss is None:
+        args.terminate_on_loss = True
     if args.json:
         parser.error("--json goes with --observe")
     if args.value is None:

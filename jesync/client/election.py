@@ -40,8 +40,7 @@ L{Leadership}.
 
 from __future__ import annotations
 
-from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, Deque, Generic, Iterable, NamedTuple, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, NamedTuple, Optional, TypeVar
 
 from jesync.client.errors import LockLost
 from jesync.client.handle import LockState, LostCallback
@@ -58,6 +57,7 @@ if TYPE_CHECKING:
 CAMPAIGN_EXPIRES = 60
 
 HandleT = TypeVar("HandleT", bound=LockState)
+ClientT = TypeVar("ClientT")
 
 
 def election_key_for(name: str) -> str:
@@ -233,19 +233,35 @@ class Leadership(Generic[HandleT]):
         await self.lock.__aexit__(*exc_info)  # type: ignore[attr-defined]
 
 
-class Election:
+class ElectionOver(Generic[ClientT]):
     """
-    An election over a blocking L{jesync.client.Client}: L{campaign},
-    L{leader}, L{observe} (see the module's docstring for the rules).
+    What the three elections share: the election C{name} (its key, checked
+    at once) over a C{client}, and the lock a campaign takes (what the
+    client's C{lock} returns: a lock, an awaitable of one, a Deferred of
+    one).  Each subclass brings C{campaign}, C{leader} and C{observe} in
+    its client's style.
     """
 
-    def __init__(self, client: Client, name: str) -> None:
+    def __init__(self, client: ClientT, name: str) -> None:
         self.key = election_key_for(name)
         self.client = client
         self.name = name
 
     def __repr__(self) -> str:
-        return f"<Election {self.name!r}>"
+        return f"<{type(self).__name__} {self.name!r}>"
+
+    def _campaign_lock(self, value: bytes | str | None, expires: Optional[float], wait: Optional[float]) -> Any:
+        """Lock the election's key as a campaign does: waiting, renewing itself, with the candidate's value."""
+        return self.client.lock(  # type: ignore[attr-defined]
+            self.key, wait=wait, expires=expires, auto_renew=True, value=value
+        )
+
+
+class Election(ElectionOver["Client"]):
+    """
+    An election over a blocking L{jesync.client.Client}: L{campaign},
+    L{leader}, L{observe} (see the module's docstring for the rules).
+    """
 
     def campaign(
         self, value: bytes | str | None, expires: Optional[float] = CAMPAIGN_EXPIRES, wait: Optional[float] = None
@@ -259,8 +275,7 @@ class Election:
         L{jesync.client.KeyBusy} if this client already campaigns in it, as
         C{lock()} raises.
         """
-        lock = self.client.lock(self.key, wait=wait, expires=expires, auto_renew=True, value=value)
-        return Leadership(self.name, lock)
+        return Leadership(self.name, self._campaign_lock(value, expires, wait))
 
     def leader(self) -> Optional[Leader]:
         """The leader now, or None."""
@@ -285,29 +300,52 @@ class Election:
             raise
 
 
-class Observation:
+class Changes:
+    """
+    What both observations share: the leader at the start, then what the
+    watch's events change (L{LeaderTracker}), for their C{get}.
+    """
+
+    def __init__(self, holders: list[Holder], before: int) -> None:
+        self._tracker = LeaderTracker()
+        self._start: Optional[tuple[bool, Optional[Leader]]] = (True, self._tracker.start(holders, before))
+
+    def _first(self) -> Optional[tuple[bool, Optional[Leader]]]:
+        """The start, the first time: C{get}'s answer without reading the watch."""
+        start, self._start = self._start, None
+        return start
+
+    def _read(self, event: Optional[WatchEvent]) -> Optional[tuple[bool, Optional[Leader]]]:
+        """
+        C{get}'s answer for what the watch gave (None: nothing in time, or
+        closed), or None if it changed nothing: read on.
+        """
+        if event is None:
+            return False, None
+        if self._tracker.told(event):
+            return True, self._tracker.leader
+        return None
+
+
+class Observation(Changes):
     """What L{Election.observe} returns: an iterator of the leader's changes (L{Leader} or None)."""
 
     def __init__(self, watch: Watch, holders: list[Holder], before: int) -> None:
+        super().__init__(holders, before)
         self._watch = watch
-        self._tracker = LeaderTracker()
-        self._pending: Deque[Optional[Leader]] = deque([self._tracker.start(holders, before)])
 
     def get(self, timeout: Optional[float] = None) -> tuple[bool, Optional[Leader]]:
         """
         The next change, waiting at most C{timeout} seconds for each event
-        (None: for ever; an event that changes nothing, such as a grant
-        already told, is read and the wait starts again): C{(True,
+        (None: for ever; an event that changes nothing, such as a second
+        holder's grant, is read and the wait starts again): C{(True,
         leader)}, or C{(False, None)} if none came in time or the
         observation is closed.  Raises as a watch's C{get} does.
         """
-        while not self._pending:
-            event = self._watch.get(timeout)
-            if event is None:
-                return False, None
-            if self._tracker.told(event):
-                self._pending.append(self._tracker.leader)
-        return True, self._pending.popleft()
+        answer = self._first()
+        while answer is None:
+            answer = self._read(self._watch.get(timeout))
+        return answer
 
     def __iter__(self) -> Observation:
         return self
@@ -329,23 +367,14 @@ class Observation:
         self.close()
 
 
-class AsyncElection:
+class AsyncElection(ElectionOver["AsyncClient"]):
     """An election over an L{jesync.client.AsyncClient}: L{Election}'s operations, awaited."""
-
-    def __init__(self, client: AsyncClient, name: str) -> None:
-        self.key = election_key_for(name)
-        self.client = client
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<AsyncElection {self.name!r}>"
 
     async def campaign(
         self, value: bytes | str | None, expires: Optional[float] = CAMPAIGN_EXPIRES, wait: Optional[float] = None
     ) -> Leadership[AsyncLock]:
         """As L{Election.campaign}: C{leadership = await election.campaign(value)}."""
-        lock = await self.client.lock(self.key, wait=wait, expires=expires, auto_renew=True, value=value)
-        return Leadership(self.name, lock)
+        return Leadership(self.name, await self._campaign_lock(value, expires, wait))
 
     async def leader(self) -> Optional[Leader]:
         """The leader now, or None."""
@@ -365,23 +394,19 @@ class AsyncElection:
             raise
 
 
-class AsyncObservation:
+class AsyncObservation(Changes):
     """What L{AsyncElection.observe} returns: an async iterator of the leader's changes."""
 
     def __init__(self, watch: AsyncWatch, holders: list[Holder], before: int) -> None:
+        super().__init__(holders, before)
         self._watch = watch
-        self._tracker = LeaderTracker()
-        self._pending: Deque[Optional[Leader]] = deque([self._tracker.start(holders, before)])
 
     async def get(self, timeout: Optional[float] = None) -> tuple[bool, Optional[Leader]]:
         """As L{Observation.get}."""
-        while not self._pending:
-            event = await self._watch.get(timeout)
-            if event is None:
-                return False, None
-            if self._tracker.told(event):
-                self._pending.append(self._tracker.leader)
-        return True, self._pending.popleft()
+        answer = self._first()
+        while answer is None:
+            answer = self._read(await self._watch.get(timeout))
+        return answer
 
     def __aiter__(self) -> AsyncObservation:
         return self

@@ -47,8 +47,8 @@ from jesync.client.election import (
     CAMPAIGN_EXPIRES,
     Leader,
     LeaderTracker,
+    ElectionOver,
     Leadership,
-    election_key_for,
     holders_marking,
     leader_of,
 )
@@ -747,20 +747,12 @@ class TwistedClient:
         return defer.gatherResults(gone).addCallback(lambda _: None)
 
 
-class TwistedElection:
+class TwistedElection(ElectionOver["TwistedClient"]):
     """
     An election over a L{TwistedClient} (the rules:
     L{jesync.client.election}): L{jesync.client.election.Election}'s
     operations returning Deferreds, and L{observe} with a callback.
     """
-
-    def __init__(self, client: TwistedClient, name: str) -> None:
-        self.key = election_key_for(name)
-        self.client = client
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<TwistedElection {self.name!r}>"
 
     def campaign(
         self, value: bytes | str | None, expires: Optional[float] = CAMPAIGN_EXPIRES, wait: Optional[float] = None
@@ -770,7 +762,7 @@ class TwistedElection:
         L{Leadership} (its C{resign()} returns a Deferred) once this
         candidate leads, or fails as C{lock} does.
         """
-        locked = self.client.lock(self.key, wait=wait, expires=expires, auto_renew=True, value=value)
+        locked: defer.Deferred[TwistedLock] = self._campaign_lock(value, expires, wait)
         return locked.addCallback(lambda lock: Leadership(self.name, lock))
 
     def leader(self) -> defer.Deferred[Optional[Leader]]:

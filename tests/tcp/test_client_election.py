@@ -72,7 +72,8 @@ class BlockingElectionTests(SynchronousTestCase):
             self.waiting(2)
             self.assertTrue(first.resign())
             self.assertTrue(b_elected.wait(WITHIN))
-            self.assertFalse(c_elected.is_set())
+            status = self.election().client.status("election:db")
+            self.assertEqual((status.granted, status.waiting), (1, 1))  # "c" still waits: the hand-over was to "b"
             b_election.client.close()
             self.assertTrue(c_elected.wait(WITHIN))
             [second], [third] = b_won, c_won
@@ -160,7 +161,8 @@ class AsyncElectionTests(SynchronousTestCase):
                         await asyncio.sleep(0.01)
                     self.assertTrue(await first.resign())
                     second = await second_campaign
-                    self.assertFalse(third_campaign.done())
+                    status = await clients[0].status(observer.key)
+                    self.assertEqual((status.granted, status.waiting), (1, 1))  # "c" still waits
                     async with second:
                         pass  # leaving resigns
                     third = await third_campaign

@@ -45,9 +45,9 @@ from jesync.client.handle import LockState
 from jesync.client.connection import ConnectionCore
 from jesync.client.election import (
     CAMPAIGN_EXPIRES,
+    ElectionOver,
     Leader,
     LeaderTracker,
-    ElectionOver,
     Leadership,
     holders_marking,
     leader_of,
@@ -810,7 +810,9 @@ class TwistedElection(ElectionOver["TwistedClient"]):
             watch = await self.client.watch(self.key, told)
             try:
                 index = self.client._fleet.index_for(self.key)
-                await self.client._call(index, lambda connection: connection.start(holders_marking(connection, self.key, answered)))
+                await self.client._call(
+                    index, lambda connection: connection.start(holders_marking(connection, self.key, answered))
+                )
             except BaseException:
                 await watch.stop()
                 raise

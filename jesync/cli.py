@@ -26,7 +26,7 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, ContextManager, Iterable, Mapping, NamedTuple, Optional, Sequence, TypeVar
 
 from jesync import __version__
 from jesync.client import (
@@ -73,6 +73,9 @@ KEY_VARIABLE = "JESYNC_KEY"
 #: The shell that runs C{jesync lock -c STRING}: always this one, as
 #: system(3) does (flock -c uses $SHELL).
 SHELL = "/bin/sh"
+
+#: What a watch gives C{jesync watch} and C{jesync elect --observe} to print.
+Printed = TypeVar("Printed")
 
 FORWARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -220,7 +223,9 @@ running), and exits {EXIT_LOCK_LOST} after it ends.  --wait SECONDS gives up
 with status {EXIT_TIMEOUT} if not elected within SECONDS.
 
 With --observe, print who leads (or "no leader"), then each change, one
-line each, until interrupted (SIGINT or SIGTERM: status 0):
+line each, until interrupted (SIGINT or SIGTERM: status 0); it campaigns
+for nothing, so --wait, --expires and --[no-]terminate-on-loss are refused
+with it (status 2):
 
   leader HOLDER token=T [value=V]   (the value percent-encoded)
   no leader
@@ -435,25 +440,21 @@ def leader_text(leader: Optional[Leader]) -> str:
 
 def run_observe(args: argparse.Namespace, election: Election) -> int:
     """Print the leader, then each change, one per line, until interrupted (SIGINT, SIGTERM: status 0)."""
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        with election.observe() as changes:
-            for leader in changes:
-                if args.json:
-                    row = {"election": args.name, "leader": None, "token": None, "value": None}
-                    row.update(leader.as_dict() if leader is not None else {})
-                    print(json.dumps(row), flush=True)
-                else:
-                    print(leader_text(leader), flush=True)
-    except KeyboardInterrupt:
-        return 0
-    except WatchFellBehind as error:
-        say(
+
+    def line(leader: Optional[Leader]) -> str:
+        if not args.json:
+            return leader_text(leader)
+        row = {"election": args.name, "leader": None, "token": None, "value": None}
+        row.update(leader.as_dict() if leader is not None else {})
+        return json.dumps(row)
+
+    def fell_behind(error: WatchFellBehind) -> str:
+        return (
             f"observing {args.name!r}: the output was read too slowly ({error.max_events} changes waiting):"
             " stopped; observe again"
         )
-        return EXIT_UNAVAILABLE
-    return 0
+
+    return print_until_interrupted(election.observe, line, fell_behind)
 
 
 # -- jesync status / list / ping --------------------------------------------
@@ -539,19 +540,43 @@ def event_text(event: WatchEvent) -> str:
 
 def run_watch(args: argparse.Namespace, client: Client) -> int:
     """Print each event, one per line, until interrupted (SIGINT, SIGTERM: status 0)."""
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        with client.watch(args.key, prefix=args.prefix) as events:
-            for event in events:
-                print(json.dumps(event.as_dict()) if args.json else event_text(event), flush=True)
-    except KeyboardInterrupt:
-        return 0
-    except WatchFellBehind as error:  # the output is read too slowly: what follows would be missed
+
+    def line(event: WatchEvent) -> str:
+        return json.dumps(event.as_dict()) if args.json else event_text(event)
+
+    def fell_behind(error: WatchFellBehind) -> str:
         what = f"prefix {error.key!r}" if error.prefix else error.key
-        say(
+        return (
             f"the watch of {what}: its output was read too slowly ({error.max_events} events waiting):"
             " stopped; watch again, and see `jesync holders` for the state"
         )
+
+    return print_until_interrupted(lambda: client.watch(args.key, prefix=args.prefix), line, fell_behind)
+
+
+def print_until_interrupted(
+    start: Callable[[], ContextManager[Iterable[Printed]]],
+    line: Callable[[Printed], str],
+    fell_behind: Callable[[WatchFellBehind], str],
+) -> int:
+    """
+    C{jesync watch}'s and C{jesync elect --observe}'s runner: print C{line}
+    of each thing the watch C{start()} opens gives, as it comes (flushed:
+    a pipe's reader sees each at once), until interrupted (SIGINT, and
+    SIGTERM as a service manager stops it: status 0).  If the output is
+    read too slowly (L{WatchFellBehind}), what follows would be missed: say
+    C{fell_behind(error)} and exit with EXIT_UNAVAILABLE; a dropped connection
+    raises on, to the CLI's own handling.
+    """
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        with start() as things:
+            for thing in things:
+                print(line(thing), flush=True)
+    except KeyboardInterrupt:
+        return 0
+    except WatchFellBehind as error:
+        say(fell_behind(error))
         return EXIT_UNAVAILABLE
     return 0
 
@@ -914,7 +939,7 @@ def build_parser() -> WholeNameParser:
         "--expires",
         "-e",
         type=seconds,
-        default=CAMPAIGN_EXPIRES,
+        default=None,  # (CAMPAIGN_EXPIRES once checked: None says it was not given)
         metavar="SECONDS",
         help="the failsafe: if jesync stops renewing (hung, its connection open), the leadership "
         f"ends SECONDS after the last renewal (0: never) [default: {CAMPAIGN_EXPIRES}]",
@@ -922,7 +947,7 @@ def build_parser() -> WholeNameParser:
     elect.add_argument(
         "--terminate-on-loss",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=None,  # (True once checked: None says it was not given)
         help="send COMMAND SIGTERM if the leadership is lost while it runs [default: yes]",
     )
     elect.add_argument(
@@ -979,7 +1004,19 @@ def check_elect_arguments(args: argparse.Namespace, parser: argparse.ArgumentPar
     if args.observe:
         if args.value is not None or command or args.shell_command is not None:
             parser.error("--observe takes the election's NAME only: no VALUE, no COMMAND")
+        campaigning = {
+            "--wait": args.wait,
+            "--expires": args.expires,
+            "--[no-]terminate-on-loss": args.terminate_on_loss,
+        }
+        given = [option for option, value in campaigning.items() if value is not None]
+        if given:
+            parser.error(f"{' and '.join(given)} go with campaigning, not with --observe")
         return
+    if args.expires is None:
+        args.expires = CAMPAIGN_EXPIRES
+    if args.terminate_on_loss is None:
+        args.terminate_on_loss = True
     if args.json:
         parser.error("--json goes with --observe")
     if args.value is None:

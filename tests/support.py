@@ -617,3 +617,21 @@ except ImportError:
     skip_without_prometheus = "prometheus_client is not installed (pip install '.[metrics]')"
 else:
     skip_without_prometheus = None
+
+
+def grant_and_release_before_answering(service: LockService, key: str) -> None:
+    """
+    Make C{service} grant C{key} to a hand owner and release it just before
+    it answers a C{holders} of C{key} (in its reactor): the grant and
+    release events reach a watcher of C{key} before the answer, which does
+    not count them.  The race an observer's consistent start must survive.
+    """
+    holders = service.holders
+
+    def granting_first(asked: str) -> Any:
+        if asked == key:
+            grant = service.request(key, "hand", 1, 0, 0, "exclusive", b"ghost")
+            grant.release()
+        return holders(asked)
+
+    service.holders = granting_first  # type: ignore[method-assign]

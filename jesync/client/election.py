@@ -22,12 +22,17 @@ The rules (docs/coordination.md, "Elections", says them to users):
  - Observing is watching the key, then asking its C{holders}: the
    consistent start.  The observer is told the leader then (or None: no
    leader), and again on every change: a new leader (C{granted}), or none
-   (its leader released, expired or lost).  The events that crossed the
-   C{holders} answer are recognized by their fencing tokens: a grant no
-   newer than the leader already told is not told again.
+   (its leader released, expired or lost).  The C{holders} answer itself
+   divides the watch's events: the server writes an event to a connection
+   before its reply to any request made after the event, and a client
+   handles the lines it reads in order, so when the answer is handled (in
+   the connection's reader: L{holders_marking}) the watch has been handed
+   exactly the events from before it, which the answer already counts.
+   Those are skipped; every later one is applied.
 
 Anyone may also lock C{election:E} by hand (it is a key like any other):
-the election sees that holder as its leader.  This module has the blocking
+the election sees that holder as its leader; held shared by several, the
+first of them in grant order (L{leader_of}, L{LeaderTracker}).  This module has the blocking
 and the asyncio elections; the Twisted one is L{jesync.client.txclient}'s
 C{TwistedElection}, over the same L{Leader}, L{LeaderTracker} and
 L{Leadership}.
@@ -35,12 +40,11 @@ L{Leadership}.
 
 from __future__ import annotations
 
-from collections import deque
-from typing import TYPE_CHECKING, Any, Deque, Generic, Iterable, NamedTuple, Optional, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, NamedTuple, Optional, TypeVar
 
 from jesync.client.errors import LockLost
 from jesync.client.handle import LockState, LostCallback
-from jesync.client.watch import MAX_EVENTS
+from jesync.client.watch import MAX_EVENTS, Request
 from jesync.client.wire import HOLDER_EVENTS, Holder, WatchEvent, check_key
 from jesync.wire import GRANTED, election_key
 
@@ -53,6 +57,7 @@ if TYPE_CHECKING:
 CAMPAIGN_EXPIRES = 60
 
 HandleT = TypeVar("HandleT", bound=LockState)
+ClientT = TypeVar("ClientT")
 
 
 def election_key_for(name: str) -> str:
@@ -88,42 +93,75 @@ def leader_of(holders: Iterable[Holder]) -> Optional[Leader]:
     return None
 
 
+def holders_marking(connection: Any, key: str, mark: Callable[[list[Holder]], None]) -> Request:
+    """
+    A client's request operation (for C{connection.start}, as
+    L{jesync.client.watch.subscribe} is) that asks C{connection}'s session
+    for C{key}'s holders and calls C{mark(holders)} as the answer is
+    handled, before its result goes on: in the connection's reader, where
+    the events written before the answer have all been handed to the
+    connection's watches and none written after it yet.  An observation
+    marks there how many events its watch had been given: those the answer
+    already counts.
+    """
+
+    def operation(on_result: Callable[[Any], None], on_error: Callable[[Exception], None]) -> None:
+        def answered(holders: list[Holder]) -> None:
+            mark(holders)
+            on_result(holders)
+
+        connection.session.holders(key, answered, on_error)
+
+    return operation
+
+
 class LeaderTracker:
     """
-    Who leads, from a C{holders} answer and the watch's events: the
-    consistent start.  L{start} takes the answer; L{told} each event, and
-    says whether the leader changed.  An event from before the answer (the
-    watch starts first) is recognized by its token: a grant no newer than
-    the newest known is old; a release of another grant than the leader's
-    changes nothing.
+    Who leads, from a C{holders} answer and the watch's events after it:
+    the consistent start.  L{start} takes the answer, and how many of the
+    events to come are from before it (C{skip}); L{told} each event, and
+    says whether the leader changed.  An event before L{start} is from
+    before the answer too: it changes nothing.
+
+    The leader is the first holder in grant order, as L{leader_of} says of
+    a C{holders} answer: the tracker keeps the holders (a campaign holds
+    alone, but the key may be held shared by hand), so a grant while one
+    leads is not a new leader, and the leader's release makes the next
+    holder, if any, the leader.
     """
 
     def __init__(self) -> None:
-        self.leader: Optional[Leader] = None
-        self._newest: Optional[int] = None
+        self.started = False
+        self._holders: list[Leader] = []
+        self._skip = 0
 
-    def start(self, holders: Iterable[Holder]) -> Optional[Leader]:
-        self.leader = leader_of(holders)
-        if self.leader is not None:
-            self._newest = self.leader.token
+    @property
+    def leader(self) -> Optional[Leader]:
+        return self._holders[0] if self._holders else None
+
+    def start(self, holders: Iterable[Holder], skip: int = 0) -> Optional[Leader]:
+        """The leader in C{holders}; the next C{skip} events told are from before them (and ignored)."""
+        self._holders = [Leader(holder.peer, holder.value, holder.token) for holder in holders]
+        self.started = True
+        self._skip = skip
         return self.leader
 
     def told(self, event: WatchEvent) -> bool:
         """Apply C{event}; whether the leader changed (then see L{leader})."""
+        if not self.started:
+            return False
+        if self._skip:
+            self._skip -= 1
+            return False
         if event.kind not in HOLDER_EVENTS or event.holder is None:
             return False
-        if event.kind == GRANTED:
-            if event.token is not None and self._newest is not None and event.token <= self._newest:
-                return False
-            if event.token is not None:
-                self._newest = event.token
-            self.leader = Leader(event.holder, event.value, event.token)
-            return True
         leader = self.leader
-        if leader is None or (leader.token, leader.peer) != (event.token, event.holder):
-            return False
-        self.leader = None
-        return True
+        if event.kind == GRANTED:
+            self._holders.append(Leader(event.holder, event.value, event.token))
+        else:
+            gone = (event.token, event.holder)
+            self._holders = [holder for holder in self._holders if (holder.token, holder.peer) != gone]
+        return self.leader is not leader
 
 
 class Leadership(Generic[HandleT]):
@@ -195,19 +233,35 @@ class Leadership(Generic[HandleT]):
         await self.lock.__aexit__(*exc_info)  # type: ignore[attr-defined]
 
 
-class Election:
+class ElectionOver(Generic[ClientT]):
     """
-    An election over a blocking L{jesync.client.Client}: L{campaign},
-    L{leader}, L{observe} (see the module's docstring for the rules).
+    What the three elections share: the election C{name} (its key, checked
+    at once) over a C{client}, and the lock a campaign takes (what the
+    client's C{lock} returns: a lock, an awaitable of one, a Deferred of
+    one).  Each subclass brings C{campaign}, C{leader} and C{observe} in
+    its client's style.
     """
 
-    def __init__(self, client: Client, name: str) -> None:
+    def __init__(self, client: ClientT, name: str) -> None:
         self.key = election_key_for(name)
         self.client = client
         self.name = name
 
     def __repr__(self) -> str:
-        return f"<Election {self.name!r}>"
+        return f"<{type(self).__name__} {self.name!r}>"
+
+    def _campaign_lock(self, value: bytes | str | None, expires: Optional[float], wait: Optional[float]) -> Any:
+        """Lock the election's key as a campaign does: waiting, renewing itself, with the candidate's value."""
+        return self.client.lock(  # type: ignore[attr-defined]
+            self.key, wait=wait, expires=expires, auto_renew=True, value=value
+        )
+
+
+class Election(ElectionOver["Client"]):
+    """
+    An election over a blocking L{jesync.client.Client}: L{campaign},
+    L{leader}, L{observe} (see the module's docstring for the rules).
+    """
 
     def campaign(
         self, value: bytes | str | None, expires: Optional[float] = CAMPAIGN_EXPIRES, wait: Optional[float] = None
@@ -221,8 +275,7 @@ class Election:
         L{jesync.client.KeyBusy} if this client already campaigns in it, as
         C{lock()} raises.
         """
-        lock = self.client.lock(self.key, wait=wait, expires=expires, auto_renew=True, value=value)
-        return Leadership(self.name, lock)
+        return Leadership(self.name, self._campaign_lock(value, expires, wait))
 
     def leader(self) -> Optional[Leader]:
         """The leader now, or None."""
@@ -236,36 +289,63 @@ class Election:
         read before it).
         """
         watch = self.client.watch(self.key, max_events=max_events)
+        before: list[int] = []
         try:
-            return Observation(watch, self.client.holders(self.key))
+            connection = self.client._connection_for(self.key)
+            # Nothing has been read from the watch yet: what it queued is what it was given.
+            holders = connection.call(holders_marking(connection, self.key, lambda _: before.append(watch._queued())))
+            return Observation(watch, holders, before[0])
         except BaseException:
             watch.close()
             raise
 
 
-class Observation:
+class Changes:
+    """
+    What both observations share: the leader at the start, then what the
+    watch's events change (L{LeaderTracker}), for their C{get}.
+    """
+
+    def __init__(self, holders: list[Holder], before: int) -> None:
+        self._tracker = LeaderTracker()
+        self._start: Optional[tuple[bool, Optional[Leader]]] = (True, self._tracker.start(holders, before))
+
+    def _first(self) -> Optional[tuple[bool, Optional[Leader]]]:
+        """The start, the first time: C{get}'s answer without reading the watch."""
+        start, self._start = self._start, None
+        return start
+
+    def _read(self, event: Optional[WatchEvent]) -> Optional[tuple[bool, Optional[Leader]]]:
+        """
+        C{get}'s answer for what the watch gave (None: nothing in time, or
+        closed), or None if it changed nothing: read on.
+        """
+        if event is None:
+            return False, None
+        if self._tracker.told(event):
+            return True, self._tracker.leader
+        return None
+
+
+class Observation(Changes):
     """What L{Election.observe} returns: an iterator of the leader's changes (L{Leader} or None)."""
 
-    def __init__(self, watch: Watch, holders: list[Holder]) -> None:
+    def __init__(self, watch: Watch, holders: list[Holder], before: int) -> None:
+        super().__init__(holders, before)
         self._watch = watch
-        self._tracker = LeaderTracker()
-        self._pending: Deque[Optional[Leader]] = deque([self._tracker.start(holders)])
 
     def get(self, timeout: Optional[float] = None) -> tuple[bool, Optional[Leader]]:
         """
         The next change, waiting at most C{timeout} seconds for each event
-        (None: for ever; an event that changes nothing, such as a grant
-        already told, is read and the wait starts again): C{(True,
+        (None: for ever; an event that changes nothing, such as a second
+        holder's grant, is read and the wait starts again): C{(True,
         leader)}, or C{(False, None)} if none came in time or the
         observation is closed.  Raises as a watch's C{get} does.
         """
-        while not self._pending:
-            event = self._watch.get(timeout)
-            if event is None:
-                return False, None
-            if self._tracker.told(event):
-                self._pending.append(self._tracker.leader)
-        return True, self._pending.popleft()
+        answer = self._first()
+        while answer is None:
+            answer = self._read(self._watch.get(timeout))
+        return answer
 
     def __iter__(self) -> Observation:
         return self
@@ -287,23 +367,14 @@ class Observation:
         self.close()
 
 
-class AsyncElection:
+class AsyncElection(ElectionOver["AsyncClient"]):
     """An election over an L{jesync.client.AsyncClient}: L{Election}'s operations, awaited."""
-
-    def __init__(self, client: AsyncClient, name: str) -> None:
-        self.key = election_key_for(name)
-        self.client = client
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<AsyncElection {self.name!r}>"
 
     async def campaign(
         self, value: bytes | str | None, expires: Optional[float] = CAMPAIGN_EXPIRES, wait: Optional[float] = None
     ) -> Leadership[AsyncLock]:
         """As L{Election.campaign}: C{leadership = await election.campaign(value)}."""
-        lock = await self.client.lock(self.key, wait=wait, expires=expires, auto_renew=True, value=value)
-        return Leadership(self.name, lock)
+        return Leadership(self.name, await self._campaign_lock(value, expires, wait))
 
     async def leader(self) -> Optional[Leader]:
         """The leader now, or None."""
@@ -312,30 +383,30 @@ class AsyncElection:
     async def observe(self, max_events: int = MAX_EVENTS) -> AsyncObservation:
         """As L{Election.observe}: an async iterator of L{Leader} (None: no leader); C{await} its C{close()}."""
         watch = await self.client.watch(self.key, max_events=max_events)
+        before: list[int] = []
         try:
-            return AsyncObservation(watch, await self.client.holders(self.key))
+            connection = await self.client._connection(self.client._fleet.index_for(self.key))
+            marking = holders_marking(connection, self.key, lambda _: before.append(watch._queued()))
+            holders = await connection.call(marking)
+            return AsyncObservation(watch, holders, before[0])
         except BaseException:
             await watch.close()
             raise
 
 
-class AsyncObservation:
+class AsyncObservation(Changes):
     """What L{AsyncElection.observe} returns: an async iterator of the leader's changes."""
 
-    def __init__(self, watch: AsyncWatch, holders: list[Holder]) -> None:
+    def __init__(self, watch: AsyncWatch, holders: list[Holder], before: int) -> None:
+        super().__init__(holders, before)
         self._watch = watch
-        self._tracker = LeaderTracker()
-        self._pending: Deque[Optional[Leader]] = deque([self._tracker.start(holders)])
 
     async def get(self, timeout: Optional[float] = None) -> tuple[bool, Optional[Leader]]:
         """As L{Observation.get}."""
-        while not self._pending:
-            event = await self._watch.get(timeout)
-            if event is None:
-                return False, None
-            if self._tracker.told(event):
-                self._pending.append(self._tracker.leader)
-        return True, self._pending.popleft()
+        answer = self._first()
+        while answer is None:
+            answer = self._read(await self._watch.get(timeout))
+        return answer
 
     def __aiter__(self) -> AsyncObservation:
         return self

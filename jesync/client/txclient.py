@@ -43,7 +43,15 @@ from jesync.client.errors import ClientError, ConnectFailed, ConnectionLost, Loc
 from jesync.client.fleet import Fleet
 from jesync.client.handle import LockState
 from jesync.client.connection import ConnectionCore
-from jesync.client.election import CAMPAIGN_EXPIRES, Leader, LeaderTracker, Leadership, election_key_for, leader_of
+from jesync.client.election import (
+    CAMPAIGN_EXPIRES,
+    ElectionOver,
+    Leader,
+    LeaderTracker,
+    Leadership,
+    holders_marking,
+    leader_of,
+)
 from jesync.client.session import SERVER_CLOSED
 from jesync.client.watch import Subscription, subscribe
 from jesync.client.wire import (
@@ -739,20 +747,12 @@ class TwistedClient:
         return defer.gatherResults(gone).addCallback(lambda _: None)
 
 
-class TwistedElection:
+class TwistedElection(ElectionOver["TwistedClient"]):
     """
     An election over a L{TwistedClient} (the rules:
     L{jesync.client.election}): L{jesync.client.election.Election}'s
     operations returning Deferreds, and L{observe} with a callback.
     """
-
-    def __init__(self, client: TwistedClient, name: str) -> None:
-        self.key = election_key_for(name)
-        self.client = client
-        self.name = name
-
-    def __repr__(self) -> str:
-        return f"<TwistedElection {self.name!r}>"
 
     def campaign(
         self, value: bytes | str | None, expires: Optional[float] = CAMPAIGN_EXPIRES, wait: Optional[float] = None
@@ -762,23 +762,31 @@ class TwistedElection:
         L{Leadership} (its C{resign()} returns a Deferred) once this
         candidate leads, or fails as C{lock} does.
         """
-        locked = self.client.lock(self.key, wait=wait, expires=expires, auto_renew=True, value=value)
+        locked: defer.Deferred[TwistedLock] = self._campaign_lock(value, expires, wait)
         return locked.addCallback(lambda lock: Leadership(self.name, lock))
 
     def leader(self) -> defer.Deferred[Optional[Leader]]:
         """The leader now, or None."""
         return self.client.holders(self.key).addCallback(leader_of)
 
-    def observe(self, callback: Callable[[Optional[Leader]], object]) -> defer.Deferred[TwistedWatch]:
+    def observe(
+        self,
+        callback: Callable[[Optional[Leader]], object],
+        on_lost: Optional[Callable[[ClientError], object]] = None,
+    ) -> defer.Deferred[TwistedWatch]:
         """
         Call C{callback} with the leader (a L{Leader}, or None: no leader)
         once the server watches the election and has said who leads, then
         with each change, in order (an exception it raises is logged).
-        Fires with the L{TwistedWatch} under it (C{stop()} it; C{add_lost_callback} to hear of its connection
-        dropping) after the first call.
+        Fires with the L{TwistedWatch} under it (C{stop()} it) after the
+        first call.  Bound to its connection, as the other clients'
+        observations are (which end with L{ConnectionLost}): if the
+        connection drops, the observation ends and C{on_lost} is called
+        with the L{ConnectionLost} (without C{on_lost}, the loss is logged
+        as a warning: never silence); observe again (which reconnects) to
+        go on.  Never called once stopped.
         """
         tracker = LeaderTracker()
-        early: Optional[list[WatchEvent]] = []
 
         def tell(leader: Optional[Leader]) -> None:
             try:
@@ -787,24 +795,28 @@ class TwistedElection:
                 log.exception("the observe callback of %r failed", self)
 
         def told(event: WatchEvent) -> None:
-            if early is not None:
-                early.append(event)  # before the holders answer: applied after it
-            elif tracker.told(event):
+            # Before the holders answer (the tracker not started), an event
+            # is one the answer counts: ignored (jesync.client.election).
+            if tracker.told(event):
                 tell(tracker.leader)
 
+        def answered(holders: list[Holder]) -> None:
+            tell(tracker.start(holders))
+
+        def lost_unheard(error: ClientError) -> None:
+            log.warning("observing the election %r: %s; no longer observing", self.name, describe(error))
+
         async def start() -> TwistedWatch:
-            nonlocal early
             watch = await self.client.watch(self.key, told)
             try:
-                holders = await self.client.holders(self.key)
+                index = self.client._fleet.index_for(self.key)
+                await self.client._call(
+                    index, lambda connection: connection.start(holders_marking(connection, self.key, answered))
+                )
             except BaseException:
                 await watch.stop()
                 raise
-            tell(tracker.start(holders))
-            before, early = early or [], None
-            for event in before:
-                if tracker.told(event):
-                    tell(tracker.leader)
+            watch.add_lost_callback(on_lost if on_lost is not None else lost_unheard)
             return watch
 
         return defer.ensureDeferred(start())

@@ -157,6 +157,9 @@ class ElectArgumentTests(SynchronousTestCase):
         self.assertTrue(args.terminate_on_loss)
         self.assertEqual(self.parsed("db", "v", "-c", "a | b").command, ["/bin/sh", "-c", "a | b"])
         self.assertTrue(self.parsed("--observe", "--json", "db").observe)
+        self.assertEqual(self.parsed("db", "v", "-c", "x").expires, 60)  # the default
+        self.assertEqual(self.parsed("db", "v", "--expires", "0", "-c", "x").expires, 0)
+        self.assertFalse(self.parsed("db", "v", "--no-terminate-on-loss", "-c", "x").terminate_on_loss)
 
     def test_refused(self) -> None:
         self.refused("db")  # no VALUE
@@ -164,5 +167,9 @@ class ElectArgumentTests(SynchronousTestCase):
         self.refused("db", "v", "-c", "x", "--", "y")  # both
         self.refused("--observe", "db", "v")
         self.refused("--observe", "db", "--", "x")
+        self.refused("--observe", "--wait", "5", "db")  # campaigning options: not silently ignored
+        self.refused("--observe", "--expires", "10", "db")
+        self.refused("--observe", "--expires", "0", "db")
+        self.refused("--observe", "--no-terminate-on-loss", "db")
         self.refused("--json", "db", "v", "--", "x")
         self.refused("two words", "v", "--", "x")

@@ -19,6 +19,7 @@ from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.client import AsyncClient, AsyncElection, Client, ConnectionLost, Election, Leader, LockLost, LockTimeout
 from tests.servers import serve_in_thread
+from tests.support import grant_and_release_before_answering
 
 WITHIN = 5.0
 
@@ -71,7 +72,8 @@ class BlockingElectionTests(SynchronousTestCase):
             self.waiting(2)
             self.assertTrue(first.resign())
             self.assertTrue(b_elected.wait(WITHIN))
-            self.assertFalse(c_elected.is_set())
+            status = self.election().client.status("election:db")
+            self.assertEqual((status.granted, status.waiting), (1, 1))  # "c" still waits: the hand-over was to "b"
             b_election.client.close()
             self.assertTrue(c_elected.wait(WITHIN))
             [second], [third] = b_won, c_won
@@ -113,6 +115,19 @@ class BlockingElectionTests(SynchronousTestCase):
         self.addCleanup(leadership.resign)
         self.assertRaises(LockTimeout, self.election().campaign, "b", wait=0)
 
+    def test_no_leader_start_with_a_grant_and_release_before_the_answer(self) -> None:
+        """
+        A grant and its release reach the watch before the C{holders}
+        answer, which counts them: the observer is told no leader, then
+        only what came after (a campaign, its resignation).
+        """
+        grant_and_release_before_answering(self.server.server.locks, "election:db")
+        with self.election().observe() as changes:
+            self.assertEqual(changes.get(WITHIN), (True, None))
+            self.assertTrue(self.election().campaign("a").resign())
+            told = [changes.get(WITHIN), changes.get(WITHIN)]
+        self.assertEqual([(changed, values([leader])) for changed, leader in told], [(True, [b"a"]), (True, [None])])
+
     def test_observer_told_of_its_lost_connection(self) -> None:
         changes = self.election().observe()
         self.assertEqual(changes.get(WITHIN), (True, None))
@@ -146,7 +161,8 @@ class AsyncElectionTests(SynchronousTestCase):
                         await asyncio.sleep(0.01)
                     self.assertTrue(await first.resign())
                     second = await second_campaign
-                    self.assertFalse(third_campaign.done())
+                    status = await clients[0].status(observer.key)
+                    self.assertEqual((status.granted, status.waiting), (1, 1))  # "c" still waits
                     async with second:
                         pass  # leaving resigns
                     third = await third_campaign
@@ -169,3 +185,24 @@ class AsyncElectionTests(SynchronousTestCase):
         self.assertEqual([each.released for each in leaderships], [True, True, False])
         self.assertTrue(leaderships[2].lost)
         self.assertIsNone(now)
+
+    def test_no_leader_start_with_a_grant_and_release_before_the_answer(self) -> None:
+        """As the blocking client's: the pair from before the answer is not told."""
+        grant_and_release_before_answering(self.server.server.locks, "election:db")
+
+        async def scenario() -> list[Optional[Leader]]:
+            observer_client, candidate_client = AsyncClient(self.server.address), AsyncClient(self.server.address)
+            try:
+                async with await AsyncElection(observer_client, "db").observe() as changes:
+                    told = [(await changes.get(WITHIN))[1]]
+                    await (await AsyncElection(candidate_client, "db").campaign("a")).resign()
+                    while len(told) < 3:
+                        changed, leader = await changes.get(WITHIN)
+                        self.assertTrue(changed, told)
+                        told.append(leader)
+                return told
+            finally:
+                await observer_client.close()
+                await candidate_client.close()
+
+        self.assertEqual(values(self.run_async(scenario())), [None, b"a", None])

@@ -16,11 +16,15 @@ from typing import Any, Optional
 from twisted.internet import defer
 from twisted.trial.unittest import SynchronousTestCase
 
-from jesync.client import Leader, Leadership, LockLost, TwistedClient, TwistedElection
+from jesync.client import ConnectionLost, Leader, Leadership, LockLost, TwistedClient, TwistedElection
 from jesync.client.election import LeaderTracker, election_key_for
 from jesync.client.wire import Holder, WatchEvent
 from jesync.testing import MemoryServer
-from tests.support import strictly_increasing
+from tests.support import grant_and_release_before_answering, strictly_increasing
+
+
+def values(leaders: list[Optional[Leader]]) -> list[Optional[bytes]]:
+    return [None if leader is None else leader.value for leader in leaders]
 
 
 class ElectionTestCase(SynchronousTestCase):
@@ -186,20 +190,101 @@ class ObserveTests(ElectionTestCase):
         self.result(self.election("cache").campaign("x"))
         self.assertEqual(told, [None])
 
+    def test_no_leader_start_with_a_grant_and_release_before_the_answer(self) -> None:
+        """
+        A grant and its release (by hand) reach the watch before the
+        C{holders} answer, which counts them (nobody holds then): the
+        observer is told no leader, once, and nothing of the pair; a later
+        campaign is told.
+        """
+        grant_and_release_before_answering(self.server.service, "election:db")
+        told = self.observe()
+        self.assertEqual(told, [None])
+        leadership = self.result(self.election().campaign("a"))
+        self.assertEqual([(leader.value, leader.token) for leader in told[1:] if leader], [(b"a", leadership.token)])
+        self.assertEqual(len(told), 2)
+
+    def test_observer_told_its_connection_dropped(self) -> None:
+        """
+        The connection drops: C{on_lost} gets the L{ConnectionLost}, as
+        the other clients' observations end with it; no change is told.
+        """
+        told: list[Optional[Leader]] = []
+        lost: list[Exception] = []
+        watch = self.result(self.election().observe(told.append, on_lost=lost.append))
+        self.server.drop_connections()
+        [error] = lost
+        self.assertIsInstance(error, ConnectionLost)
+        self.assertIs(error, watch.lost_reason)
+        self.assertEqual(told, [None])
+
+    def test_a_dropped_connection_without_on_lost_is_logged(self) -> None:
+        """Never silence: without C{on_lost}, the loss is logged as a warning."""
+        self.observe()
+        with self.assertLogs("jesync.client", "WARNING") as logged:
+            self.server.drop_connections()
+        [record] = logged.records
+        self.assertIn("observing the election 'db'", record.getMessage())
+
+    def test_a_stopped_observer_is_not_told(self) -> None:
+        lost: list[Exception] = []
+        watch = self.result(self.election().observe(lambda leader: None, on_lost=lost.append))
+        self.assertTrue(self.result(watch.stop()))
+        self.server.drop_connections()
+        self.assertEqual(lost, [])
+
+    def test_held_shared_by_hand_the_leader_is_the_first_holder(self) -> None:
+        """
+        C{election:db} held shared by two, by hand: C{leader()} and the
+        observers agree that the first holder, in grant order, leads; the
+        second grant is not a new leader; the first's release makes the
+        second the leader.
+        """
+        election = self.election()
+        early = self.observe()
+        first = self.result(self.client().lock("election:db", shared=True, value="one"))
+        second = self.result(self.client().lock("election:db", shared=True, value="two"))
+        late = self.observe()
+        leader = self.result(election.leader())
+        self.assertEqual((leader.value, leader.token), (b"one", first.token))
+        self.assertEqual(values(early), [None, b"one"])
+        self.assertEqual(late, [leader])
+        self.assertTrue(self.result(first.release()))
+        leader = self.result(election.leader())
+        self.assertEqual((leader.value, leader.token), (b"two", second.token))
+        self.assertEqual(early[-1], leader)
+        self.assertEqual(late[-1], leader)
+        self.assertTrue(self.result(second.release()))
+        self.assertEqual(values(early), [None, b"one", b"two", None])
+        self.assertEqual(values(late), [b"one", b"two", None])
 
 class TrackerTests(SynchronousTestCase):
     """The consistent start: events that crossed the holders answer are not told twice."""
 
     def test_events_from_before_the_answer(self) -> None:
+        """
+        The events before the answer (C{skip} of them, or any before
+        C{start}) change nothing; those after it do.
+        """
         tracker = LeaderTracker()
-        holder = Holder("election:e", "10.0.0.1:5000", 0, 0, 7, value=b"b")
-        self.assertEqual(tracker.start([holder]), Leader("10.0.0.1:5000", b"b", 7))
         old_grant = WatchEvent("granted", "election:e", "10.0.0.2:5000", 6, "exclusive", b"a")
         old_release = WatchEvent("released", "election:e", "10.0.0.2:5000", 6)
-        self.assertFalse(tracker.told(old_grant))
+        self.assertFalse(tracker.told(old_grant))  # not started: from before the answer
+        holder = Holder("election:e", "10.0.0.1:5000", 0, 0, 7, value=b"b")
+        self.assertEqual(tracker.start([holder], skip=2), Leader("10.0.0.1:5000", b"b", 7))
         self.assertFalse(tracker.told(old_release))
         self.assertFalse(tracker.told(WatchEvent("granted", "election:e", "10.0.0.1:5000", 7, "exclusive", b"b")))
+        self.assertEqual(tracker.leader, Leader("10.0.0.1:5000", b"b", 7))
         self.assertTrue(tracker.told(WatchEvent("expired", "election:e", "10.0.0.1:5000", 7)))
         self.assertIsNone(tracker.leader)
         self.assertTrue(tracker.told(WatchEvent("granted", "election:e", "10.0.0.3:5000", 8, "exclusive", None)))
         self.assertEqual(tracker.leader, Leader("10.0.0.3:5000", None, 8))
+
+    def test_a_second_holder_is_not_a_new_leader(self) -> None:
+        tracker = LeaderTracker()
+        self.assertIsNone(tracker.start([]))
+        self.assertTrue(tracker.told(WatchEvent("granted", "election:e", "10.0.0.1:5000", 1, "shared", b"a")))
+        self.assertFalse(tracker.told(WatchEvent("granted", "election:e", "10.0.0.2:5000", 2, "shared", b"b")))
+        self.assertFalse(tracker.told(WatchEvent("released", "election:e", "10.0.0.3:5000", 3)))  # not a holder
+        self.assertTrue(tracker.told(WatchEvent("lost", "election:e", "10.0.0.1:5000", 1)))
+        self.assertEqual(tracker.leader, Leader("10.0.0.2:5000", b"b", 2))

@@ -26,6 +26,7 @@ from jesync.client.cluster import Members
 from jesync.client.config import ConnectKeywords, ConnectOptions, Servers, client_options
 from jesync.client.errors import ClientError, ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
+from jesync.client.group import Group, group_names
 from jesync.client.handle import LockState
 from jesync.client.connection import ConnectionCore
 from jesync.client.session import SERVER_CLOSED
@@ -816,6 +817,30 @@ class Client:
             watch.close()
             raise
         return watch
+
+    def group(self, name: str) -> Group:
+        """
+        Group C{name} on these servers (L{jesync.client.group.Group}):
+        create, delete, join, heartbeat, update, leave, members, watch.
+        Raise ValueError for a name that cannot be a group's (a C{/}).
+        """
+        return Group(self, name)
+
+    def groups(self) -> list[str]:
+        """Every group on every server, sorted."""
+        names: list[str] = []
+        for index in range(len(self.servers)):
+            connection = self._connection(index)
+            word, fields, rows = connection.call(connection.session.group, b"groups\r\n")
+            if word != "END":
+                raise UnexpectedReply(f"{b' '.join(fields)!r} does not answer groups")
+            names.extend(group_names(rows))
+        return sorted(names)
+
+    def _group_request(self, key: str, line: bytes) -> tuple[str, list[bytes], list[list[bytes]]]:
+        """Send a group command (C{line}) to the server of C{key}; its reply's word, fields and rows."""
+        connection = self._connection_for(key)
+        return connection.call(connection.session.group, line)
 
     def listing(self, order: ListingOrder = "key") -> list[KeyStatus]:
         """

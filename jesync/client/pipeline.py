@@ -48,6 +48,11 @@ fencing token, and a C{GRANTED-MANY} one per key.
 
 C{lock-shared} and C{lock-many-shared} (extensions) are answered as C{lock}
 and C{lock-many} are, and read the same way: a C{lock} request is either.
+The C{group-*} commands and C{groups} (extensions) are sent as lines built
+by L{jesync.client.group}; their reply words (L{GROUP_ANSWERS}) are not
+parsed here: the request gets C{(word, fields, rows)}, the fields of its
+last line and of the C{MEMBER}/C{GROUP} rows before it, for
+L{jesync.client.group} to read.  An error word answers it as any request.
 C{watch}, C{watch-prefix}, C{unwatch} and C{unwatch-prefix} (extensions)
 are answered at once (C{WATCHING <key>}, ...).  C{EVENT ...} lines answer
 nothing: a connection that watches gets them, unsolicited, between any two
@@ -111,6 +116,26 @@ _WATCH_ANSWERS = {
     "UNWATCHED-PREFIX": "unwatch-prefix",
     "NOT_WATCHING-PREFIX": "unwatch-prefix",
 }
+
+
+#: The replies to the group commands that end one (a listing's rows come before its C{END}).
+GROUP_ANSWERS = frozenset(
+    {
+        "GROUP-CREATED",
+        "GROUP-EXISTS",
+        "GROUP-DELETED",
+        "GROUP-NOT-EMPTY",
+        "NO_GROUP",
+        "JOINED",
+        "MEMBER-EXISTS",
+        "NOT_JOINED",
+        "UPDATED",
+        "LEFT",
+        "END",
+    }
+)
+#: The row lines of C{group-members} and C{groups}.
+GROUP_ROWS = frozenset({"MEMBER", "GROUP"})
 
 
 class _Request:
@@ -300,6 +325,14 @@ class Pipeline:
         """C{fencing on} or C{off}: C{on_result} gets the server's setting; an older server errs (INVALID_COMMAND)."""
         self._enqueue(_Request("fencing", (), on_result, on_error), fencing_request(on))
 
+    def group(self, line: bytes, on_result: OnResult, on_error: OnError) -> None:
+        """
+        A group command's C{line} (L{jesync.client.group} builds it):
+        C{on_result} gets C{(word, fields, rows)}, the reply's word, the
+        fields of its line and a list of the fields of each row before it.
+        """
+        self._enqueue(_Request("group", (), on_result, on_error), line)
+
     def abandon(self, key: str) -> None:
         """
         The caller of the unanswered lock request for C{key} (a C{lock-many}:
@@ -325,6 +358,8 @@ class Pipeline:
 
     def line_received(self, line: bytes) -> None:
         """Match one reply line to its request and settle it (or raise L{UnexpectedReply})."""
+        if self._queue and self._queue[0].command == "group" and self._group_line(self._queue[0], line):
+            return
         reply = parse_reply(line)
         word = reply.word
         head = self._queue[0] if self._queue else None
@@ -381,6 +416,19 @@ class Pipeline:
             head.on_result(None if head.command.startswith("watch") else word.startswith("UNWATCHED"))
         else:
             raise UnexpectedReply(f"{reply.text!r} does not answer {head.describe()}")
+
+    def _group_line(self, head: _Request, line: bytes) -> bool:
+        """Whether C{line} is a group reply (a row, or the end) that settles or extends C{head}."""
+        fields = line.rstrip(b"\r").split()
+        word = fields[0].decode("ascii", "replace") if fields else ""
+        if word in GROUP_ROWS:
+            head.rows.append(fields)
+            return True
+        if word in GROUP_ANSWERS:
+            self._queue.popleft()
+            head.on_result((word, fields, head.rows))
+            return True
+        return False
 
     def _fence_or_error(self, head: _Request, reply: Reply) -> None:
         if reply.word == "STATUS" and reply.key == head.key:

@@ -388,6 +388,10 @@ class Session:
         """Who holds C{key}: C{on_result} gets a list of L{jesync.client.wire.Holder}."""
         self.pipeline.holders(key, on_result, on_error)
 
+    def group(self, line: bytes, on_result: OnResult, on_error: OnError) -> None:
+        """A group command (L{jesync.client.group}): C{on_result} gets its reply's C{(word, fields, rows)}."""
+        self.pipeline.group(line, on_result, on_error)
+
     def watch(
         self, key: str, prefix: bool, on_event: OnEvent, on_end: OnEnd, on_result: OnResult, on_error: OnError
     ) -> Subscription:

@@ -37,7 +37,9 @@ from jesync.wire import MEMBER_SEPARATOR, decode_key, decode_value, encode_value
 class GroupClient(Protocol):
     """What a L{Group} needs of its client (L{jesync.client.Client} is one; it imports this module)."""
 
-    def _group_request(self, key: str, line: bytes) -> tuple[str, list[bytes], list[list[bytes]]]: ...
+    def _extension_request(
+        self, key: str, line: bytes, answers: frozenset[str], rows: frozenset[str]
+    ) -> tuple[str, list[bytes], list[list[bytes]]]: ...
 
     def watch(self, key: Optional[str] = None, *, prefix: Optional[str] = None, max_events: int = MAX_EVENTS) -> Any: ...
 
@@ -52,6 +54,26 @@ __all__ = [
     "MemberNotJoined",
     "member_of",
 ]
+
+
+#: The replies that end a group command (a listing's rows come before its C{END})
+GROUP_ANSWERS = frozenset(
+    {
+        "GROUP-CREATED",
+        "GROUP-EXISTS",
+        "GROUP-DELETED",
+        "GROUP-NOT-EMPTY",
+        "NO_GROUP",
+        "JOINED",
+        "MEMBER-EXISTS",
+        "NOT_JOINED",
+        "UPDATED",
+        "LEFT",
+        "END",
+    }
+)
+#: The row lines of C{group-members} and C{groups}.
+GROUP_ROWS = frozenset({"MEMBER", "GROUP"})
 
 
 class GroupError(ClientError):
@@ -131,7 +153,7 @@ class Group:
         return f"<Group {self.name!r}>"
 
     def _call(self, *fields: bytes) -> tuple[str, list[bytes], list[list[bytes]]]:
-        word, reply, rows = self.client._group_request(self.key, _line(*fields))
+        word, reply, rows = self.client._extension_request(self.key, _line(*fields), GROUP_ANSWERS, GROUP_ROWS)
         if word == "NO_GROUP":
             raise GroupNotCreated(f"group {self.name!r} does not exist", self.name, line=_text(reply))
         return word, reply, rows

@@ -48,11 +48,13 @@ fencing token, and a C{GRANTED-MANY} one per key.
 
 C{lock-shared} and C{lock-many-shared} (extensions) are answered as C{lock}
 and C{lock-many} are, and read the same way: a C{lock} request is either.
-The C{group-*} commands and C{groups} (extensions) are sent as lines built
-by L{jesync.client.group}; their reply words (L{GROUP_ANSWERS}) are not
-parsed here: the request gets C{(word, fields, rows)}, the fields of its
-last line and of the C{MEMBER}/C{GROUP} rows before it, for
-L{jesync.client.group} to read.  An error word answers it as any request.
+The C{group-*} commands and C{groups}, and the admin listener's
+C{force-release} (extensions), are sent as lines built by their callers
+(L{jesync.client.group}, L{jesync.client.Client.force_release}), each with
+the reply words that end it and the words of its rows
+(L{jesync.client.group.GROUP_ANSWERS}, for one); those lines are not parsed here: the request gets
+C{(word, fields, rows)}, the fields of its last line and of the rows before
+it, for the caller to read.  An error word answers it as any request.
 C{watch}, C{watch-prefix}, C{unwatch} and C{unwatch-prefix} (extensions)
 are answered at once (C{WATCHING <key>}, ...).  C{EVENT ...} lines answer
 nothing: a connection that watches gets them, unsolicited, between any two
@@ -118,30 +120,21 @@ _WATCH_ANSWERS = {
 }
 
 
-#: The replies to the group commands that end one (a listing's rows come before its C{END}).
-GROUP_ANSWERS = frozenset(
-    {
-        "GROUP-CREATED",
-        "GROUP-EXISTS",
-        "GROUP-DELETED",
-        "GROUP-NOT-EMPTY",
-        "NO_GROUP",
-        "JOINED",
-        "MEMBER-EXISTS",
-        "NOT_JOINED",
-        "UPDATED",
-        "LEFT",
-        "END",
-    }
-)
-#: The row lines of C{group-members} and C{groups}.
-GROUP_ROWS = frozenset({"MEMBER", "GROUP"})
-
-
 class _Request:
     """One request awaiting its reply."""
 
-    __slots__ = ("command", "keys", "on_result", "on_error", "may_wait", "answered", "abandoned", "rows", "on_waiting")
+    __slots__ = (
+        "command",
+        "keys",
+        "on_result",
+        "on_error",
+        "may_wait",
+        "answered",
+        "abandoned",
+        "rows",
+        "on_waiting",
+        "answers",
+    )
 
     def __init__(self, command: str, keys: tuple[str, ...], on_result: OnResult, on_error: OnError) -> None:
         self.command = command
@@ -155,6 +148,8 @@ class _Request:
         self.rows: list[Any] = []
         #: a lock request: called when its fence shows it waiting
         self.on_waiting: Optional[Callable[[], None]] = None
+        #: an extension request: the reply words that end it, and those of its rows
+        self.answers: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
 
     @property
     def key(self) -> Optional[str]:
@@ -325,13 +320,19 @@ class Pipeline:
         """C{fencing on} or C{off}: C{on_result} gets the server's setting; an older server errs (INVALID_COMMAND)."""
         self._enqueue(_Request("fencing", (), on_result, on_error), fencing_request(on))
 
-    def group(self, line: bytes, on_result: OnResult, on_error: OnError) -> None:
+    def extension(
+        self, line: bytes, answers: frozenset[str], rows: frozenset[str], on_result: OnResult, on_error: OnError
+    ) -> None:
         """
-        A group command's C{line} (L{jesync.client.group} builds it):
-        C{on_result} gets C{(word, fields, rows)}, the reply's word, the
-        fields of its line and a list of the fields of each row before it.
+        An extension command's C{line} (a group command, C{force-release}),
+        answered by a line whose word is one of C{answers}, after any number
+        of lines whose word is one of C{rows}: C{on_result} gets C{(word,
+        fields, rows)}, the reply's word, the fields of its line and a list
+        of the fields of each row before it.
         """
-        self._enqueue(_Request("group", (), on_result, on_error), line)
+        request = _Request("extension", (), on_result, on_error)
+        request.answers = (answers, rows)
+        self._enqueue(request, line)
 
     def abandon(self, key: str) -> None:
         """
@@ -358,7 +359,7 @@ class Pipeline:
 
     def line_received(self, line: bytes) -> None:
         """Match one reply line to its request and settle it (or raise L{UnexpectedReply})."""
-        if self._queue and self._queue[0].command == "group" and self._group_line(self._queue[0], line):
+        if self._queue and self._queue[0].command == "extension" and self._extension_line(self._queue[0], line):
             return
         reply = parse_reply(line)
         word = reply.word
@@ -417,14 +418,15 @@ class Pipeline:
         else:
             raise UnexpectedReply(f"{reply.text!r} does not answer {head.describe()}")
 
-    def _group_line(self, head: _Request, line: bytes) -> bool:
-        """Whether C{line} is a group reply (a row, or the end) that settles or extends C{head}."""
+    def _extension_line(self, head: _Request, line: bytes) -> bool:
+        """Whether C{line} answers the extension request C{head} (a row, or its end)."""
         fields = line.rstrip(b"\r").split()
         word = fields[0].decode("ascii", "replace") if fields else ""
-        if word in GROUP_ROWS:
+        answers, rows = head.answers
+        if word in rows:
             head.rows.append(fields)
             return True
-        if word in GROUP_ANSWERS:
+        if word in answers:
             self._queue.popleft()
             head.on_result((word, fields, head.rows))
             return True

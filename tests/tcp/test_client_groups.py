@@ -4,7 +4,8 @@ real server in a thread: each refusal is its own L{GroupError}; members are
 listed in join order with their capabilities and tokens; a member ends when
 it leaves, when its connection closes, and when its lease lapses unrenewed
 (a heartbeat renews it); a group watch tells joins and leaves in order; the
-server's caps are refused as any request is (L{ServerError}).
+server's caps are refused as any request is (L{ServerError}); the admin
+listener's C{force-release} (L{Client.force_release}) ends a membership.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from jesync.client import (
     ServerError,
 )
 from jesync.client.group import member_of
-from tests.servers import serve_in_thread
+from tests.servers import free_port, serve_in_thread
 
 WITHIN = 5.0
 
@@ -119,6 +120,21 @@ class ClientGroupTests(SynchronousTestCase):
                 if event.kind in ("granted", "released", "expired", "lost"):
                     seen.append((event.kind, member_of("g", event.key), event.value))
         self.assertEqual(seen, [("granted", "m1", b"caps"), ("granted", "m2", None), ("released", "m1", None)])
+
+    def test_force_release_on_the_admin_listener(self) -> None:
+        """Client.force_release (an extension request, as the group commands are) frees a member's key."""
+        admin_port = free_port()
+        server = serve_in_thread(self, extra_args=["--admin-port", f"tcp:{admin_port}:interface=127.0.0.1"])
+        member = Client(server.address)
+        self.addCleanup(member.close)
+        member.group("g").create()
+        member.group("g").join("m")
+        with Client(f"127.0.0.1:{admin_port}") as admin:
+            self.assertEqual(admin.force_release("group:g/m"), 1)
+            self.assertEqual(admin.force_release("group:g/m"), 0)
+        self.assertEqual(member.group("g").members(), [])
+        self.assertRaises(MemberNotJoined, member.group("g").leave, "m")
+        self.assertRaises(ServerError, member.force_release, "group:g/m")  # not the admin listener
 
     def wait_for(self, read, expected):
         deadline = time.monotonic() + WITHIN

@@ -47,6 +47,8 @@ host (port 11400 by default) is the first server, and the options are:
                      for break_() (force-release); without it break_() is
                      refused with tooz.NotImplemented
     admin_token_file a file whose first line is the admin listener's token
+                     (default: token_file's, which an admin listener
+                     without its own --admin-token-file takes)
 
 Options not given fall back as the JESync client's do: no host and no
 C{servers} means C{$JESYNC_SERVERS}, else 127.0.0.1:11400, and
@@ -627,7 +629,9 @@ class JESyncDriver(coordination.CoordinationDriverCachedRunWatchers):
             for group_id in list(self._joined_groups):
                 try:
                     if not _translated(lambda: self._group(group_id).heartbeat(self._member_name, self.lease)):
-                        LOG.warning("jesync: member %r of group %r had left (its lease lapsed)", self._member_id, group_id)
+                        LOG.warning(
+                            "jesync: member %r of group %r had left (its lease lapsed)", self._member_id, group_id
+                        )
                 except tooz.ToozError:
                     LOG.warning("Unable to renew the membership of group %r", group_id, exc_info=True)
         periods = [period for period in (self.lock_expires, self.lease) if period]
@@ -754,7 +758,9 @@ class JESyncDriver(coordination.CoordinationDriverCachedRunWatchers):
             if held is not None:
                 if held.held:
                     continue
-                LOG.warning("jesync: %r lost the leadership of group %r: %s", self._member_id, group_id, held.lost_reason)
+                LOG.warning(
+                    "jesync: %r lost the leadership of group %r: %s", self._member_id, group_id, held.lost_reason
+                )
                 del self._leaderships[group_id]
             election = self._election(group_id)
             try:

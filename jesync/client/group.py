@@ -41,7 +41,9 @@ class GroupClient(Protocol):
         self, key: str, line: bytes, answers: frozenset[str], rows: frozenset[str]
     ) -> tuple[str, list[bytes], list[list[bytes]]]: ...
 
-    def watch(self, key: Optional[str] = None, *, prefix: Optional[str] = None, max_events: int = MAX_EVENTS) -> Any: ...
+    def watch(
+        self, key: Optional[str] = None, *, prefix: Optional[str] = None, max_events: int = MAX_EVENTS
+    ) -> Any: ...
 
 __all__ = [
     "Group",

@@ -384,7 +384,8 @@ class SharedAndBreakTests(ToozTestCase):
         )
         url = f"jesync://127.0.0.1:{server.port}"
         holder = self.coordinator(url, member=b"holder").get_lock("stuck")
-        breaker = self.coordinator(f"{url}?admin=127.0.0.1:{admin_port}&admin_token_file={token_file}").get_lock("stuck")
+        admin = f"admin=127.0.0.1:{admin_port}&admin_token_file={token_file}"
+        breaker = self.coordinator(f"{url}?{admin}").get_lock("stuck")
         self.assertTrue(holder.acquire(blocking=False))
         self.assertTrue(breaker.break_())
         self.assertFalse(breaker.break_())  # nobody holds it now

@@ -1,6 +1,8 @@
 """
 A U{tooz<https://docs.openstack.org/tooz/>} backend served by jesync: tooz's
-distributed locks, held on JESync servers.
+distributed locks (exclusive and shared), groups with their members and
+capabilities, join and leave watchers, and leader election, all held on
+JESync servers as the lock table's own grants (docs/coordination.md).
 
 Install it with C{pip install 'jesync[tooz]'}, which registers this driver
 for the C{jesync} scheme (the C{tooz.backends} entry point), then::
@@ -21,7 +23,12 @@ host (port 11400 by default) is the first server, and the options are:
                      unix:/path), after the URL's host; each key lives on
                      one of them (see placement)
     placement        consistent (default) or php: how a key picks its server
-    timeout          seconds for both connect_timeout and read_timeout
+    timeout          the lease of each group membership, in seconds (as
+                     tooz's other drivers; default: none, the membership
+                     ends with the coordinator's connection): a member
+                     whose heartbeat() does not come within it stops being
+                     one.  (It used to be connect_timeout and read_timeout
+                     together: give those by name.)
     connect_timeout  seconds to wait for a connection (client default: 5)
     read_timeout     seconds a server may stay silent while it owes a reply
                      before its connection is given up (client default: 10;
@@ -34,7 +41,14 @@ host (port 11400 by default) is the first server, and the options are:
                      tls_server_name is given)
     tls_ca           the CA certificates (PEM) that sign the servers' certificates
     tls_server_name  the name the certificates must carry (default: each host)
-    prefix           prepended to every lock's key (default: none)
+    prefix           prepended to every lock's key, group's and election's
+                     name (default: none)
+    admin            the servers' admin listener (host:port, unix:/path),
+                     for break_() (force-release); without it break_() is
+                     refused with tooz.NotImplemented
+    admin_token_file a file whose first line is the admin listener's token
+                     (default: token_file's, which an admin listener
+                     without its own --admin-token-file takes)
 
 Options not given fall back as the JESync client's do: no host and no
 C{servers} means C{$JESYNC_SERVERS}, else 127.0.0.1:11400, and
@@ -46,10 +60,35 @@ C{blocking=N} (or C{timeout=N}) waits at most N seconds (JESync counts whole
 seconds, so the server is asked to wait the whole seconds left, never
 longer than asked: C{blocking=0.5} tries once); C{release()} returns False
 for a lock not held (or lost); C{heartbeat()} renews every lock the
-coordinator holds and returns a third of C{lock_expires} (so
-C{start(start_heart=True)} keeps held locks alive).  Locks are exclusive and
-not reentrant: shared locks, C{break_()}, groups, members, watchers and
-leader election raise C{tooz.NotImplemented}.
+coordinator holds and every membership with a lease, and returns a third of
+the shorter of C{lock_expires} and C{timeout} (so
+C{start(start_heart=True)} keeps them alive).  Exclusive locks are not
+reentrant; C{acquire(shared=True)} takes a shared (reader) lock, held with
+other shared holders, never with an exclusive one, and counted within one
+lock object (each shared acquire needs its release).  C{break_()} releases
+the lock from whoever holds it, through the admin listener (C{admin=}).
+
+Groups are the server's (jesync's C{group-*} commands, through
+L{jesync.client.Group}): C{create_group}, C{delete_group},
+C{join_group} (the coordinator's connection is the member, its
+capabilities msgpack-encoded as tooz's other drivers store them, at most
+4096 bytes), C{leave_group}, C{get_members}, C{get_member_capabilities},
+C{get_member_info} (capabilities, the member's C{peer} and fencing
+C{token}), C{update_capabilities}, C{get_groups}.  A member is one
+coordinator's connection: C{leave_group} of this coordinator's member id
+held through another connection (its earlier self) boots it out through
+the admin listener when C{admin=} is given, else raises C{MemberNotJoined}.
+Join and leave watchers are tooz's polled ones: C{run_watchers} compares
+the members with those it saw last.  Elections are
+L{jesync.client.Election}s named as the group (the key
+C{election:<group>}): a coordinator watching C{watch_elected_as_leader}
+campaigns once per C{run_watchers} (a try, not a wait: tooz polls), holds
+the leadership (renewed every third of C{lock_expires}) until
+C{stand_down_group_leader}, C{unwatch_elected_as_leader} of its last
+callback, C{stop()} or its connection's end, and C{get_leader} is the
+holder's member id.  A leader that loses the leadership is logged, and
+campaigns again at the next C{run_watchers}.  Results are computed when
+asked (the C{CoordAsyncResult}s are already done).
 
 A coordinator is one client connection per server: if its process dies or
 its connection drops, the server releases every lock it held at once.
@@ -61,7 +100,11 @@ valid JESync key (no whitespace or control characters, at most 1024 bytes)
 and does not start with C{tooz:} is its own key, so C{jesync status NAME}
 shows it; any other name becomes C{tooz:b64:} and its URL-safe base64
 (unpadded), or C{tooz:sha256:} and the hex SHA-256 of the name if that
-would be longer than 1024 bytes.  C{prefix} goes before either.
+would be longer than 1024 bytes.  C{prefix} goes before either.  Group
+and member ids are named the same way, but never hashed (so that
+C{get_groups} and C{get_members} can give the ids back) and, for a group,
+never with a C{/} (a group's name has none): such an id is base64-encoded
+(C{tooz:b64:...}); one too long for a key is refused (C{ToozError}).
 
 Only this module imports tooz; C{import jesync} and its clients never do.
 """
@@ -75,6 +118,7 @@ import logging
 import math
 import threading
 import time
+from concurrent.futures import Future
 from typing import Any, Callable, Optional, TypeVar, Union
 
 import tooz
@@ -84,15 +128,22 @@ from jesync.client import (
     Client,
     ClientError,
     ConnectionLost,
+    Election,
+    Group,
+    GroupAlreadyExists,
+    GroupError,
+    GroupNotCreated,
+    GroupNotEmpty,
     KeyBusy,
-    LockLost,
+    Leadership,
     LockTimeout,
-    ServerError,
+    MemberAlreadyExists,
+    MemberNotJoined,
 )
 from jesync.client import Lock as ClientLock
 from jesync.client.address import DEFAULT_PORT
 from jesync.client.config import ConnectKeywords
-from jesync.wire import key_problem
+from jesync.wire import MEMBER_SEPARATOR, key_problem, member_key
 
 LOG = logging.getLogger(__name__)
 
@@ -117,9 +168,21 @@ _CLIENT_PARAMETERS = {
     "tls_server_name": "tls_server_name",
 }
 _OPTIONS = frozenset(
-    {"servers", "placement", "timeout", "connect_timeout", "read_timeout", "lock_expires", "prefix"}
+    {
+        "servers",
+        "placement",
+        "timeout",
+        "connect_timeout",
+        "read_timeout",
+        "lock_expires",
+        "prefix",
+        "admin",
+        "admin_token_file",
+    }
     | set(_CLIENT_PARAMETERS)
 )
+#: The prefix of an encoded group or member id (see the module's documentation).
+ENCODED_ID = ENCODED_MARKER + "b64:"
 
 _YES = frozenset({"1", "yes", "true", "on"})
 _NO = frozenset({"0", "no", "false", "off"})
@@ -159,6 +222,72 @@ def lock_key(name: Union[str, bytes], prefix: str = "") -> str:
     return prefix + ENCODED_MARKER + "sha256:" + hashlib.sha256(raw).hexdigest()
 
 
+def id_name(identifier: Union[str, bytes], prefix: str = "", group: bool = False) -> str:
+    """
+    The name of a tooz group or member id on the server (a group's: no
+    C{/}): the id itself when it is a usable key that does not start with
+    C{tooz:}, else C{tooz:b64:} and its URL-safe base64; C{prefix} first.
+    """
+    raw = identifier.encode("utf-8") if isinstance(identifier, str) else bytes(identifier)
+    try:
+        text: Optional[str] = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and not text.startswith(ENCODED_MARKER) and not (group and MEMBER_SEPARATOR in text):
+        if key_problem(prefix + text, MAX_KEY_LENGTH) is None:
+            return prefix + text
+    return prefix + ENCODED_ID + base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+
+
+def id_of(name: str, prefix: str = "") -> Optional[bytes]:
+    """The tooz id (bytes) whose server name is C{name} (L{id_name}), or None if C{name} is not one (another prefix)."""
+    if not name.startswith(prefix):
+        return None
+    name = name[len(prefix) :]
+    if name.startswith(ENCODED_ID):
+        encoded = name[len(ENCODED_ID) :]
+        try:
+            return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+        except ValueError:
+            return None
+    return name.encode("utf-8", "surrogateescape")
+
+
+# jesync's group refusals, and tooz's exception for each (given the group and member ids).
+_GROUP_ERRORS: tuple[tuple[type[ClientError], Callable[[bytes, bytes], Exception]], ...] = (
+    (GroupNotCreated, lambda group, member: coordination.GroupNotCreated(group)),
+    (GroupAlreadyExists, lambda group, member: coordination.GroupAlreadyExist(group)),
+    (GroupNotEmpty, lambda group, member: coordination.GroupNotEmpty(group)),
+    (MemberAlreadyExists, lambda group, member: coordination.MemberAlreadyExist(group, member)),
+    (MemberNotJoined, lambda group, member: coordination.MemberNotJoined(group, member)),
+)
+
+
+def _group_translated(call: Callable[[], R], group_id: bytes, member_id: bytes) -> R:
+    """Run C{call}, raising jesync's group refusals as tooz's (and every other client error as L{_translated})."""
+
+    def translated() -> R:
+        try:
+            return call()
+        except GroupError as error:
+            for jesync_error, tooz_error in _GROUP_ERRORS:
+                if isinstance(error, jesync_error):
+                    raise tooz_error(group_id, member_id) from error
+            raise
+
+    return _translated(translated)
+
+
+def _done(call: Callable[[], R]) -> coordination.CoordAsyncResult[R]:
+    """tooz's asynchronous result of C{call}, already computed: its value, or the exception it raised."""
+    future: Future[R] = Future()
+    try:
+        future.set_result(call())
+    except Exception as error:
+        future.set_exception(error)
+    return coordination.CoordinatorResult(future)
+
+
 def _translated(call: Callable[[], R]) -> R:
     """Run C{call}, raising jesync's client errors as tooz's."""
     try:
@@ -176,8 +305,10 @@ def _translated(call: Callable[[], R]) -> R:
 
 class JESyncLock(locking.Lock):
     """
-    A tooz lock on one JESync key, held through its coordinator's client.
-    Exclusive, not reentrant; any thread may release it.
+    A tooz lock on one JESync key, held through its coordinator's client:
+    exclusive and not reentrant, or shared and counted (each shared acquire
+    of a held shared lock counts, and needs its release); any thread may
+    release it.
     """
 
     def __init__(self, coordinator: JESyncDriver, name: Union[str, bytes]) -> None:
@@ -187,6 +318,8 @@ class JESyncLock(locking.Lock):
         # The grant this object holds (None when not held): the client's lock
         # handle, and the token of the coordinator's reservation of the key.
         self._grant: Optional[tuple[ClientLock, object]] = None
+        # How many shared acquires the shared grant stands for (0: none, or exclusive).
+        self._shared_count = 0
         self._mutex = threading.Lock()
 
     def __repr__(self) -> str:
@@ -215,7 +348,10 @@ class JESyncLock(locking.Lock):
         most that many seconds.  True if it was taken, False if not.
         """
         if shared:
-            raise tooz.NotImplemented("jesync has no shared (reader) locks")
+            with self._mutex:
+                if self._shared_count and self._handle is not None and self._handle.held:
+                    self._shared_count += 1
+                    return True
         blocking, timeout = utils.convert_blocking(blocking, timeout)
         deadline = None if not blocking or timeout is None else time.monotonic() + max(0.0, timeout)
         coordinator = self._coordinator
@@ -223,7 +359,7 @@ class JESyncLock(locking.Lock):
         if owner is None:
             return False
         try:
-            handle = _translated(lambda: coordinator._client_lock(self.key, _server_wait(blocking, deadline)))
+            handle = _translated(lambda: coordinator._client_lock(self.key, _server_wait(blocking, deadline), shared))
         except (LockTimeout, KeyBusy):
             coordinator._unreserve(self.key, owner)
             return False
@@ -232,13 +368,18 @@ class JESyncLock(locking.Lock):
             raise
         with self._mutex:
             self._grant = (handle, owner)
+            self._shared_count = 1 if shared else 0
         coordinator._held(self, handle, owner)
         return True
 
     def release(self) -> bool:
         """Give the lock back: True if this object held it until now, else False."""
         with self._mutex:
+            if self._shared_count > 1 and self._handle is not None and self._handle.held:
+                self._shared_count -= 1
+                return True
             grant, self._grant = self._grant, None
+            self._shared_count = 0
         if grant is None:
             return False
         handle, owner = grant
@@ -262,8 +403,13 @@ class JESyncLock(locking.Lock):
         return True
 
     def break_(self) -> bool:
-        """Not available: jesync's clients cannot release another connection's lock."""
-        raise tooz.NotImplemented("jesync's clients cannot break another holder's lock")
+        """
+        Release the lock from whoever holds it (the admin listener's
+        C{force-release}, given by the URL's C{admin=}): True if anyone held
+        it.  Its holders are not told (their C{release()} answers False).
+        Without C{admin=}, C{tooz.NotImplemented}.
+        """
+        return self._coordinator._force_release(self.key) > 0
 
     def is_still_owner(self) -> bool:
         """Whether this object still holds the lock (False once it is lost or released)."""
@@ -283,11 +429,12 @@ def _server_wait(blocking: bool, deadline: Optional[float]) -> Optional[float]:
     return float(max(0, math.floor(deadline - time.monotonic())))
 
 
-class JESyncDriver(coordination.CoordinationDriver):
+class JESyncDriver(coordination.CoordinationDriverCachedRunWatchers):
     """
-    tooz's coordinator over JESync servers: exclusive locks with failsafe
-    expiry, renewed by L{heartbeat}.  See this module's documentation for
-    the URL and its options.
+    tooz's coordinator over JESync servers: exclusive and shared locks with
+    failsafe expiry, renewed by L{heartbeat}; groups, members and their
+    watchers; leader election.  See this module's documentation for the URL
+    and its options.
     """
 
     CHARACTERISTICS = (
@@ -306,7 +453,11 @@ class JESyncDriver(coordination.CoordinationDriver):
         if unknown:
             LOG.warning("jesync tooz driver: ignoring unknown options %s", ", ".join(unknown))
         self._client_arguments = self._parse(parsed_url, self._options)
+        self._admin_arguments = self._parse_admin(self._client_arguments, self._options)
         self.lock_expires = _seconds(self._options, "lock_expires", DEFAULT_LOCK_EXPIRES, allow_zero=True)
+        #: The lease of each membership, in seconds (0: none; see the module's documentation).
+        self.lease = _seconds(self._options, "timeout", 0)
+        self._member_name = id_name(self._member_id)
         self.prefix = str(self._options.get("prefix", ""))
         if self.prefix and key_problem(self.prefix, MAX_KEY_LENGTH) is not None:
             raise ValueError(f"prefix: {key_problem(self.prefix, MAX_KEY_LENGTH)}")
@@ -318,6 +469,9 @@ class JESyncDriver(coordination.CoordinationDriver):
         self._condition = threading.Condition()
         self._reserved: dict[str, object] = {}
         self._acquired: dict[JESyncLock, ClientLock] = {}
+        self._admin: Optional[Client] = None
+        # The elections this coordinator leads, by group id.
+        self._leaderships: dict[bytes, Leadership[ClientLock]] = {}
 
     @staticmethod
     def _parse(parsed_url: Any, options: dict[str, Any]) -> dict[str, Any]:
@@ -332,8 +486,6 @@ class JESyncDriver(coordination.CoordinationDriver):
         arguments: dict[str, Any] = {"servers": servers or None}
         if "placement" in options:
             arguments["placement"] = str(options["placement"])
-        if "timeout" in options:
-            arguments["connect_timeout"] = arguments["read_timeout"] = _seconds(options, "timeout")
         for name in ("connect_timeout", "read_timeout"):
             if name in options:
                 arguments[name] = _seconds(options, name)
@@ -346,6 +498,19 @@ class JESyncDriver(coordination.CoordinationDriver):
                 raise tooz.ToozError(f"the {option} option needs a newer jesync client (with {parameter})")
             value = options[option]
             arguments[parameter] = _flag(value, option) if option == "tls" else str(value)
+        return arguments
+
+    @staticmethod
+    def _parse_admin(client_arguments: dict[str, Any], options: dict[str, Any]) -> Optional[dict[str, Any]]:
+        """The admin listener's L{Client} arguments (those of the servers, but its address and token), or None."""
+        if "admin" not in options:
+            if "admin_token_file" in options:
+                raise ValueError("admin_token_file is the admin listener's: give admin=HOST:PORT too")
+            return None
+        arguments = dict(client_arguments, servers=[str(options["admin"])])
+        arguments.pop("placement", None)
+        if "admin_token_file" in options:
+            arguments["auth_token_file"] = str(options["admin_token_file"])
         return arguments
 
     # -- the connection ------------------------------------------------------
@@ -362,6 +527,8 @@ class JESyncDriver(coordination.CoordinationDriver):
         self._client = client
 
     def _stop(self) -> None:
+        for group_id in list(self._leaderships):
+            self.stand_down_group_leader(group_id)
         for lock in list(self._acquired):
             try:
                 lock.release()
@@ -371,13 +538,35 @@ class JESyncDriver(coordination.CoordinationDriver):
             # Also ends the waits in progress (ToozConnectionError).
             self._client.close()
             self._client = None
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
 
-    def _client_lock(self, key: str, wait: Optional[float]) -> ClientLock:
+    def _started_client(self) -> Client:
         client = self._client
         if client is None:
             raise tooz.ToozError("the coordinator is not started")
+        return client
+
+    def _client_lock(self, key: str, wait: Optional[float], shared: bool = False) -> ClientLock:
         expires = self.lock_expires or None
-        return client.lock(key, wait=wait, expires=expires)
+        return self._started_client().lock(key, wait=wait, expires=expires, shared=shared)
+
+    def _admin_client(self) -> Client:
+        """The client of the admin listener (opened when first needed); tooz.NotImplemented without C{admin=}."""
+        if self._admin_arguments is None:
+            raise tooz.NotImplemented(
+                "break_() needs the servers' admin listener: give the URL admin=HOST:PORT (and admin_token_file=PATH)"
+            )
+        with self._condition:
+            if self._admin is None:
+                self._admin = _translated(lambda: Client(**self._admin_arguments))  # type: ignore[arg-type]
+            return self._admin
+
+    def _force_release(self, key: str) -> int:
+        """Release C{key} from every holder, through the admin listener; how many held it."""
+        admin = self._admin_client()
+        return _translated(lambda: admin.force_release(key))
 
     # -- which lock object holds which key -------------------------------------
 
@@ -428,48 +617,193 @@ class JESyncDriver(coordination.CoordinationDriver):
         return JESyncLock(self, name)
 
     def heartbeat(self) -> float:
-        """Renew every lock this coordinator holds; return the seconds until the next heartbeat is due."""
+        """
+        Renew every lock this coordinator holds and every membership with a
+        lease; return the seconds until the next heartbeat is due.
+        """
         with self._condition:
             held = list(self._acquired)
         for lock in held:
             lock.heartbeat()
-        if not self.lock_expires:
+        if self.lease:
+            for group_id in list(self._joined_groups):
+                try:
+                    if not _translated(lambda: self._group(group_id).heartbeat(self._member_name, self.lease)):
+                        LOG.warning(
+                            "jesync: member %r of group %r had left (its lease lapsed)", self._member_id, group_id
+                        )
+                except tooz.ToozError:
+                    LOG.warning("Unable to renew the membership of group %r", group_id, exc_info=True)
+        periods = [period for period in (self.lock_expires, self.lease) if period]
+        if not periods:
             return IDLE_HEARTBEAT
-        return self.lock_expires / HEARTBEATS_PER_EXPIRY
+        return min(periods) / HEARTBEATS_PER_EXPIRY
+
+    # -- groups --------------------------------------------------------------
+
+    def _group(self, group_id: Union[str, bytes]) -> Group:
+        return self._started_client().group(id_name(group_id, self.prefix, group=True))
+
+    def _on_group(
+        self, group_id: Union[str, bytes], call: Callable[[Group], R], member_id: Optional[bytes] = None
+    ) -> coordination.CoordAsyncResult[R]:
+        """tooz's result of C{call} on group C{group_id}, jesync's refusals raised as tooz's."""
+        raw = _id_bytes(group_id)
+        member = self._member_id if member_id is None else member_id
+        return _done(lambda: _group_translated(lambda: call(self._group(group_id)), raw, member))
+
+    def create_group(self, group_id: bytes) -> coordination.CoordAsyncResult[None]:
+        return self._on_group(group_id, lambda group: group.create())
+
+    def delete_group(self, group_id: bytes) -> coordination.CoordAsyncResult[None]:
+        return self._on_group(group_id, lambda group: group.delete())
+
+    def get_groups(self) -> coordination.CoordAsyncResult[list[bytes]]:
+        def groups() -> list[bytes]:
+            names = _translated(self._started_client().groups)
+            return [group for group in (id_of(name, self.prefix) for name in names) if group is not None]
+
+        return _done(groups)
+
+    def join_group(
+        self, group_id: bytes, capabilities: Optional[coordination.Capabilities] = None
+    ) -> coordination.CoordAsyncResult[None]:
+        def join(group: Group) -> None:
+            group.join(self._member_name, utils.dumps(capabilities), self.lease)
+            self._joined_groups.add(_id_bytes(group_id))
+
+        return self._on_group(group_id, join)
+
+    def leave_group(self, group_id: bytes) -> coordination.CoordAsyncResult[None]:
+        def leave(group: Group) -> None:
+            try:
+                group.leave(self._member_name)
+            except MemberNotJoined:
+                # Not this connection's: the group may be gone, or this
+                # member id held through another connection (booted out
+                # through the admin listener, if given).
+                if self._member_name not in {member.member for member in group.members()}:
+                    raise
+                if self._admin_arguments is None:
+                    raise
+                self._force_release(member_key(group.name, self._member_name))
+            self._joined_groups.discard(_id_bytes(group_id))
+
+        return self._on_group(group_id, leave)
+
+    def _members(self, group: Group) -> dict[bytes, Any]:
+        """The members of C{group}: each one's L{jesync.client.Member}, by member id."""
+        found = {}
+        for member in group.members():
+            member_id = id_of(member.member)
+            if member_id is not None:
+                found[member_id] = member
+        return found
+
+    def get_members(self, group_id: bytes) -> coordination.CoordAsyncResult[set[bytes]]:
+        return self._on_group(group_id, lambda group: set(self._members(group)))
+
+    def get_member_capabilities(
+        self, group_id: bytes, member_id: bytes
+    ) -> coordination.CoordAsyncResult[Optional[coordination.Capabilities]]:
+        return self._on_group(group_id, lambda group: self._member_info(group, member_id)["capabilities"], member_id)
+
+    def get_members_with_capabilities(
+        self, group_id: bytes
+    ) -> coordination.CoordAsyncResult[dict[bytes, Optional[coordination.Capabilities]]]:
+        def members(group: Group) -> dict[bytes, Any]:
+            return {member_id: _capabilities(member) for member_id, member in self._members(group).items()}
+
+        return self._on_group(group_id, members)
+
+    def get_member_info(self, group_id: bytes, member_id: bytes) -> coordination.CoordAsyncResult[dict[str, Any]]:
+        """A member's C{capabilities}, and its connection's C{peer} and its fencing C{token}."""
+        return self._on_group(group_id, lambda group: self._member_info(group, member_id), member_id)
+
+    def _member_info(self, group: Group, member_id: bytes) -> dict[str, Any]:
+        member = self._members(group).get(_id_bytes(member_id))
+        if member is None:
+            raise MemberNotJoined("not a member", group.name, str(member_id))
+        return {"capabilities": _capabilities(member), "peer": member.peer, "token": member.token}
+
+    def update_capabilities(
+        self, group_id: bytes, capabilities: coordination.Capabilities
+    ) -> coordination.CoordAsyncResult[None]:
+        def update(group: Group) -> None:
+            try:
+                group.update(self._member_name, utils.dumps(capabilities))
+            except MemberNotJoined:
+                group.members()  # GroupNotCreated if that is why
+                raise
+
+        return self._on_group(group_id, update)
+
+    # -- elections -----------------------------------------------------------
+
+    def _election(self, group_id: Union[str, bytes]) -> Election:
+        return Election(self._started_client(), id_name(group_id, self.prefix, group=True))
+
+    def get_leader(self, group_id: bytes) -> coordination.CoordAsyncResult[Optional[bytes]]:  # type: ignore[override]
+        """The member id of the election's leader; None if it has none (as tooz's tests expect)."""
+        def leader() -> Optional[bytes]:
+            found = _translated(self._election(group_id).leader)
+            return None if found is None else found.value
+
+        return _done(leader)
+
+    def run_elect_coordinator(self) -> None:
+        """Campaign once (a try) in each election watched and not led; tell the callbacks of each one won."""
+        for group_id, hooks in list(self._hooks_elected_leader.items()):
+            held = self._leaderships.get(group_id)
+            if held is not None:
+                if held.held:
+                    continue
+                LOG.warning(
+                    "jesync: %r lost the leadership of group %r: %s", self._member_id, group_id, held.lost_reason
+                )
+                del self._leaderships[group_id]
+            election = self._election(group_id)
+            try:
+                leadership = _translated(
+                    lambda: election.campaign(self._member_id, expires=self.lock_expires or None, wait=0)
+                )
+            except (LockTimeout, KeyBusy):
+                continue
+            self._leaderships[group_id] = leadership
+            hooks.run(coordination.LeaderElected(group_id, self._member_id))
+
+    def run_watchers(self, timeout: Optional[float] = None) -> list[Any]:
+        result = super().run_watchers(timeout=timeout)
+        self.run_elect_coordinator()
+        return result
+
+    def stand_down_group_leader(self, group_id: bytes) -> bool:
+        """Resign the leadership of group C{group_id}'s election: True if this coordinator led it until now."""
+        leadership = self._leaderships.pop(group_id, None)
+        if leadership is None:
+            return False
+        return bool(_translated(leadership.resign))
+
+    def unwatch_elected_as_leader(self, group_id: bytes, callback: Any) -> None:
+        """As tooz's; when the last callback goes, the leadership (if held) is resigned."""
+        super().unwatch_elected_as_leader(group_id, callback)
+        if group_id not in self._hooks_elected_leader:
+            self.stand_down_group_leader(group_id)
 
 
-def _unsupported(name: str, what: str) -> Callable[..., Any]:
-    def method(self: JESyncDriver, *args: Any, **kwargs: Any) -> Any:
-        raise tooz.NotImplemented(f"jesync has no {what}: the tooz driver does not implement {name}()")
-
-    method.__name__ = method.__qualname__ = name
-    return method
+def _id_bytes(identifier: Union[str, bytes]) -> bytes:
+    """A tooz id as bytes (tooz accepts str ids too, and this driver gives bytes back)."""
+    return identifier.encode("utf-8") if isinstance(identifier, str) else bytes(identifier)
 
 
-# Groups, members and leader election: tooz.NotImplemented, said here rather
-# than left to the base class, which would accept watchers it never calls, and
-# whose bare "raise tooz.NotImplemented" is a TypeError in tooz 8 and older.
-for _name, _what in (
-    ("create_group", "groups"),
-    ("get_groups", "groups"),
-    ("join_group", "groups"),
-    ("leave_group", "groups"),
-    ("delete_group", "groups"),
-    ("get_members", "groups"),
-    ("get_member_capabilities", "groups"),
-    ("get_members_with_capabilities", "groups"),
-    ("get_member_info", "groups"),
-    ("update_capabilities", "groups"),
-    ("watch_join_group", "groups"),
-    ("watch_leave_group", "groups"),
-    ("run_watchers", "groups"),
-    ("get_leader", "leader election"),
-    ("watch_elected_as_leader", "leader election"),
-    ("stand_down_group_leader", "leader election"),
-    ("run_elect_coordinator", "leader election"),
-):
-    setattr(JESyncDriver, _name, _unsupported(_name, _what))
-del _name, _what
+def _capabilities(member: Any) -> Any:
+    """A member's capabilities, as tooz's other drivers store them (msgpack); None if it has none."""
+    if member.capabilities is None:
+        return None
+    try:
+        return utils.loads(member.capabilities)
+    except Exception:  # joined by hand, with a value that is not msgpack: its bytes
+        return member.capabilities
 
 
 def _seconds(options: dict[str, Any], name: str, default: Optional[float] = None, allow_zero: bool = False) -> Any:

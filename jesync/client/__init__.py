@@ -6,6 +6,8 @@ Clients of JESync lock servers (jesync, or any JESync-compatible one).
  - L{TwistedClient}: Twisted, returning Deferreds.
  - L{Election}, L{AsyncElection}, L{TwistedElection}: leader elections
    over each of those (L{jesync.client.election}).
+ - L{Group} (C{Client.group(name)}): groups and their members over the
+   blocking client (L{jesync.client.group}).
  - L{ELockClient}: the elock protocol, blocking: one session whose locks
    survive a dropped connection and a cluster failover
    (L{jesync.client.elock}).
@@ -39,6 +41,16 @@ from jesync.client.aio import AsyncClient, AsyncLock, AsyncWatch
 from jesync.client.blocking import Client, Lock, Watch
 from jesync.client.election import AsyncElection, AsyncObservation, Election, Leader, Leadership, Observation
 from jesync.client.elock import ELockClient, ELockHandle
+from jesync.client.group import (
+    Group,
+    GroupAlreadyExists,
+    GroupError,
+    GroupNotCreated,
+    GroupNotEmpty,
+    Member,
+    MemberAlreadyExists,
+    MemberNotJoined,
+)
 from jesync.client.errors import (
     AccessRefused,
     AuthFailed,
@@ -91,6 +103,14 @@ __all__ = [
     "ELockClient",
     "Election",
     "ELockHandle",
+    "Group",
+    "GroupAlreadyExists",
+    "GroupError",
+    "GroupNotCreated",
+    "GroupNotEmpty",
+    "Member",
+    "MemberAlreadyExists",
+    "MemberNotJoined",
     "ConnectFailed",
     "ConnectionLost",
     "HashRing",

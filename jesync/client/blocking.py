@@ -26,6 +26,7 @@ from jesync.client.cluster import Members
 from jesync.client.config import ConnectKeywords, ConnectOptions, Servers, client_options
 from jesync.client.errors import ClientError, ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
+from jesync.client.group import GROUP_ANSWERS, GROUP_ROWS, Group, group_names
 from jesync.client.handle import LockState
 from jesync.client.connection import ConnectionCore
 from jesync.client.session import SERVER_CLOSED
@@ -36,6 +37,7 @@ from jesync.client.wire import (
     Reply,
     UnexpectedReply,
     WatchEvent,
+    check_key,
     check_shared,
     lock_arguments,
     lock_many_arguments,
@@ -47,6 +49,9 @@ from jesync.wire import KeyStatus, ListingOrder
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
+
+#: The admin listener's answer to C{force-release} (L{Client.force_release}).
+FORCE_RELEASE_ANSWERS = frozenset({"FORCE-RELEASED"})
 
 
 def open_socket(address: Member, timeout: Optional[float]) -> socket.socket:
@@ -816,6 +821,46 @@ class Client:
             watch.close()
             raise
         return watch
+
+    def group(self, name: str) -> Group:
+        """
+        Group C{name} on these servers (L{jesync.client.group.Group}):
+        create, delete, join, heartbeat, update, leave, members, watch.
+        Raise ValueError for a name that cannot be a group's (a C{/}).
+        """
+        return Group(self, name)
+
+    def groups(self) -> list[str]:
+        """Every group on every server, sorted."""
+        names: list[str] = []
+        for index in range(len(self.servers)):
+            connection = self._connection(index)
+            word, fields, rows = connection.call(
+                connection.session.extension, b"groups\r\n", GROUP_ANSWERS, GROUP_ROWS
+            )
+            if word != "END":
+                raise UnexpectedReply(f"{b' '.join(fields)!r} does not answer groups")
+            names.extend(group_names(rows))
+        return sorted(names)
+
+    def force_release(self, key: str) -> int:
+        """
+        Release C{key} from every holder (the admin listener's
+        C{force-release}: give this client the server's C{--admin-port} and
+        its admin token); the number of grants released.  Its holders are
+        not told.  L{ServerError} from any other listener.
+        """
+        word, fields, _ = self._extension_request(
+            key, b"force-release " + check_key(key) + b"\r\n", FORCE_RELEASE_ANSWERS, frozenset()
+        )
+        return int(fields[1])
+
+    def _extension_request(
+        self, key: str, line: bytes, answers: frozenset[str], rows: frozenset[str]
+    ) -> tuple[str, list[bytes], list[list[bytes]]]:
+        """Send an extension command (C{line}) to the server of C{key}; its reply's word, fields and rows."""
+        connection = self._connection_for(key)
+        return connection.call(connection.session.extension, line, answers, rows)
 
     def listing(self, order: ListingOrder = "key") -> list[KeyStatus]:
         """

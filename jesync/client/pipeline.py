@@ -48,6 +48,13 @@ fencing token, and a C{GRANTED-MANY} one per key.
 
 C{lock-shared} and C{lock-many-shared} (extensions) are answered as C{lock}
 and C{lock-many} are, and read the same way: a C{lock} request is either.
+The C{group-*} commands and C{groups}, and the admin listener's
+C{force-release} (extensions), are sent as lines built by their callers
+(L{jesync.client.group}, L{jesync.client.Client.force_release}), each with
+the reply words that end it and the words of its rows
+(L{jesync.client.group.GROUP_ANSWERS}, for one); those lines are not parsed here: the request gets
+C{(word, fields, rows)}, the fields of its last line and of the rows before
+it, for the caller to read.  An error word answers it as any request.
 C{watch}, C{watch-prefix}, C{unwatch} and C{unwatch-prefix} (extensions)
 are answered at once (C{WATCHING <key>}, ...).  C{EVENT ...} lines answer
 nothing: a connection that watches gets them, unsolicited, between any two
@@ -116,7 +123,18 @@ _WATCH_ANSWERS = {
 class _Request:
     """One request awaiting its reply."""
 
-    __slots__ = ("command", "keys", "on_result", "on_error", "may_wait", "answered", "abandoned", "rows", "on_waiting")
+    __slots__ = (
+        "command",
+        "keys",
+        "on_result",
+        "on_error",
+        "may_wait",
+        "answered",
+        "abandoned",
+        "rows",
+        "on_waiting",
+        "answers",
+    )
 
     def __init__(self, command: str, keys: tuple[str, ...], on_result: OnResult, on_error: OnError) -> None:
         self.command = command
@@ -130,6 +148,8 @@ class _Request:
         self.rows: list[Any] = []
         #: a lock request: called when its fence shows it waiting
         self.on_waiting: Optional[Callable[[], None]] = None
+        #: an extension request: the reply words that end it, and those of its rows
+        self.answers: tuple[frozenset[str], frozenset[str]] = (frozenset(), frozenset())
 
     @property
     def key(self) -> Optional[str]:
@@ -300,6 +320,20 @@ class Pipeline:
         """C{fencing on} or C{off}: C{on_result} gets the server's setting; an older server errs (INVALID_COMMAND)."""
         self._enqueue(_Request("fencing", (), on_result, on_error), fencing_request(on))
 
+    def extension(
+        self, line: bytes, answers: frozenset[str], rows: frozenset[str], on_result: OnResult, on_error: OnError
+    ) -> None:
+        """
+        An extension command's C{line} (a group command, C{force-release}),
+        answered by a line whose word is one of C{answers}, after any number
+        of lines whose word is one of C{rows}: C{on_result} gets C{(word,
+        fields, rows)}, the reply's word, the fields of its line and a list
+        of the fields of each row before it.
+        """
+        request = _Request("extension", (), on_result, on_error)
+        request.answers = (answers, rows)
+        self._enqueue(request, line)
+
     def abandon(self, key: str) -> None:
         """
         The caller of the unanswered lock request for C{key} (a C{lock-many}:
@@ -325,6 +359,8 @@ class Pipeline:
 
     def line_received(self, line: bytes) -> None:
         """Match one reply line to its request and settle it (or raise L{UnexpectedReply})."""
+        if self._queue and self._queue[0].command == "extension" and self._extension_line(self._queue[0], line):
+            return
         reply = parse_reply(line)
         word = reply.word
         head = self._queue[0] if self._queue else None
@@ -381,6 +417,20 @@ class Pipeline:
             head.on_result(None if head.command.startswith("watch") else word.startswith("UNWATCHED"))
         else:
             raise UnexpectedReply(f"{reply.text!r} does not answer {head.describe()}")
+
+    def _extension_line(self, head: _Request, line: bytes) -> bool:
+        """Whether C{line} answers the extension request C{head} (a row, or its end)."""
+        fields = line.rstrip(b"\r").split()
+        word = fields[0].decode("ascii", "replace") if fields else ""
+        answers, rows = head.answers
+        if word in rows:
+            head.rows.append(fields)
+            return True
+        if word in answers:
+            self._queue.popleft()
+            head.on_result((word, fields, head.rows))
+            return True
+        return False
 
     def _fence_or_error(self, head: _Request, reply: Reply) -> None:
         if reply.word == "STATUS" and reply.key == head.key:

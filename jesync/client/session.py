@@ -388,6 +388,12 @@ class Session:
         """Who holds C{key}: C{on_result} gets a list of L{jesync.client.wire.Holder}."""
         self.pipeline.holders(key, on_result, on_error)
 
+    def extension(
+        self, line: bytes, answers: frozenset[str], rows: frozenset[str], on_result: OnResult, on_error: OnError
+    ) -> None:
+        """An extension command (L{Pipeline.extension}): C{on_result} gets its reply's C{(word, fields, rows)}."""
+        self.pipeline.extension(line, answers, rows, on_result, on_error)
+
     def watch(
         self, key: str, prefix: bool, on_event: OnEvent, on_end: OnEnd, on_result: OnResult, on_error: OnError
     ) -> Subscription:

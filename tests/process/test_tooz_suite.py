@@ -10,21 +10,21 @@ terms: one entry per test, C{"passed"} or C{"skipped"} (tooz's tests skip
 what a driver raises C{tooz.NotImplemented} for).  A test that newly skips
 or fails fails this test; so does one that newly passes, until the table
 says so: a change to the backend shows here as a change to the table, made
-in the same commit.  Today (the driver has locks alone): 29 passed and 54
-skipped of test_coordination.py, 0 passed of test_partitioner.py's 15
-(all need groups); part 2 of issue 25 (groups and elections in the driver)
-is what changes it.  docs/clients.md's table of tooz's suite gives the
-jesync row L{EXPECTED} records (L{RecordTests}).
+in the same commit.  Today: 82 passed and 1 skipped of
+test_coordination.py (the five no other driver passes among the passed;
+skipped: test_watch_join_group_disappear, which runs only for tooz's own
+etcd3gw, memcached and redis driver classes), and test_partitioner.py's 15
+of 15.  docs/clients.md's table of tooz's suite gives the jesync row
+L{EXPECTED} records (L{RecordTests}).
 
 The URL carries the server's admin endpoint and its token file
 (C{admin=HOST:PORT&admin_token_file=PATH}), for tooz's lock C{break_()}
-(C{test_get_lock_release_broken}); today's driver logs those two options as
-unknown and ignores them, and refuses C{break_()} with
-C{tooz.NotImplemented}.
+(C{test_get_lock_release_broken}) and for booting out a member id joined
+through another connection (C{test_watch_join_group_booted_out}).
 
-The run takes about 3 s on CPython 3.11 (2.4 s of it tooz's 98 tests, the
-rest twistd's start and pytest's): a test the driver cannot run is skipped
-within milliseconds, so that time grows as they pass.  Skipped, with a
+The run takes about 26 s on CPython 3.11 (25 s of it tooz's 98 tests:
+test_timeout waits 6 s for a member's 5 s lease to lapse, the partitioner's
+tests and the watchers' loops most of the rest).  Skipped, with a
 message, under PyPy (the test extra installs tooz under CPython only) and
 with any tooz but the release the table records.
 """
@@ -37,10 +37,11 @@ with any tooz but the release the table records.
 #   redis                    71       12
 #   file                     67       16
 #   etcd3gw                  65       18
-#   jesync (locks only)      29       54
+#   jesync (locks only)      29       54   (before issue 25's driver)
+#   jesync                   82        1
 #
-# and test_partitioner.py: 15/15 on redis, memcached, etcd3gw and file, 0/15
-# on jesync.  No driver passes everything: shared locks exist only in the
+# and test_partitioner.py: 15/15 on redis, memcached, etcd3gw and file, and
+# now on jesync (0/15 before).  No driver passes everything: shared locks exist only in the
 # file driver, stand-down only in memcached, break_() only in redis,
 # memcached and etcd3gw.
 
@@ -68,8 +69,8 @@ from tests.servers import free_port, start_server
 TOOZ_RELEASE = "9.1.0"
 #: tooz's test modules run, in its package's tests directory.
 TOOZ_TEST_MODULES = ("test_coordination.py", "test_partitioner.py")
-#: The longest the subprocess may take (today's run takes seconds; with
-#: groups, tooz's test_timeout and its watchers wait on real leases).
+#: The longest the subprocess may take (today's run takes about 25 s:
+#: tooz's test_timeout and its watchers wait on real leases).
 SUITE_WITHIN = 600.0
 
 #: The tests of test_coordination.py that no driver passes (the issue's
@@ -90,16 +91,16 @@ NO_DRIVER_PASSES = frozenset(
 EXPECTED = {
     "test_coordination.py::TestAPI::test_acquire_twice_no_deadlock_releasing": "passed",
     "test_coordination.py::TestAPI::test_connection_error_bad_host": "passed",
-    "test_coordination.py::TestAPI::test_create_group": "skipped",
-    "test_coordination.py::TestAPI::test_create_group_already_exist": "skipped",
-    "test_coordination.py::TestAPI::test_delete_group": "skipped",
-    "test_coordination.py::TestAPI::test_delete_group_non_empty": "skipped",
-    "test_coordination.py::TestAPI::test_delete_group_non_existent": "skipped",
-    "test_coordination.py::TestAPI::test_disconnect_leave_group": "skipped",
+    "test_coordination.py::TestAPI::test_create_group": "passed",
+    "test_coordination.py::TestAPI::test_create_group_already_exist": "passed",
+    "test_coordination.py::TestAPI::test_delete_group": "passed",
+    "test_coordination.py::TestAPI::test_delete_group_non_empty": "passed",
+    "test_coordination.py::TestAPI::test_delete_group_non_existent": "passed",
+    "test_coordination.py::TestAPI::test_disconnect_leave_group": "passed",
     "test_coordination.py::TestAPI::test_ensure_acquire_release_return": "passed",
-    "test_coordination.py::TestAPI::test_get_groups": "skipped",
-    "test_coordination.py::TestAPI::test_get_groups_str_group_id": "skipped",
-    "test_coordination.py::TestAPI::test_get_leader": "skipped",
+    "test_coordination.py::TestAPI::test_get_groups": "passed",
+    "test_coordination.py::TestAPI::test_get_groups_str_group_id": "passed",
+    "test_coordination.py::TestAPI::test_get_leader": "passed",
     "test_coordination.py::TestAPI::test_get_lock": "passed",
     "test_coordination.py::TestAPI::test_get_lock_concurrency_locking2": "passed",
     "test_coordination.py::TestAPI::test_get_lock_concurrency_locking_same_lock": "passed",
@@ -109,83 +110,83 @@ EXPECTED = {
     "test_coordination.py::TestAPI::test_get_lock_context_check_value": "passed",
     "test_coordination.py::TestAPI::test_get_lock_context_fails": "passed",
     "test_coordination.py::TestAPI::test_get_lock_locked_twice": "passed",
-    "test_coordination.py::TestAPI::test_get_lock_locking_exclusive_and_shared": "skipped",
-    "test_coordination.py::TestAPI::test_get_lock_locking_shared_and_exclusive": "skipped",
+    "test_coordination.py::TestAPI::test_get_lock_locking_exclusive_and_shared": "passed",
+    "test_coordination.py::TestAPI::test_get_lock_locking_shared_and_exclusive": "passed",
     "test_coordination.py::TestAPI::test_get_lock_multiple_coords": "passed",
-    "test_coordination.py::TestAPI::test_get_lock_release_broken": "skipped",
+    "test_coordination.py::TestAPI::test_get_lock_release_broken": "passed",
     "test_coordination.py::TestAPI::test_get_lock_serial_locking_two_lock_process": "passed",
     "test_coordination.py::TestAPI::test_get_lock_twice_locked_one_released_two": "passed",
     "test_coordination.py::TestAPI::test_get_lock_twice_locked_twice": "passed",
-    "test_coordination.py::TestAPI::test_get_member_capabilities": "skipped",
-    "test_coordination.py::TestAPI::test_get_member_capabilities_complex": "skipped",
-    "test_coordination.py::TestAPI::test_get_member_capabilities_nonexistent_group": "skipped",
-    "test_coordination.py::TestAPI::test_get_member_capabilities_nonjoined_member": "skipped",
-    "test_coordination.py::TestAPI::test_get_member_info": "skipped",
-    "test_coordination.py::TestAPI::test_get_member_info_complex": "skipped",
-    "test_coordination.py::TestAPI::test_get_member_info_nonexistent_group": "skipped",
-    "test_coordination.py::TestAPI::test_get_member_info_nonjoined_member": "skipped",
-    "test_coordination.py::TestAPI::test_get_members": "skipped",
-    "test_coordination.py::TestAPI::test_get_members_str_member_id": "skipped",
-    "test_coordination.py::TestAPI::test_get_members_with_capabilities": "skipped",
-    "test_coordination.py::TestAPI::test_get_members_with_capabilities_empty_group": "skipped",
-    "test_coordination.py::TestAPI::test_get_members_with_capabilities_multiple": "skipped",
-    "test_coordination.py::TestAPI::test_get_members_with_capabilities_no_caps": "skipped",
-    "test_coordination.py::TestAPI::test_get_members_with_capabilities_nonexistent_group": "skipped",
+    "test_coordination.py::TestAPI::test_get_member_capabilities": "passed",
+    "test_coordination.py::TestAPI::test_get_member_capabilities_complex": "passed",
+    "test_coordination.py::TestAPI::test_get_member_capabilities_nonexistent_group": "passed",
+    "test_coordination.py::TestAPI::test_get_member_capabilities_nonjoined_member": "passed",
+    "test_coordination.py::TestAPI::test_get_member_info": "passed",
+    "test_coordination.py::TestAPI::test_get_member_info_complex": "passed",
+    "test_coordination.py::TestAPI::test_get_member_info_nonexistent_group": "passed",
+    "test_coordination.py::TestAPI::test_get_member_info_nonjoined_member": "passed",
+    "test_coordination.py::TestAPI::test_get_members": "passed",
+    "test_coordination.py::TestAPI::test_get_members_str_member_id": "passed",
+    "test_coordination.py::TestAPI::test_get_members_with_capabilities": "passed",
+    "test_coordination.py::TestAPI::test_get_members_with_capabilities_empty_group": "passed",
+    "test_coordination.py::TestAPI::test_get_members_with_capabilities_multiple": "passed",
+    "test_coordination.py::TestAPI::test_get_members_with_capabilities_no_caps": "passed",
+    "test_coordination.py::TestAPI::test_get_members_with_capabilities_nonexistent_group": "passed",
     "test_coordination.py::TestAPI::test_get_multiple_locks_with_same_coord": "passed",
-    "test_coordination.py::TestAPI::test_get_shared_lock": "skipped",
-    "test_coordination.py::TestAPI::test_get_shared_lock_locking_same_lock_twice": "skipped",
-    "test_coordination.py::TestAPI::test_get_shared_lock_locking_two_lock": "skipped",
+    "test_coordination.py::TestAPI::test_get_shared_lock": "passed",
+    "test_coordination.py::TestAPI::test_get_shared_lock_locking_same_lock_twice": "passed",
+    "test_coordination.py::TestAPI::test_get_shared_lock_locking_two_lock": "passed",
     "test_coordination.py::TestAPI::test_get_started_status": "passed",
     "test_coordination.py::TestAPI::test_heartbeat": "passed",
     "test_coordination.py::TestAPI::test_heartbeat_lock_not_acquired": "passed",
     "test_coordination.py::TestAPI::test_heartbeat_loop": "passed",
-    "test_coordination.py::TestAPI::test_join_group": "skipped",
-    "test_coordination.py::TestAPI::test_join_group_create": "skipped",
-    "test_coordination.py::TestAPI::test_join_group_with_member_id_already_exists": "skipped",
-    "test_coordination.py::TestAPI::test_join_nonexistent_group": "skipped",
-    "test_coordination.py::TestAPI::test_leave_group": "skipped",
-    "test_coordination.py::TestAPI::test_leave_group_not_joined_by_member": "skipped",
-    "test_coordination.py::TestAPI::test_leave_nonexistent_group": "skipped",
+    "test_coordination.py::TestAPI::test_join_group": "passed",
+    "test_coordination.py::TestAPI::test_join_group_create": "passed",
+    "test_coordination.py::TestAPI::test_join_group_with_member_id_already_exists": "passed",
+    "test_coordination.py::TestAPI::test_join_nonexistent_group": "passed",
+    "test_coordination.py::TestAPI::test_leave_group": "passed",
+    "test_coordination.py::TestAPI::test_leave_group_not_joined_by_member": "passed",
+    "test_coordination.py::TestAPI::test_leave_nonexistent_group": "passed",
     "test_coordination.py::TestAPI::test_lock_context_manager_acquire_argument": "passed",
     "test_coordination.py::TestAPI::test_lock_context_manager_acquire_argument_release_within": "passed",
     "test_coordination.py::TestAPI::test_lock_context_manager_acquire_argument_return_value": "passed",
     "test_coordination.py::TestAPI::test_lock_context_manager_acquire_argument_timeout": "passed",
     "test_coordination.py::TestAPI::test_lock_context_manager_acquire_no_argument": "passed",
-    "test_coordination.py::TestAPI::test_run_for_election": "skipped",
-    "test_coordination.py::TestAPI::test_run_for_election_multiple_clients": "skipped",
-    "test_coordination.py::TestAPI::test_run_for_election_multiple_clients_stand_down": "skipped",
+    "test_coordination.py::TestAPI::test_run_for_election": "passed",
+    "test_coordination.py::TestAPI::test_run_for_election_multiple_clients": "passed",
+    "test_coordination.py::TestAPI::test_run_for_election_multiple_clients_stand_down": "passed",
     "test_coordination.py::TestAPI::test_stop_first": "passed",
-    "test_coordination.py::TestAPI::test_timeout": "skipped",
-    "test_coordination.py::TestAPI::test_unwatch_elected_as_leader": "skipped",
-    "test_coordination.py::TestAPI::test_unwatch_elected_as_leader_callback_not_found": "skipped",
-    "test_coordination.py::TestAPI::test_unwatch_join_group_callback_not_found": "skipped",
-    "test_coordination.py::TestAPI::test_unwatch_leave_group": "skipped",
-    "test_coordination.py::TestAPI::test_unwatch_leave_group_callback_not_found": "skipped",
-    "test_coordination.py::TestAPI::test_update_capabilities": "skipped",
-    "test_coordination.py::TestAPI::test_update_capabilities_with_group_id_nonexistent": "skipped",
-    "test_coordination.py::TestAPI::test_watch_group_join": "skipped",
-    "test_coordination.py::TestAPI::test_watch_join_group_booted_out": "skipped",
+    "test_coordination.py::TestAPI::test_timeout": "passed",
+    "test_coordination.py::TestAPI::test_unwatch_elected_as_leader": "passed",
+    "test_coordination.py::TestAPI::test_unwatch_elected_as_leader_callback_not_found": "passed",
+    "test_coordination.py::TestAPI::test_unwatch_join_group_callback_not_found": "passed",
+    "test_coordination.py::TestAPI::test_unwatch_leave_group": "passed",
+    "test_coordination.py::TestAPI::test_unwatch_leave_group_callback_not_found": "passed",
+    "test_coordination.py::TestAPI::test_update_capabilities": "passed",
+    "test_coordination.py::TestAPI::test_update_capabilities_with_group_id_nonexistent": "passed",
+    "test_coordination.py::TestAPI::test_watch_group_join": "passed",
+    "test_coordination.py::TestAPI::test_watch_join_group_booted_out": "passed",
     "test_coordination.py::TestAPI::test_watch_join_group_disappear": "skipped",
-    "test_coordination.py::TestAPI::test_watch_join_group_non_existent": "skipped",
-    "test_coordination.py::TestAPI::test_watch_leave_group": "skipped",
-    "test_coordination.py::TestAPI::test_watch_leave_group_non_existent": "skipped",
+    "test_coordination.py::TestAPI::test_watch_join_group_non_existent": "passed",
+    "test_coordination.py::TestAPI::test_watch_leave_group": "passed",
+    "test_coordination.py::TestAPI::test_watch_leave_group_non_existent": "passed",
     "test_coordination.py::TestHook::test_register_hook": "passed",
     "test_coordination.py::TestHook::test_unregister_hook": "passed",
-    "test_partitioner.py::TestPartitioner::test_hashring_size": "skipped",
-    "test_partitioner.py::TestPartitioner::test_hashring_weight": "skipped",
-    "test_partitioner.py::TestPartitioner::test_join_partitioned_group": "skipped",
-    "test_partitioner.py::TestPartitioner::test_members_of_object_and_others": "skipped",
-    "test_partitioner.py::TestPartitioner::test_stop": "skipped",
-    "test_partitioner.py::IPCTestPartitioner::test_hashring_size": "skipped",
-    "test_partitioner.py::IPCTestPartitioner::test_hashring_weight": "skipped",
-    "test_partitioner.py::IPCTestPartitioner::test_join_partitioned_group": "skipped",
-    "test_partitioner.py::IPCTestPartitioner::test_members_of_object_and_others": "skipped",
-    "test_partitioner.py::IPCTestPartitioner::test_stop": "skipped",
-    "test_partitioner.py::FileTestPartitioner::test_hashring_size": "skipped",
-    "test_partitioner.py::FileTestPartitioner::test_hashring_weight": "skipped",
-    "test_partitioner.py::FileTestPartitioner::test_join_partitioned_group": "skipped",
-    "test_partitioner.py::FileTestPartitioner::test_members_of_object_and_others": "skipped",
-    "test_partitioner.py::FileTestPartitioner::test_stop": "skipped",
+    "test_partitioner.py::TestPartitioner::test_hashring_size": "passed",
+    "test_partitioner.py::TestPartitioner::test_hashring_weight": "passed",
+    "test_partitioner.py::TestPartitioner::test_join_partitioned_group": "passed",
+    "test_partitioner.py::TestPartitioner::test_members_of_object_and_others": "passed",
+    "test_partitioner.py::TestPartitioner::test_stop": "passed",
+    "test_partitioner.py::IPCTestPartitioner::test_hashring_size": "passed",
+    "test_partitioner.py::IPCTestPartitioner::test_hashring_weight": "passed",
+    "test_partitioner.py::IPCTestPartitioner::test_join_partitioned_group": "passed",
+    "test_partitioner.py::IPCTestPartitioner::test_members_of_object_and_others": "passed",
+    "test_partitioner.py::IPCTestPartitioner::test_stop": "passed",
+    "test_partitioner.py::FileTestPartitioner::test_hashring_size": "passed",
+    "test_partitioner.py::FileTestPartitioner::test_hashring_weight": "passed",
+    "test_partitioner.py::FileTestPartitioner::test_join_partitioned_group": "passed",
+    "test_partitioner.py::FileTestPartitioner::test_members_of_object_and_others": "passed",
+    "test_partitioner.py::FileTestPartitioner::test_stop": "passed",
 }
 
 
@@ -313,7 +314,10 @@ class ToozSuiteTests(SynchronousTestCase):
         # A pytest of its own: an empty configuration (not this checkout's
         # tox.ini, nor any conftest.py), one process, no cache written; the
         # root is tooz's tests directory, so that a test is named
-        # MODULE.CLASS (and its name) in the report.
+        # MODULE.CLASS (and its name) in the report.  --import-mode=append:
+        # pytest puts tooz's package directory (site-packages) after the
+        # PYTHONPATH, not before it, so the driver tested is this
+        # checkout's, not an installed jesync's.
         configuration = os.path.join(directory, "pytest.ini")
         with open(configuration, "w") as file:
             file.write("[pytest]\n")
@@ -331,6 +335,7 @@ class ToozSuiteTests(SynchronousTestCase):
             "--noconftest",
             "-p",
             "no:cacheprovider",
+            "--import-mode=append",
             "-n",
             "0",
             "-q",

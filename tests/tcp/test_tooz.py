@@ -37,6 +37,8 @@ from tests.tooz_case import ToozTestCase, _registered_backends
 import tooz  # (tests.tooz_case raises SkipTest without it)
 from tooz import coordination
 
+from jesync.client import Client
+
 
 class EntryPointTests(ToozTestCase):
     def test_scheme_loads_the_driver(self) -> None:
@@ -78,7 +80,7 @@ class StartStopTests(ToozTestCase):
 
     def test_no_server(self) -> None:
         """start() connects: with no server listening it raises ToozConnectionError."""
-        coordinator = coordination.get_coordinator(f"jesync://127.0.0.1:{free_port()}?timeout=2", b"member")
+        coordinator = coordination.get_coordinator(f"jesync://127.0.0.1:{free_port()}?connect_timeout=2", b"member")
         self.assertRaises(coordination.ToozConnectionError, coordinator.start)
         self.assertFalse(coordinator.is_started)
 
@@ -349,35 +351,161 @@ class NameTests(ToozTestCase):
             self.assertEqual(self.status("nova.tooz:b64:" + base64.urlsafe_b64encode(b"two words").decode()), (1, 0))
 
 
-class NotImplementedTests(ToozTestCase):
-    def test_groups_and_leaders(self) -> None:
-        """Groups, members, watchers and leader election raise tooz.NotImplemented."""
-        coordinator = self.coordinator()
-        calls: list[Callable[[], Any]] = [
-            lambda: coordinator.create_group(b"g"),
-            coordinator.get_groups,
-            lambda: coordinator.join_group(b"g"),
-            lambda: coordinator.join_group_create(b"g"),
-            lambda: coordinator.leave_group(b"g"),
-            lambda: coordinator.delete_group(b"g"),
-            lambda: coordinator.get_members(b"g"),
-            lambda: coordinator.get_member_capabilities(b"g", b"m"),
-            lambda: coordinator.update_capabilities(b"g", {}),
-            lambda: coordinator.get_leader(b"g"),
-            lambda: coordinator.watch_join_group(b"g", print),
-            lambda: coordinator.watch_leave_group(b"g", print),
-            lambda: coordinator.watch_elected_as_leader(b"g", print),
-            lambda: coordinator.stand_down_group_leader(b"g"),
-            coordinator.run_watchers,
-            coordinator.run_elect_coordinator,
-        ]
-        for call in calls:
-            with self.subTest(call=call):
-                self.assertRaises(tooz.NotImplemented, call)
+class SharedAndBreakTests(ToozTestCase):
+    def test_shared_locks(self) -> None:
+        """Shared holders share; an exclusive one waits for them; one lock object counts its shared acquires."""
+        reader1, reader2 = self.coordinator(member=b"r1"), self.coordinator(member=b"r2")
+        writer = self.coordinator(member=b"w")
+        lock1, lock2 = reader1.get_lock("data"), reader2.get_lock("data")
+        self.assertTrue(lock1.acquire(shared=True))
+        self.assertTrue(lock1.acquire(shared=True))
+        self.assertTrue(lock2.acquire(shared=True, blocking=False))
+        self.assertEqual(self.status("data"), (2, 0))
+        self.assertFalse(writer.get_lock("data").acquire(blocking=False))
+        self.assertTrue(lock1.release())
+        self.assertEqual(self.status("data"), (2, 0))  # one of its two acquires
+        self.assertTrue(lock1.release())
+        self.assertFalse(lock1.release())
+        self.assertTrue(lock2.release())
+        with writer.get_lock("data"):
+            self.assertFalse(lock1.acquire(shared=True, blocking=False))
 
-    def test_shared_and_break(self) -> None:
+    def test_break_with_the_admin_listener(self) -> None:
+        """break_() force-releases through admin=; its holder's release() then says False."""
+        directory = tempfile.mkdtemp(prefix="jt-")
+        self.addCleanup(shutil.rmtree, directory, True)
+        token_file = os.path.join(directory, "admin-token")
+        with open(token_file, "w") as file:
+            file.write("admin-secret\n")
+        admin_port = free_port()
+        server = serve_in_thread(
+            self,
+            extra_args=["--admin-port", f"tcp:{admin_port}:interface=127.0.0.1", "--admin-token-file", token_file],
+        )
+        url = f"jesync://127.0.0.1:{server.port}"
+        holder = self.coordinator(url, member=b"holder").get_lock("stuck")
+        admin = f"admin=127.0.0.1:{admin_port}&admin_token_file={token_file}"
+        breaker = self.coordinator(f"{url}?{admin}").get_lock("stuck")
+        self.assertTrue(holder.acquire(blocking=False))
+        self.assertTrue(breaker.break_())
+        self.assertFalse(breaker.break_())  # nobody holds it now
+        self.assertTrue(breaker.acquire(blocking=False))
+        self.assertFalse(holder.release())
+        # A wrong admin token is refused, as the admin listener refuses it.
+        wrong = os.path.join(directory, "wrong")
+        with open(wrong, "w") as file:
+            file.write("not-it\n")
+        refused = self.coordinator(f"{url}?admin=127.0.0.1:{admin_port}&admin_token_file={wrong}")
+        self.assertRaises(tooz.ToozError, refused.get_lock("stuck").break_)
+
+    def test_break_without_the_admin_listener(self) -> None:
+        lock = self.coordinator().get_lock("stuck")
+        with self.assertRaises(tooz.NotImplemented) as caught:
+            lock.break_()
+        self.assertIn("admin=", str(caught.exception))
+        self.assertRaises(ValueError, coordination.get_coordinator, f"{self.url}?admin_token_file=/x", b"m")
+
+
+class GroupTests(ToozTestCase):
+    def test_members_capabilities_and_leaving_with_the_connection(self) -> None:
+        first, second = self.coordinator(member=b"first"), self.coordinator(member=b"second")
+        first.create_group(b"g").get()
+        self.assertRaises(coordination.GroupAlreadyExist, first.create_group(b"g").get)
+        first.join_group(b"g", {"role": "web"}).get()
+        second.join_group(b"g").get()
+        self.assertRaises(coordination.MemberAlreadyExist, first.join_group(b"g").get)
+        self.assertEqual(first.get_members(b"g").get(), {b"first", b"second"})
+        self.assertEqual(second.get_member_capabilities(b"g", b"first").get(), {"role": "web"})
+        info = second.get_member_info(b"g", b"first").get()
+        self.assertEqual(info["capabilities"], {"role": "web"})
+        self.assertIsInstance(info["token"], int)
+        self.assertEqual(self.status("group:g/first"), (1, 0))  # a member is a holder of its key
+        self.assertRaises(coordination.GroupNotEmpty, first.delete_group(b"g").get)
+        second.stop()
+        self.assertEqual(first.get_members(b"g").get(), {b"first"})
+        first.leave_group(b"g").get()
+        self.assertRaises(coordination.MemberNotJoined, first.leave_group(b"g").get)
+        first.delete_group(b"g").get()
+        self.assertRaises(coordination.GroupNotCreated, first.get_members(b"g").get)
+        self.assertEqual(first.get_groups().get(), [])
+
+    def test_ids_that_are_not_group_names(self) -> None:
+        """Ids with a '/', or not UTF-8, come back as they went in; prefix= keeps deployments apart."""
+        coordinator = self.coordinator(member=b"\xff member")
+        other = self.coordinator(f"{self.url}?prefix=other.")
+        for group_id in (b"a/b", b"\x00\xfe"):
+            coordinator.create_group(group_id).get()
+            coordinator.join_group(group_id).get()
+            self.assertEqual(coordinator.get_members(group_id).get(), {b"\xff member"})
+        other.create_group(b"a/b").get()
+        # Without a prefix every group is the coordinator's (the other's too, by its name on the server).
+        self.assertLessEqual({b"\x00\xfe", b"a/b"}, set(coordinator.get_groups().get()))
+        self.assertEqual(other.get_groups().get(), [b"a/b"])
+        self.assertEqual(self.status("group:tooz:b64:" + base64.urlsafe_b64encode(b"a/b").decode()), (1, 0))
+
+    def test_lease_lapses_without_heartbeat(self) -> None:
+        """timeout= is each membership's lease: heartbeat() renews it; a member that stops stops being one."""
+        beating = self.coordinator(f"{self.url}?timeout=1", member=b"beating")
+        silent = self.coordinator(f"{self.url}?timeout=1", member=b"silent")
+        beating.create_group(b"g").get()
+        beating.join_group(b"g").get()
+        silent.join_group(b"g").get()
+        self.assertLessEqual(beating.heartbeat(), 1 / 3)
+        deadline = time.monotonic() + WITHIN
+        while b"silent" in beating.get_members(b"g").get():
+            self.assertLess(time.monotonic(), deadline, "the silent member never lapsed")
+            beating.heartbeat()
+            time.sleep(0.1)
+        self.assertEqual(beating.get_members(b"g").get(), {b"beating"})
+
+    def test_watchers(self) -> None:
+        watcher, member = self.coordinator(member=b"watcher"), self.coordinator(member=b"member")
+        watcher.create_group(b"g").get()
+        events: list[Any] = []
+        watcher.watch_join_group(b"g", events.append)
+        watcher.watch_leave_group(b"g", events.append)
+        member.join_group(b"g").get()
+        watcher.run_watchers()
+        member.stop()
+        watcher.run_watchers()
+        self.assertEqual(
+            [(type(event).__name__, event.member_id) for event in events],
+            [("MemberJoinedGroup", b"member"), ("MemberLeftGroup", b"member")],
+        )
+
+
+class ElectionTests(ToozTestCase):
+    def test_hand_over_on_stand_down_and_on_stop(self) -> None:
+        coordinators = [self.coordinator(member=name) for name in (b"a", b"b", b"c")]
+        a, b, c = coordinators
+        a.create_group(b"g").get()
+        elected: list[bytes] = []
+        for coordinator in coordinators:
+            coordinator.watch_elected_as_leader(b"g", lambda event: elected.append(event.member_id))
+            coordinator.run_watchers()
+        self.assertEqual(elected, [b"a"])
+        self.assertEqual(c.get_leader(b"g").get(), b"a")
+        self.assertTrue(a.stand_down_group_leader(b"g"))
+        self.assertFalse(a.stand_down_group_leader(b"g"))
+        b.run_watchers()
+        self.assertEqual(c.get_leader(b"g").get(), b"b")
+        b.stop()  # its connection's end ends its leadership at once
+        c.run_watchers()
+        a.run_watchers()
+        self.assertEqual(elected, [b"a", b"b", b"c"])
+        self.assertEqual(a.get_leader(b"g").get(), b"c")
+        # The election is the key election:g, its holder the leader, with a fencing token.
+        with Client(f"127.0.0.1:{self.server.port}") as client:
+            (holder,) = client.holders("election:g")
+        self.assertEqual(holder.value, b"c")
+        self.assertIsInstance(holder.token, int)
+
+    def test_unwatching_the_last_callback_resigns(self) -> None:
         coordinator = self.coordinator()
-        lock = coordinator.get_lock("exclusive-only")
-        self.assertRaises(tooz.NotImplemented, lock.acquire, shared=True)
-        self.assertRaises(tooz.NotImplemented, lock.break_)
-        self.assertEqual(self.status("exclusive-only"), (0, 0))
+        coordinator.create_group(b"g").get()
+        callback = lambda event: None  # noqa: E731
+        coordinator.watch_elected_as_leader(b"g", callback)
+        coordinator.run_watchers()
+        self.assertEqual(coordinator.get_leader(b"g").get(), b"member")
+        coordinator.unwatch_elected_as_leader(b"g", callback)
+        self.assertIsNone(coordinator.get_leader(b"g").get())

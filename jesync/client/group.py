@@ -25,7 +25,7 @@ L{jesync.client.ConnectionLost}, as for every request.
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple, Optional, Protocol
+from typing import Any, Callable, NamedTuple, Optional, Protocol
 
 from jesync.client.errors import ClientError
 from jesync.client.watch import MAX_EVENTS
@@ -46,6 +46,7 @@ class GroupClient(Protocol):
     ) -> Any: ...
 
 __all__ = [
+    "AsyncGroup",
     "Group",
     "GroupAlreadyExists",
     "GroupError",
@@ -137,102 +138,156 @@ def _line(*fields: bytes) -> bytes:
     return b" ".join(fields) + b"\r\n"
 
 
-class Group:
+Reply = tuple[str, list[bytes], list[list[bytes]]]
+
+
+class Command(NamedTuple):
+    """One group command: the line to send, and what makes its reply a result (or raises its L{GroupError})."""
+
+    line: bytes
+    interpret: Callable[[Reply], Any]
+
+
+class GroupOver:
     """
-    Group C{name} on a L{jesync.client.Client} (L{Client.group} makes one):
-    L{create}, L{delete}, L{join}, L{heartbeat}, L{update}, L{leave},
-    L{members}, L{watch}.  The object holds no state of its own: a member
-    is the client's connection to the group's server.
+    What the three clients' groups share (no I/O here): the group's name
+    (checked at once) and key, each command's line, and each reply read
+    into a result or a L{GroupError}.  A subclass brings C{_run(command)}
+    in its client's style (the result itself, an awaitable of it, a
+    Deferred of it) and C{watch}; every operation below returns what
+    C{_run} does.  The object holds no state of its own: a member is the
+    client's connection to the group's server.
     """
 
-    def __init__(self, client: GroupClient, name: str) -> None:
+    def __init__(self, client: Any, name: str) -> None:
         self._raw = check_group_name(name)
         self.client = client
         self.name = name
         self.key = group_key(name)
 
     def __repr__(self) -> str:
-        return f"<Group {self.name!r}>"
+        return f"<{type(self).__name__} {self.name!r}>"
 
-    def _call(self, *fields: bytes) -> tuple[str, list[bytes], list[list[bytes]]]:
-        word, reply, rows = self.client._extension_request(self.key, _line(*fields), GROUP_ANSWERS, GROUP_ROWS)
-        if word == "NO_GROUP":
-            raise GroupNotCreated(f"group {self.name!r} does not exist", self.name, line=_text(reply))
-        return word, reply, rows
+    def _run(self, command: Command) -> Any:
+        raise NotImplementedError
+
+    def _command(self, interpret: Callable[[Reply], Any], *fields: bytes) -> Any:
+        def checked(reply: Reply) -> Any:
+            if reply[0] == "NO_GROUP":
+                raise GroupNotCreated(f"group {self.name!r} does not exist", self.name, line=_text(reply[1]))
+            return interpret(reply)
+
+        return self._run(Command(_line(*fields), checked))
 
     def _member(self, member: str) -> bytes:
         raw = check_key(member)
         check_key(member_key(self.name, member))
         return raw
 
-    def _expect(self, reply: tuple[str, list[bytes], list[list[bytes]]], *words: str) -> str:
+    def _expect(self, reply: Reply, *words: str) -> str:
         word, fields, _ = reply
         if word not in words:
             raise UnexpectedReply(f"{_text(fields)!r} does not answer a command of group {self.name!r}")
         return word
 
-    def create(self) -> None:
+    def create(self) -> Any:
         """Create the group; L{GroupAlreadyExists} if it exists."""
-        reply = self._call(b"group-create", self._raw)
-        if self._expect(reply, "GROUP-CREATED", "GROUP-EXISTS") == "GROUP-EXISTS":
-            raise GroupAlreadyExists(f"group {self.name!r} already exists", self.name, line=_text(reply[1]))
 
-    def delete(self) -> None:
+        def created(reply: Reply) -> None:
+            if self._expect(reply, "GROUP-CREATED", "GROUP-EXISTS") == "GROUP-EXISTS":
+                raise GroupAlreadyExists(f"group {self.name!r} already exists", self.name, line=_text(reply[1]))
+
+        return self._command(created, b"group-create", self._raw)
+
+    def delete(self) -> Any:
         """Delete the group; L{GroupNotCreated}, or L{GroupNotEmpty} while it has members."""
-        reply = self._call(b"group-delete", self._raw)
-        if self._expect(reply, "GROUP-DELETED", "GROUP-NOT-EMPTY") == "GROUP-NOT-EMPTY":
-            raise GroupNotEmpty(f"group {self.name!r} has members", self.name, line=_text(reply[1]))
 
-    def join(self, member: str, capabilities: bytes | str | None = None, lease: float = 0) -> int:
+        def deleted(reply: Reply) -> None:
+            if self._expect(reply, "GROUP-DELETED", "GROUP-NOT-EMPTY") == "GROUP-NOT-EMPTY":
+                raise GroupNotEmpty(f"group {self.name!r} has members", self.name, line=_text(reply[1]))
+
+        return self._command(deleted, b"group-delete", self._raw)
+
+    def join(self, member: str, capabilities: bytes | str | None = None, lease: float = 0) -> Any:
         """
         Become member C{member} (this client's connection is it), with
         C{capabilities} (at most 4096 bytes) and a C{lease} in seconds
         (rounded up; 0: none, the membership ends with the connection or
-        L{leave}); return the seconds the lease has left (0: none).
+        L{leave}); the seconds the lease has left (0: none).
         L{GroupNotCreated}; L{MemberAlreadyExists} if anyone is that member.
         """
         fields = [b"group-join", self._raw, self._member(member), b"%d" % whole_seconds(lease, "lease")]
         value = check_value(capabilities)
         if value is not None:
             fields.append(encode_value(value))
-        reply = self._call(*fields)
-        if self._expect(reply, "JOINED", "MEMBER-EXISTS") == "MEMBER-EXISTS":
-            raise MemberAlreadyExists(
-                f"member {member!r} of group {self.name!r} already exists", self.name, member, _text(reply[1])
-            )
-        return int(reply[1][3])
 
-    def heartbeat(self, member: str, lease: float) -> bool:
+        def joined(reply: Reply) -> int:
+            if self._expect(reply, "JOINED", "MEMBER-EXISTS") == "MEMBER-EXISTS":
+                raise MemberAlreadyExists(
+                    f"member {member!r} of group {self.name!r} already exists", self.name, member, _text(reply[1])
+                )
+            return int(reply[1][3])
+
+        return self._command(joined, *fields)
+
+    def heartbeat(self, member: str, lease: float) -> Any:
         """Start member C{member}'s lease again, C{lease} seconds from now: False if this connection is not it."""
-        reply = self._call(b"group-heartbeat", self._raw, self._member(member), b"%d" % whole_seconds(lease, "lease"))
-        return self._expect(reply, "JOINED", "NOT_JOINED") == "JOINED"
+        return self._command(
+            lambda reply: self._expect(reply, "JOINED", "NOT_JOINED") == "JOINED",
+            b"group-heartbeat",
+            self._raw,
+            self._member(member),
+            b"%d" % whole_seconds(lease, "lease"),
+        )
 
-    def update(self, member: str, capabilities: bytes | str | None) -> None:
+    def update(self, member: str, capabilities: bytes | str | None) -> Any:
         """Set member C{member}'s capabilities (and start its lease again); L{MemberNotJoined}."""
         value = check_value(capabilities)
         fields = [b"group-update", self._raw, self._member(member)]
         if value is not None:
             fields.append(encode_value(value))
-        reply = self._call(*fields)
-        if self._expect(reply, "UPDATED", "NOT_JOINED") == "NOT_JOINED":
-            raise self._not_joined(member, reply[1])
+        return self._command(self._joined(member, "UPDATED"), *fields)
 
-    def leave(self, member: str) -> None:
+    def leave(self, member: str) -> Any:
         """Stop being member C{member}; L{MemberNotJoined} if this connection is not it."""
-        reply = self._call(b"group-leave", self._raw, self._member(member))
-        if self._expect(reply, "LEFT", "NOT_JOINED") == "NOT_JOINED":
-            raise self._not_joined(member, reply[1])
+        return self._command(self._joined(member, "LEFT"), b"group-leave", self._raw, self._member(member))
 
-    def _not_joined(self, member: str, fields: list[bytes]) -> MemberNotJoined:
-        return MemberNotJoined(
-            f"this client is not member {member!r} of group {self.name!r}", self.name, member, _text(fields)
+    def _joined(self, member: str, done: str) -> Callable[[Reply], None]:
+        def interpret(reply: Reply) -> None:
+            if self._expect(reply, done, "NOT_JOINED") == "NOT_JOINED":
+                raise MemberNotJoined(
+                    f"this client is not member {member!r} of group {self.name!r}", self.name, member, _text(reply[1])
+                )
+
+        return interpret
+
+    def members(self) -> Any:
+        """The members (L{Member}s), in the order they joined; L{GroupNotCreated}."""
+
+        def listed(reply: Reply) -> list[Member]:
+            self._expect(reply, "END")
+            return [_member_row(row) for row in reply[2]]
+
+        return self._command(listed, b"group-members", self._raw)
+
+    def _watched_prefix(self) -> str:
+        """The prefix whose events are this group's joins and leaves."""
+        return member_key(self.name, "")
+
+
+class Group(GroupOver):
+    """
+    Group C{name} on a blocking L{jesync.client.Client} (L{Client.group}
+    makes one): L{create}, L{delete}, L{join}, L{heartbeat}, L{update},
+    L{leave}, L{members}, L{watch}, each returning its result.
+    """
+
+    client: GroupClient
+
+    def _run(self, command: Command) -> Any:
+        return command.interpret(
+            self.client._extension_request(self.key, command.line, GROUP_ANSWERS, GROUP_ROWS)
         )
-
-    def members(self) -> list[Member]:
-        """The members, in the order they joined; L{GroupNotCreated}."""
-        reply = self._call(b"group-members", self._raw)
-        self._expect(reply, "END")
-        return [_member_row(row) for row in reply[2]]
 
     def watch(self, max_events: int = MAX_EVENTS) -> Any:
         """
@@ -241,7 +296,26 @@ class Group:
         event's member.  To start consistently, watch, then ask L{members}.
         (A L{jesync.client.Watch}.)
         """
-        return self.client.watch(prefix=member_key(self.name, ""), max_events=max_events)
+        return self.client.watch(prefix=self._watched_prefix(), max_events=max_events)
+
+
+class AsyncGroup(GroupOver):
+    """
+    Group C{name} on an L{jesync.client.AsyncClient} (C{client.group(name)}):
+    L{Group}'s operations, awaited (C{await group.join("w1")}).
+    """
+
+    async def _run(self, command: Command) -> Any:
+        return command.interpret(
+            await self.client._extension_request(self.key, command.line, GROUP_ANSWERS, GROUP_ROWS)
+        )
+
+    def watch(self, max_events: int = MAX_EVENTS) -> Any:
+        """
+        As L{Group.watch}: C{async with group.watch() as events} (or
+        C{events = await group.watch()}, then C{await events.close()}).
+        """
+        return self.client.watch(prefix=self._watched_prefix(), max_events=max_events)
 
 
 def _member_row(fields: list[bytes]) -> Member:
@@ -259,6 +333,18 @@ def _member_row(fields: list[bytes]) -> Member:
 def group_names(rows: list[list[bytes]]) -> list[str]:
     """The groups of C{groups}'s C{GROUP <G>} rows."""
     return [decode_key(row[1]) for row in rows if len(row) == 2]
+
+
+#: The C{groups} command's line (asked of every server).
+GROUPS_LINE = b"groups\r\n"
+
+
+def listed_groups(reply: Reply) -> list[str]:
+    """The groups one server's reply to L{GROUPS_LINE} lists (UnexpectedReply for anything but a listing)."""
+    word, fields, rows = reply
+    if word != "END":
+        raise UnexpectedReply(f"{b' '.join(fields)!r} does not answer groups")
+    return group_names(rows)
 
 
 def _text(fields: list[bytes]) -> str:

@@ -41,6 +41,7 @@ from jesync.client.cluster import Members
 from jesync.client.config import ConnectKeywords, ConnectOptions, Servers, client_options
 from jesync.client.errors import ClientError, ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
+from jesync.client.group import GROUP_ANSWERS, GROUP_ROWS, GROUPS_LINE, Command, GroupOver, listed_groups
 from jesync.client.handle import LockState
 from jesync.client.connection import ConnectionCore
 from jesync.client.election import (
@@ -708,6 +709,36 @@ class TwistedClient:
             raise
         return watch
 
+    def group(self, name: str) -> TwistedGroup:
+        """
+        Group C{name} on these servers (L{TwistedGroup}):
+        L{jesync.client.Client.group}'s operations returning Deferreds.
+        Raise ValueError for a name that cannot be a group's (a C{/}).
+        """
+        return TwistedGroup(self, name)
+
+    def groups(self) -> defer.Deferred[list[str]]:
+        """Every group on every server, sorted."""
+        return defer.ensureDeferred(self._groups())
+
+    async def _groups(self) -> list[str]:
+        names: list[str] = []
+        for index in range(len(self.servers)):
+            connection = await self._connection(index)
+            reply = await connection.start(connection.session.extension, GROUPS_LINE, GROUP_ANSWERS, GROUP_ROWS)
+            names.extend(listed_groups(reply))
+        return sorted(names)
+
+    def _extension_request(
+        self, key: str, line: bytes, answers: frozenset[str], rows: frozenset[str]
+    ) -> defer.Deferred[tuple[str, list[bytes], list[list[bytes]]]]:
+        """Send an extension command (C{line}) to the server of C{key}; fires with its reply's word, fields and rows."""
+        try:
+            index = self._fleet.index_for(key)
+        except Exception:
+            return defer.fail()
+        return self._call(index, lambda connection: connection.start(connection.session.extension, line, answers, rows))
+
     def listing(self, order: ListingOrder = "key") -> defer.Deferred[list[KeyStatus]]:
         """Every key in use on every server, in C{order} (C{"key"}, C{"requests"}, C{"grants"})."""
         return defer.ensureDeferred(self._listing(order))
@@ -745,6 +776,30 @@ class TwistedClient:
                 gone.append(connection.gone)
             self._connections[index] = None
         return defer.gatherResults(gone).addCallback(lambda _: None)
+
+
+class TwistedGroup(GroupOver):
+    """
+    Group C{name} on a L{TwistedClient} (C{client.group(name)}):
+    L{jesync.client.group.Group}'s operations, each returning a Deferred
+    that fires with its result or fails with its error; L{watch} with a
+    callback.
+    """
+
+    client: TwistedClient
+
+    def _run(self, command: Command) -> defer.Deferred[Any]:
+        return self.client._extension_request(self.key, command.line, GROUP_ANSWERS, GROUP_ROWS).addCallback(
+            command.interpret
+        )
+
+    def watch(self, callback: Callable[[WatchEvent], object]) -> defer.Deferred[TwistedWatch]:
+        """
+        As L{jesync.client.group.Group.watch}: C{callback(event)} with each
+        join (C{granted}) and leave (C{released}, C{expired}, C{lost}) of
+        this group's members; fires with the L{TwistedWatch} (C{stop()} it).
+        """
+        return self.client.watch(callback=callback, prefix=self._watched_prefix())
 
 
 class TwistedElection(ElectionOver["TwistedClient"]):

@@ -46,6 +46,8 @@ from jesync.client.handle import LockState
 from jesync.client.connection import ConnectionCore
 from jesync.client.election import (
     CAMPAIGN_EXPIRES,
+    RETRY_CAMPAIGN,
+    Candidacy,
     ElectionOver,
     Leader,
     LeaderTracker,
@@ -824,6 +826,20 @@ class TwistedElection(ElectionOver["TwistedClient"]):
         """The leader now, or None."""
         return self.client.holders(self.key).addCallback(leader_of)
 
+    def keep_campaigning(
+        self,
+        value: bytes | str | None,
+        on_elected: Callable[[Leadership[TwistedLock]], object],
+        on_lost: Optional[Callable[[LockLost], object]] = None,
+        expires: Optional[float] = CAMPAIGN_EXPIRES,
+        retry: float = RETRY_CAMPAIGN,
+    ) -> TwistedCandidacy:
+        """
+        As L{jesync.client.election.Election.keep_campaigning}, in the
+        reactor: a L{TwistedCandidacy} (its C{stop()} returns a Deferred).
+        """
+        return TwistedCandidacy(self, value, on_elected, on_lost, expires, retry).start()
+
     def observe(
         self,
         callback: Callable[[Optional[Leader]], object],
@@ -875,3 +891,70 @@ class TwistedElection(ElectionOver["TwistedClient"]):
             return watch
 
         return defer.ensureDeferred(start())
+
+
+class TwistedCandidacy(Candidacy[TwistedLock]):
+    """
+    L{jesync.client.election.Candidacy} over a L{TwistedClient}: its
+    campaigns and callbacks run in the reactor; it campaigns again as soon
+    as the loss is told (the client reconnects then).
+    """
+
+    election: TwistedElection
+
+    def start(self) -> TwistedCandidacy:
+        self._pending: Optional[defer.Deferred[Any]] = None
+        self._campaign()
+        return self
+
+    def _campaign(self) -> None:
+        if self.stopped:
+            return
+        self._pending = self.election.campaign(self.value, self.expires)
+        self._pending.addCallbacks(self._won, self._refused)
+
+    def _won(self, leadership: Leadership[TwistedLock]) -> None:
+        self._pending = None
+        if self.stopped:  # (a cancelled campaign never fires; this is one granted in the same turn)
+            leadership.resign()
+            return
+
+        def ended(_: LockLost) -> None:
+            if self.leadership is leadership and self._ended(leadership):
+                self._campaign()
+
+        leadership._on_resign.append(lambda: self._resigned(leadership))
+        self._elected(leadership)
+        leadership.add_lost_callback(ended)  # (after: a leadership already lost is told after it was won)
+
+    def _resigned(self, leadership: Leadership[TwistedLock]) -> None:
+        if self.leadership is leadership:
+            self._ended(leadership)
+
+    def _refused(self, failure: Failure) -> None:
+        self._pending = None
+        if failure.check(defer.CancelledError):
+            return
+        error = failure.value
+        if not isinstance(error, ClientError):
+            log.error("campaigning in the election %r: %s; stopped", self.election.name, _describe_failure(failure))
+            self.stopped = True
+            return
+        self._failed(error)
+        self._pending = task.deferLater(self.election.client.reactor, self.retry, self._campaign)
+        self._pending.addErrback(lambda failure: failure.trap(defer.CancelledError))
+
+    def stop(self) -> defer.Deferred[bool]:
+        """
+        Stop campaigning (a queued campaign is withdrawn as a cancelled
+        C{lock} is: released at once if granted later) and resign if
+        leading; fires with whether a leadership was resigned.
+        """
+        self.stopped = True
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.cancel()
+        leadership, self.leadership = self.leadership, None
+        if leadership is None or not leadership.held:
+            return defer.succeed(False)
+        return leadership.resign().addErrback(lambda failure: failure.trap(ClientError) and False)

@@ -1,0 +1,112 @@
+"""
+Campaigning again after a lost leadership (L{jesync.client.election.Candidacy})
+through the Twisted client against the real server in memory
+(L{jesync.testing.MemoryServer}), whose connections a test drops as a
+crashed server or a failover would: the candidate is told it lost the
+leadership before it is told it leads again, never silence; a queued
+candidate queues again; L{stop} resigns and withdraws; the application's own
+resignation ends the candidacy.  Time moves only when a test says.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from twisted.trial.unittest import SynchronousTestCase
+
+from jesync.client import LockLost, TwistedClient, TwistedElection
+from jesync.client.txclient import TwistedCandidacy
+from jesync.testing import MemoryServer
+
+
+class CandidacyTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.server = MemoryServer()
+
+    def client(self) -> TwistedClient:
+        client = self.server.client()
+        self.addCleanup(lambda: (client.close(), self.server.flush()))
+        return client
+
+    def candidate(self, value: str, told: list[Any], name: str = "db") -> TwistedCandidacy:
+        """A candidacy on its own connection that records in C{told} each turn, as C{(what, value, token)}."""
+
+        def elected(leadership: Any) -> None:
+            told.append(("elected", leadership.value, leadership.token))
+
+        def lost(error: LockLost) -> None:
+            told.append(("lost", error.key, None))
+
+        candidacy = TwistedElection(self.client(), name).keep_campaigning(value, elected, lost)
+        self.server.flush()
+        return candidacy
+
+    def leader(self) -> Any:
+        deferred = TwistedElection(self.client(), "db").leader()
+        self.server.flush()
+        return self.successResultOf(deferred)
+
+    def test_lost_is_told_then_leads_again(self) -> None:
+        """A dropped connection: the loss is told, then the candidate queues again on a new connection and leads."""
+        told: list[Any] = []
+        candidacy = self.candidate("a", told)
+        [(_, _, first_token)] = told
+        self.server.drop_connections()
+        self.server.flush()
+        self.assertEqual([what for what, _, _ in told], ["elected", "lost", "elected"])
+        self.assertEqual(told[1][1], "election:db")
+        self.assertGreater(told[2][2], first_token)  # a new leadership, with a newer fencing token
+        self.assertIs(candidacy.leadership.held, True)
+        self.assertEqual(candidacy.elections, 2)
+        self.assertEqual(self.leader().value, b"a")
+
+    def test_a_waiting_candidate_queues_again(self) -> None:
+        """Both candidates lose their connections: each queues again, and exactly one leads."""
+        told_a: list[Any] = []
+        told_b: list[Any] = []
+        self.candidate("a", told_a)
+        self.candidate("b", told_b)
+        self.server.drop_connections()
+        self.server.flush()
+        self.assertEqual([what for what, _, _ in told_a], ["elected", "lost", "elected"])
+        self.assertEqual(told_b, [])  # it waited, and waits again: nothing lost, nothing won
+        self.assertEqual(self.leader().value, b"a")
+
+    def test_stop_resigns_and_the_next_leads(self) -> None:
+        told_a: list[Any] = []
+        told_b: list[Any] = []
+        first = self.candidate("a", told_a)
+        second = self.candidate("b", told_b)
+        stopped = first.stop()
+        self.server.flush()
+        self.assertTrue(self.successResultOf(stopped))
+        self.assertEqual([what for what, _, _ in told_b], ["elected"])
+        stopped = second.stop()
+        self.server.flush()
+        self.assertTrue(self.successResultOf(stopped))
+        self.assertIsNone(self.leader())
+        self.assertEqual([what for what, _, _ in told_a], ["elected"])  # no loss told for a stop
+
+    def test_stop_while_queued_withdraws(self) -> None:
+        told_a: list[Any] = []
+        told_b: list[Any] = []
+        first = self.candidate("a", told_a)
+        second = self.candidate("b", told_b)
+        self.assertFalse(self.successResultOf(second.stop()))  # it did not lead
+        stopped = first.stop()
+        self.server.flush()
+        self.assertTrue(self.successResultOf(stopped))
+        self.assertEqual(told_b, [])  # its queued campaign was withdrawn, never told
+        self.assertIsNone(self.leader())
+
+    def test_resigning_by_hand_ends_the_candidacy(self) -> None:
+        told: list[Any] = []
+        candidacy = self.candidate("a", told)
+        resigned = candidacy.leadership.resign()
+        self.server.flush()
+        self.assertTrue(self.successResultOf(resigned))
+        self.assertTrue(candidacy.stopped)
+        self.server.drop_connections()
+        self.server.flush()
+        self.assertEqual([what for what, _, _ in told], ["elected"])
+        self.assertIsNone(self.leader())

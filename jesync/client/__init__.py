@@ -51,6 +51,7 @@ from jesync.client.group import (
     Member,
     MemberAlreadyExists,
     MemberNotJoined,
+    MembershipLost,
 )
 from jesync.client.errors import (
     AccessRefused,
@@ -113,6 +114,7 @@ __all__ = [
     "Member",
     "MemberAlreadyExists",
     "MemberNotJoined",
+    "MembershipLost",
     "ConnectFailed",
     "ConnectionLost",
     "HashRing",

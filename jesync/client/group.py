@@ -25,12 +25,23 @@ L{jesync.client.ConnectionLost}, as for every request.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
 from typing import Any, Callable, NamedTuple, Optional, Protocol
 
-from jesync.client.errors import ClientError
+from jesync.client.errors import ClientError, describe
 from jesync.client.watch import MAX_EVENTS
 from jesync.client.wire import UnexpectedReply, check_key, check_value, whole_seconds
-from jesync.wire import MEMBER_SEPARATOR, decode_key, decode_value, encode_value, group_key, member_key
+from jesync.client.wire import HOLDER_EVENTS, WatchEvent
+from jesync.wire import GRANTED, MEMBER_SEPARATOR, decode_key, decode_value, encode_value, group_key, member_key
+
+log = logging.getLogger("jesync.client")
+
+#: How long a membership that keeps joining waits, by default, before it
+#: tries again when joining failed (no server answered; the member id was
+#: still taken), in seconds.
+RETRY_JOIN = 1.0
 
 
 
@@ -55,6 +66,7 @@ __all__ = [
     "Member",
     "MemberAlreadyExists",
     "MemberNotJoined",
+    "MembershipLost",
     "member_of",
 ]
 
@@ -107,6 +119,13 @@ class MemberAlreadyExists(GroupError):
 
 class MemberNotJoined(GroupError):
     """This connection is not that member (C{NOT_JOINED}): it never joined, it left, or its lease lapsed."""
+
+
+class MembershipLost(GroupError):
+    """
+    A membership kept by L{Group.keep_joined} ended without a L{Membership.stop}:
+    its connection dropped, its lease lapsed, or it was force-released.
+    """
 
 
 class Member(NamedTuple):
@@ -274,6 +293,12 @@ class GroupOver:
         """The prefix whose events are this group's joins and leaves."""
         return member_key(self.name, "")
 
+    def _keeping(self, member: str, capabilities: bytes | str | None, lease: float) -> tuple[Optional[bytes], float]:
+        """A kept membership's arguments, checked at once (never retried)."""
+        self._member(member)
+        whole_seconds(lease, "lease")
+        return check_value(capabilities), lease
+
 
 class Group(GroupOver):
     """
@@ -298,6 +323,25 @@ class Group(GroupOver):
         """
         return self.client.watch(prefix=self._watched_prefix(), max_events=max_events)
 
+    def keep_joined(
+        self,
+        member: str,
+        capabilities: bytes | str | None = None,
+        lease: float = 0,
+        on_joined: Optional[Callable[[BlockingMembership], object]] = None,
+        on_lost: Optional[Callable[[MembershipLost], object]] = None,
+        retry: float = RETRY_JOIN,
+    ) -> BlockingMembership:
+        """
+        Be member C{member} (with C{capabilities} and C{lease}, as L{join})
+        and stay one: a L{BlockingMembership} (the rules: L{Membership})
+        that joins in a background thread, heartbeats, tells
+        C{on_lost(MembershipLost)} when the membership is lost and joins
+        again, telling C{on_joined(membership)} each time it is a member.
+        """
+        checked, lease = self._keeping(member, capabilities, lease)
+        return BlockingMembership(self, member, checked, lease, on_joined, on_lost, retry).start()
+
 
 class AsyncGroup(GroupOver):
     """
@@ -316,6 +360,19 @@ class AsyncGroup(GroupOver):
         C{events = await group.watch()}, then C{await events.close()}).
         """
         return self.client.watch(prefix=self._watched_prefix(), max_events=max_events)
+
+    def keep_joined(
+        self,
+        member: str,
+        capabilities: bytes | str | None = None,
+        lease: float = 0,
+        on_joined: Optional[Callable[[AsyncMembership], object]] = None,
+        on_lost: Optional[Callable[[MembershipLost], object]] = None,
+        retry: float = RETRY_JOIN,
+    ) -> AsyncMembership:
+        """As L{Group.keep_joined}, in a task of the running loop (call it from a coroutine): an L{AsyncMembership}."""
+        checked, lease = self._keeping(member, capabilities, lease)
+        return AsyncMembership(self, member, checked, lease, on_joined, on_lost, retry).start()
 
 
 def _member_row(fields: list[bytes]) -> Member:
@@ -349,3 +406,304 @@ def listed_groups(reply: Reply) -> list[str]:
 
 def _text(fields: list[bytes]) -> str:
     return b" ".join(fields).decode("utf-8", "replace")
+
+
+class MemberTracker:
+    """
+    Whether a kept membership still is one, from the events of a watch of
+    its own key (C{group:G/M}) started before it joined: its join's
+    C{granted} (events before it are a former member's: ignored), then a
+    C{released}, C{expired} or C{lost} is its end (the key is exclusive:
+    no one else holds it meanwhile).
+    """
+
+    def __init__(self) -> None:
+        self.granted = False
+
+    def ended(self, event: WatchEvent) -> bool:
+        """Apply C{event}; whether the membership ended with it."""
+        if event.kind not in HOLDER_EVENTS:
+            return False
+        if event.kind == GRANTED:
+            self.granted = True
+            return False
+        return self.granted
+
+
+class Membership:
+    """
+    What L{Group.keep_joined} (and its asyncio and Twisted counterparts)
+    return: member C{member} of a group, kept: it joins (creating the group
+    if it is not there, as after a restart), heartbeats every third of its
+    C{lease} (0: no lease, no heartbeat), and, when the membership ends
+    without L{stop} (its connection dropped, the server failed over or
+    restarted, its lease lapsed, an admin force-released it), tells the
+    loss and joins again on a new connection, for as long as it is not
+    stopped.
+
+    The application hears of each turn through two callbacks, in order and
+    one at a time: C{on_joined(membership)} once it is a member, then
+    C{on_lost(MembershipLost)} when that ends; only then does it join
+    again, so the loss is always told before the re-join, never silence
+    (without C{on_lost}, the loss is logged as a warning).  C{joined} says
+    whether it is a member now; L{update} while it is not raises
+    L{MembershipLost} (the new capabilities are kept for the re-join).  A
+    failed join (no server answers, the member id still taken) is retried
+    every C{retry} seconds, logged.  The membership is watched through its
+    own key (L{MemberTracker}): one watch of the client's, on the member's
+    connection.  An exception a callback raises is logged.
+    """
+
+    def __init__(
+        self,
+        group: Any,
+        member: str,
+        capabilities: Optional[bytes],
+        lease: float,
+        on_joined: Optional[Callable[[Any], object]],
+        on_lost: Optional[Callable[[MembershipLost], object]],
+        retry: float,
+    ) -> None:
+        self.group = group
+        self.member = member
+        self.capabilities = capabilities
+        self.lease = lease
+        self.retry = retry
+        self._on_joined = on_joined
+        self._on_lost = on_lost
+        #: whether it is a member now
+        self.joined = False
+        #: whether L{stop} was called
+        self.stopped = False
+        #: how many times it joined
+        self.joins = 0
+        self.key = member_key(group.name, member)
+
+    def __repr__(self) -> str:
+        state = "stopped" if self.stopped else "joined" if self.joined else "joining"
+        return f"<{type(self).__name__} {self.group.name!r} {self.member!r} {state}>"
+
+    @property
+    def heartbeat_interval(self) -> Optional[float]:
+        """Seconds between heartbeats (a third of the lease), or None without a lease."""
+        return self.lease / 3 if self.lease > 0 else None
+
+    def _joined(self) -> None:
+        self.joined = True
+        self.joins += 1
+        if self._on_joined is not None:
+            self._tell(self._on_joined, self)
+
+    def _lost(self, why: str) -> None:
+        self.joined = False
+        error = MembershipLost(
+            f"member {self.member!r} of group {self.group.name!r} was lost: {why}", self.group.name, self.member
+        )
+        if self._on_lost is None:
+            log.warning("%s; joining again", error)
+        else:
+            self._tell(self._on_lost, error)
+
+    def _not_joined(self) -> MembershipLost:
+        return MembershipLost(
+            f"member {self.member!r} of group {self.group.name!r} is not joined now (it joins again)",
+            self.group.name,
+            self.member,
+        )
+
+    def _failed(self, error: Exception) -> None:
+        log.warning(
+            "joining group %r as %r: %s; again in %ss", self.group.name, self.member, describe(error), self.retry
+        )
+
+    def _tell(self, callback: Callable[[Any], object], argument: Any) -> None:
+        try:
+            callback(argument)
+        except Exception:
+            log.exception("a callback of %r failed", self)
+
+
+#: What ends a kept membership's turn, and how it is told.
+DROPPED = "its connection dropped"
+ENDED = "its lease lapsed, or it was released by someone else"
+
+
+class BlockingMembership(Membership):
+    """
+    L{Membership} over a blocking client: it joins, heartbeats and watches
+    in a background thread of its own, where its callbacks are called; a
+    loss is noticed as it happens (the watch of its key ends), and the
+    re-join is tried at once, then every C{retry} seconds.  L{stop} leaves.
+    """
+
+    group: Group
+
+    def start(self) -> BlockingMembership:
+        self._wake = threading.Event()
+        self._turn = threading.RLock()
+        self._watch: Any = None
+        self._thread = threading.Thread(
+            target=self._run, name=f"jesync member {self.group.name}/{self.member}", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def _join(self) -> Any:
+        watch = self.group.client.watch(self.key)
+        try:
+            try:
+                self.group.create()
+            except GroupAlreadyExists:
+                pass
+            self.group.join(self.member, self.capabilities, self.lease)
+        except BaseException:
+            watch.close()
+            raise
+        return watch
+
+    def _run(self) -> None:
+        while not self.stopped:
+            try:
+                watch = self._join()
+            except ClientError as error:
+                self._failed(error)
+                self._wake.wait(self.retry)
+                self._wake.clear()
+                continue
+            with self._turn:
+                if self.stopped:
+                    self._leave_quietly()
+                    watch.close()
+                    return
+                self._watch = watch
+                self._joined()
+            why = self._until_ended(watch)
+            watch.close()
+            with self._turn:
+                if self.stopped:
+                    return
+                self._lost(why)
+
+    def _until_ended(self, watch: Any) -> str:
+        tracker = MemberTracker()
+        while not self.stopped:
+            try:
+                event = watch.get(self.heartbeat_interval)
+                if event is None:  # (the heartbeat's time, or stopped)
+                    if self.lease > 0 and not self.stopped and not self.group.heartbeat(self.member, self.lease):
+                        return ENDED
+                elif tracker.ended(event):
+                    return ENDED
+            except ClientError:
+                return DROPPED
+        return ""
+
+    def _leave_quietly(self) -> bool:
+        try:
+            self.group.leave(self.member)
+            return True
+        except ClientError:
+            return False
+
+    def update(self, capabilities: bytes | str | None) -> None:
+        """Set this member's capabilities (kept for every re-join); L{MembershipLost} if it is not a member now."""
+        self.capabilities = check_value(capabilities)
+        if not self.joined:
+            raise self._not_joined()
+        try:
+            self.group.update(self.member, self.capabilities)
+        except ClientError as error:
+            raise self._not_joined() from error
+
+    def stop(self) -> bool:
+        """Stop keeping the membership and leave the group; whether it was a member until now."""
+        with self._turn:
+            self.stopped = True
+            self._wake.set()
+            watch, self._watch = self._watch, None
+            was_joined, self.joined = self.joined, False
+        if watch is not None:
+            watch.close()
+        return was_joined and self._leave_quietly()
+
+
+class AsyncMembership(Membership):
+    """
+    L{Membership} over an asyncio client: a task of its own in the client's
+    loop (the re-join is tried once the loss is told, then every C{retry}
+    seconds); C{await update(...)}, C{await stop()}.
+    """
+
+    group: AsyncGroup
+
+    def start(self) -> AsyncMembership:
+        self._task = asyncio.ensure_future(self._run())
+        return self
+
+    async def _join(self) -> Any:
+        watch = await self.group.client.watch(self.key)
+        try:
+            try:
+                await self.group.create()
+            except GroupAlreadyExists:
+                pass
+            await self.group.join(self.member, self.capabilities, self.lease)
+        except BaseException:
+            await watch.close()
+            raise
+        return watch
+
+    async def _run(self) -> None:
+        while not self.stopped:
+            try:
+                watch = await self._join()
+            except ClientError as error:
+                self._failed(error)
+                await asyncio.sleep(self.retry)
+                continue
+            try:
+                self._joined()
+                why = await self._until_ended(watch)
+            finally:
+                await watch.close()
+            self._lost(why)
+
+    async def _until_ended(self, watch: Any) -> str:
+        tracker = MemberTracker()
+        while True:
+            try:
+                event = await watch.get(self.heartbeat_interval)
+                if event is None:
+                    if not await self.group.heartbeat(self.member, self.lease):
+                        return ENDED
+                elif tracker.ended(event):
+                    return ENDED
+            except ClientError:
+                return DROPPED
+
+    async def update(self, capabilities: bytes | str | None) -> None:
+        """As L{BlockingMembership.update}, awaited."""
+        self.capabilities = check_value(capabilities)
+        if not self.joined:
+            raise self._not_joined()
+        try:
+            await self.group.update(self.member, self.capabilities)
+        except ClientError as error:
+            raise self._not_joined() from error
+
+    async def stop(self) -> bool:
+        """Stop keeping the membership and leave the group; whether it was a member until now."""
+        self.stopped = True
+        was_joined, self.joined = self.joined, False
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        if not was_joined:
+            return False
+        try:
+            await self.group.leave(self.member)
+            return True
+        except ClientError:
+            return False

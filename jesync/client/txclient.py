@@ -41,7 +41,21 @@ from jesync.client.cluster import Members
 from jesync.client.config import ConnectKeywords, ConnectOptions, Servers, client_options
 from jesync.client.errors import ClientError, ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
-from jesync.client.group import GROUP_ANSWERS, GROUP_ROWS, GROUPS_LINE, Command, GroupOver, listed_groups
+from jesync.client.group import (
+    DROPPED,
+    ENDED,
+    GROUP_ANSWERS,
+    GROUP_ROWS,
+    GROUPS_LINE,
+    RETRY_JOIN,
+    Command,
+    GroupAlreadyExists,
+    GroupOver,
+    MembershipLost,
+    MemberTracker,
+    Membership,
+    listed_groups,
+)
 from jesync.client.handle import LockState
 from jesync.client.connection import ConnectionCore
 from jesync.client.election import (
@@ -59,6 +73,7 @@ from jesync.client.session import SERVER_CLOSED
 from jesync.client.watch import Subscription, subscribe
 from jesync.client.wire import (
     PING_KEY,
+    check_value,
     Holder,
     Reply,
     UnexpectedReply,
@@ -803,6 +818,22 @@ class TwistedGroup(GroupOver):
         """
         return self.client.watch(callback=callback, prefix=self._watched_prefix())
 
+    def keep_joined(
+        self,
+        member: str,
+        capabilities: bytes | str | None = None,
+        lease: float = 0,
+        on_joined: Optional[Callable[[TwistedMembership], object]] = None,
+        on_lost: Optional[Callable[[MembershipLost], object]] = None,
+        retry: float = RETRY_JOIN,
+    ) -> TwistedMembership:
+        """
+        As L{jesync.client.group.Group.keep_joined}, in the reactor: a
+        L{TwistedMembership} (its C{update} and C{stop} return Deferreds).
+        """
+        checked, lease = self._keeping(member, capabilities, lease)
+        return TwistedMembership(self, member, checked, lease, on_joined, on_lost, retry).start()
+
 
 class TwistedElection(ElectionOver["TwistedClient"]):
     """
@@ -958,3 +989,142 @@ class TwistedCandidacy(Candidacy[TwistedLock]):
         if leadership is None or not leadership.held:
             return defer.succeed(False)
         return leadership.resign().addErrback(lambda failure: failure.trap(ClientError) and False)
+
+
+class TwistedMembership(Membership):
+    """
+    L{jesync.client.group.Membership} over a L{TwistedClient}: it joins,
+    heartbeats and watches in the reactor, and joins again as soon as a
+    loss is told (the client reconnects then), then every C{retry} seconds
+    while that fails.
+    """
+
+    group: TwistedGroup
+
+    def start(self) -> TwistedMembership:
+        self._watch: Optional[TwistedWatch] = None
+        self._pending: Optional[defer.Deferred[Any]] = None
+        self._heartbeat: Optional[Any] = None
+        self._join()
+        return self
+
+    def _join(self) -> None:
+        if self.stopped:
+            return
+        self._pending = defer.ensureDeferred(self._joining())
+        self._pending.addCallbacks(self._member_now, self._refused)
+
+    async def _joining(self) -> TwistedWatch:
+        tracker = MemberTracker()
+        turn = self.joins + 1  # (the turn this join starts: _joined counts it)
+
+        def told(event: WatchEvent) -> None:
+            if tracker.ended(event):
+                self._ended(turn, ENDED)
+
+        watch = await self.group.client.watch(self.key, told)
+        try:
+            try:
+                await self.group.create()
+            except GroupAlreadyExists:
+                pass
+            await self.group.join(self.member, self.capabilities, self.lease)
+        except BaseException:
+            await watch.stop()
+            raise
+        return watch
+
+    def _member_now(self, watch: TwistedWatch) -> None:
+        self._pending = None
+        if self.stopped:
+            watch.stop()
+            self.group.leave(self.member).addErrback(lambda failure: failure.trap(ClientError))
+            return
+        self._watch = watch
+        self._joined()
+        turn = self.joins
+        watch.add_lost_callback(lambda _: self._ended(turn, DROPPED))
+        self._beat(turn)
+
+    def _beat(self, turn: int) -> None:
+        interval = self.heartbeat_interval
+        if interval is None or self.stopped or turn != self.joins or not self.joined:
+            return
+
+        def answered(still: bool) -> None:
+            if not still:
+                self._ended(turn, ENDED)
+            else:
+                self._beat(turn)
+
+        def dropped(failure: Failure) -> None:
+            failure.trap(ClientError)
+            self._ended(turn, DROPPED)
+
+        def beat() -> None:
+            self._heartbeat = None
+            self.group.heartbeat(self.member, self.lease).addCallbacks(answered, dropped)
+
+        self._heartbeat = self.group.client.reactor.callLater(interval, beat)
+
+    def _ended(self, turn: int, why: str) -> None:
+        """Turn C{turn}'s membership ended (told once, whichever notices first), then join again."""
+        if self.stopped or turn != self.joins or not self.joined:
+            return
+        watch, self._watch = self._watch, None
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            self._heartbeat = None
+        if watch is not None:
+            watch.stop()
+        self._lost(why)
+        self._join()
+
+    def _refused(self, failure: Failure) -> None:
+        self._pending = None
+        if failure.check(defer.CancelledError) or self.stopped:
+            return
+        if not failure.check(ClientError):
+            log.error("joining group %r as %r: %s; stopped", self.group.name, self.member, _describe_failure(failure))
+            self.stopped = True
+            return
+        self._failed(failure.value)  # type: ignore[arg-type]
+        self._pending = task.deferLater(self.group.client.reactor, self.retry, self._join)
+        self._pending.addErrback(lambda failure: failure.trap(defer.CancelledError))
+
+    def update(self, capabilities: bytes | str | None) -> defer.Deferred[None]:
+        """
+        As L{jesync.client.group.BlockingMembership.update}: fires when
+        done, or fails with L{MembershipLost}.
+        """
+        try:
+            self.capabilities = check_value(capabilities)
+        except Exception:
+            return defer.fail()
+        if not self.joined:
+            return defer.fail(self._not_joined())
+
+        def refused(failure: Failure) -> None:
+            failure.trap(ClientError)
+            raise self._not_joined() from failure.value
+
+        return self.group.update(self.member, self.capabilities).addErrback(refused)
+
+    def stop(self) -> defer.Deferred[bool]:
+        """Stop keeping the membership and leave the group; fires with whether it was a member until now."""
+        self.stopped = True
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.cancel()
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            self._heartbeat = None
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.stop()
+        was_joined, self.joined = self.joined, False
+        if not was_joined:
+            return defer.succeed(False)
+        return self.group.leave(self.member).addCallbacks(
+            lambda _: True, lambda failure: failure.trap(ClientError) and False
+        )

@@ -1,11 +1,13 @@
 """
 Campaigning again after a lost leadership (L{jesync.client.election.Candidacy})
+and joining again after a lost membership (L{jesync.client.group.Membership})
 through the Twisted client against the real server in memory
 (L{jesync.testing.MemoryServer}), whose connections a test drops as a
-crashed server or a failover would: the candidate is told it lost the
-leadership before it is told it leads again, never silence; a queued
-candidate queues again; L{stop} resigns and withdraws; the application's own
-resignation ends the candidacy.  Time moves only when a test says.
+crashed server or a failover would: the candidate (the member) is told it
+lost the leadership (the membership) before it is told it leads (is a
+member) again, never silence; a queued candidate queues again; C{stop}
+resigns and withdraws (leaves); the application's own resignation ends the
+candidacy; a lapsed lease is a loss too.  Time moves only when a test says.
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from typing import Any
 
 from twisted.trial.unittest import SynchronousTestCase
 
-from jesync.client import LockLost, TwistedClient, TwistedElection
-from jesync.client.txclient import TwistedCandidacy
+from jesync.client import LockLost, MembershipLost, TwistedClient, TwistedElection
+from jesync.client.txclient import TwistedCandidacy, TwistedMembership
 from jesync.testing import MemoryServer
 
 
@@ -110,3 +112,77 @@ class CandidacyTests(SynchronousTestCase):
         self.server.flush()
         self.assertEqual([what for what, _, _ in told], ["elected"])
         self.assertIsNone(self.leader())
+
+
+class MembershipTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.server = MemoryServer()
+        self.client = self.server.client()
+        self.addCleanup(lambda: (self.client.close(), self.server.flush()))
+        self.told: list[Any] = []
+
+    def keep(self, lease: float = 0) -> TwistedMembership:
+        membership = self.client.group("g").keep_joined(
+            "m1",
+            b"caps",
+            lease=lease,
+            on_joined=lambda kept: self.told.append(("joined", kept.joins)),
+            on_lost=lambda error: self.told.append(("lost", str(error))),
+        )
+        self.server.flush()
+        return membership
+
+    def members(self) -> list[Any]:
+        observer = self.server.client()
+        self.addCleanup(observer.close)
+        listed = observer.group("g").members()
+        self.server.flush()
+        return [(m.member, m.capabilities) for m in self.successResultOf(listed)]
+
+    def test_dropped_connection_told_then_joined_again(self) -> None:
+        """The group is created if needed; a dropped connection is told as lost, then the member joins again."""
+        membership = self.keep()
+        self.assertEqual(self.told, [("joined", 1)])
+        self.assertEqual(self.members(), [("m1", b"caps")])
+        self.server.drop_connections()
+        self.server.flush()
+        self.assertEqual([what for what, _ in self.told], ["joined", "lost", "joined"])
+        self.assertIn("connection dropped", self.told[1][1])
+        self.assertTrue(membership.joined)
+        self.assertEqual(self.members(), [("m1", b"caps")])
+
+    def test_lapsed_lease_told_then_joined_again(self) -> None:
+        """A member whose heartbeats do not get through loses its lease: told, then it joins again."""
+        membership = self.keep(lease=3)
+        self.server.advance(10)  # heartbeats every second: still a member
+        self.assertEqual(self.told, [("joined", 1)])
+        self.server.reactor.advance(4)  # (no flush: the heartbeats are not delivered, the lease lapses)
+        self.server.flush()
+        self.assertEqual([what for what, _ in self.told], ["joined", "lost", "joined"])
+        self.assertIn("lease lapsed", self.told[1][1])
+        self.assertTrue(membership.joined)
+        self.assertEqual(self.members(), [("m1", b"caps")])
+
+    def test_update_and_while_lost_raises(self) -> None:
+        """C{update} sets the capabilities; while not a member it fails with L{MembershipLost}."""
+        membership = self.keep()
+        updated = membership.update(b"v2")
+        self.server.flush()
+        self.successResultOf(updated)
+        self.assertEqual(self.members(), [("m1", b"v2")])
+        self.server.stop()  # gone for good: the re-join keeps failing
+        self.assertEqual([what for what, _ in self.told], ["joined", "lost"])
+        self.assertFalse(membership.joined)
+        self.failureResultOf(membership.update(b"v3"), MembershipLost)
+        self.assertEqual(membership.capabilities, b"v3")  # kept for the re-join
+        self.successResultOf(membership.stop())
+
+    def test_stop_leaves(self) -> None:
+        membership = self.keep()
+        stopped = membership.stop()
+        self.server.flush()
+        self.assertTrue(self.successResultOf(stopped))
+        self.assertEqual(self.members(), [])
+        self.server.drop_connections()
+        self.server.flush()
+        self.assertEqual(self.told, [("joined", 1)])  # nothing told, nothing re-joined after a stop

@@ -30,6 +30,11 @@ The rules (docs/coordination.md, "Elections", says them to users):
    exactly the events from before it, which the answer already counts.
    Those are skipped; every later one is applied.
 
+A leadership bound to one connection ends with it; C{keep_campaigning}
+(L{Candidacy}) campaigns again after each loss, in etcd's style (the
+session owns liveness, the application is told): the loss is told
+(C{on_lost}) before it queues again, and C{on_elected} when it leads again.
+
 Anyone may also lock C{election:E} by hand (it is a key like any other):
 the election sees that holder as its leader; held shared by several, the
 first of them in grant order (L{leader_of}, L{LeaderTracker}).  This module has the blocking

@@ -1,7 +1,11 @@
 """
-Groups and their members over a blocking L{jesync.client.Client}: the
-JESync C{group-*} commands (docs/protocols/jesync.md, "Groups"), read into
-Python values and errors.
+Groups and their members over the three clients: the JESync C{group-*}
+commands (docs/protocols/jesync.md, "Groups"), read into Python values and
+errors.  What is the same for all three is here, with no I/O
+(L{GroupOver}: each command's line, each reply read into a result or a
+L{GroupError}; L{MemberTracker}; L{Membership}'s rules); L{Group} and
+L{AsyncGroup} run the commands over the blocking and the asyncio client,
+L{jesync.client.txclient}'s C{TwistedGroup} over the Twisted one.
 
 The rules are the server's (L{jesync.groups}; docs/coordination.md says
 them to users): group C{G} is the key C{group:G} while it exists, member
@@ -12,10 +16,17 @@ closes, or (with a lease) it sends no heartbeat within its lease.
 
 Every command about group C{G} goes to the server C{group:G} lives on (with
 several servers, a group and its members are that server's), so
-L{Client.groups} asks every server.  A member's joins and leaves are
+C{client.groups()} asks every server.  A member's joins and leaves are
 watched as the prefix C{group:G/} (L{Group.watch}): a C{granted} event is a
 join (with the capabilities as its value), C{released}, C{expired} and
 C{lost} are leaves; L{member_of} names the member of such an event.
+
+A membership bound to one connection ends with it; C{keep_joined} keeps one
+across reconnects and failovers, in the style of etcd's concurrency
+package (the session owns liveness, the application is told): the loss is
+told (C{on_lost}, L{MembershipLost}) before the member joins again
+(L{Membership}).  Argument errors (a bad member id, capabilities too long)
+raise ValueError at once, in every client, before anything is sent.
 
 Refusals are L{GroupError}s, one class per reply, so that a caller (the
 tooz driver) can tell them apart; any other refusal is a

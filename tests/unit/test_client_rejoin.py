@@ -66,13 +66,19 @@ class CandidacyTests(SynchronousTestCase):
         """Both candidates lose their connections: each queues again, and exactly one leads."""
         told_a: list[Any] = []
         told_b: list[Any] = []
-        self.candidate("a", told_a)
+        first = self.candidate("a", told_a)
         self.candidate("b", told_b)
         self.server.drop_connections()
-        self.server.flush()
+        self.server.advance(1)  # (b's campaign failed with its connection: tried again after retry=1 s)
         self.assertEqual([what for what, _, _ in told_a], ["elected", "lost", "elected"])
         self.assertEqual(told_b, [])  # it waited, and waits again: nothing lost, nothing won
         self.assertEqual(self.leader().value, b"a")
+        status = self.client().status("election:db")
+        self.server.flush()
+        self.assertEqual(self.successResultOf(status).waiting, 1)
+        first.stop()
+        self.server.flush()
+        self.assertEqual([what for what, value, _ in told_b], ["elected"])
 
     def test_stop_resigns_and_the_next_leads(self) -> None:
         told_a: list[Any] = []
@@ -186,3 +192,10 @@ class MembershipTests(SynchronousTestCase):
         self.server.drop_connections()
         self.server.flush()
         self.assertEqual(self.told, [("joined", 1)])  # nothing told, nothing re-joined after a stop
+
+    def test_bad_arguments_refused_at_once(self) -> None:
+        """What could never be sent raises ValueError at once, not retried for ever."""
+        self.assertRaises(ValueError, self.client.group("g").keep_joined, "m m")
+        self.assertRaises(ValueError, self.client.group("g").keep_joined, "m", b"x" * 5000)
+        self.assertRaises(ValueError, TwistedElection(self.client, "db").keep_campaigning, b"x" * 5000, print)
+        self.assertEqual(self.server.connections, 0)

@@ -6,8 +6,8 @@ Clients of JESync lock servers (jesync, or any JESync-compatible one).
  - L{TwistedClient}: Twisted, returning Deferreds.
  - L{Election}, L{AsyncElection}, L{TwistedElection}: leader elections
    over each of those (L{jesync.client.election}).
- - L{Group} (C{Client.group(name)}): groups and their members over the
-   blocking client (L{jesync.client.group}).
+ - L{Group}, L{AsyncGroup}, L{TwistedGroup} (C{client.group(name)}):
+   groups and their members over each of those (L{jesync.client.group}).
  - L{ELockClient}: the elock protocol, blocking: one session whose locks
    survive a dropped connection and a cluster failover
    (L{jesync.client.elock}).
@@ -42,6 +42,7 @@ from jesync.client.blocking import Client, Lock, Watch
 from jesync.client.election import AsyncElection, AsyncObservation, Election, Leader, Leadership, Observation
 from jesync.client.elock import ELockClient, ELockHandle
 from jesync.client.group import (
+    AsyncGroup,
     Group,
     GroupAlreadyExists,
     GroupError,
@@ -50,6 +51,7 @@ from jesync.client.group import (
     Member,
     MemberAlreadyExists,
     MemberNotJoined,
+    MembershipLost,
 )
 from jesync.client.errors import (
     AccessRefused,
@@ -69,7 +71,7 @@ from jesync.client.wire import Holder, WatchEvent
 from jesync.wire import KeyStatus
 
 if TYPE_CHECKING:
-    from jesync.client.txclient import TwistedClient, TwistedElection, TwistedLock, TwistedWatch
+    from jesync.client.txclient import TwistedClient, TwistedElection, TwistedGroup, TwistedLock, TwistedWatch
 
 
 def __getattr__(name: str) -> Any:
@@ -78,7 +80,7 @@ def __getattr__(name: str) -> Any:
     C{jesync.client}, the blocking or the asyncio client imports no Twisted
     module at all.
     """
-    if name in ("TwistedClient", "TwistedElection", "TwistedLock", "TwistedWatch"):
+    if name in ("TwistedClient", "TwistedElection", "TwistedGroup", "TwistedLock", "TwistedWatch"):
         from jesync.client import txclient
 
         value = getattr(txclient, name)
@@ -92,6 +94,7 @@ __all__ = [
     "DEFAULT_SERVER",
     "AsyncClient",
     "AsyncElection",
+    "AsyncGroup",
     "AsyncObservation",
     "AsyncLock",
     "AsyncWatch",
@@ -111,6 +114,7 @@ __all__ = [
     "Member",
     "MemberAlreadyExists",
     "MemberNotJoined",
+    "MembershipLost",
     "ConnectFailed",
     "ConnectionLost",
     "HashRing",
@@ -128,6 +132,7 @@ __all__ = [
     "TCPAddress",
     "TwistedClient",
     "TwistedElection",
+    "TwistedGroup",
     "TwistedLock",
     "TwistedWatch",
     "UNIXAddress",

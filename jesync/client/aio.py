@@ -23,6 +23,7 @@ from jesync.client.cluster import Members
 from jesync.client.config import ConnectKeywords, ConnectOptions, Servers, client_options
 from jesync.client.errors import ClientError, ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
+from jesync.client.group import GROUP_ANSWERS, GROUP_ROWS, GROUPS_LINE, AsyncGroup, listed_groups
 from jesync.client.handle import LockState
 from jesync.client.pipeline import discard
 from jesync.client.connection import ConnectionCore
@@ -581,6 +582,30 @@ class AsyncClient:
             return watch
 
         return _WatchRequest(start)
+
+    def group(self, name: str) -> AsyncGroup:
+        """
+        Group C{name} on these servers (L{jesync.client.group.AsyncGroup}):
+        L{jesync.client.Client.group}'s operations, awaited.  Raise
+        ValueError for a name that cannot be a group's (a C{/}).
+        """
+        return AsyncGroup(self, name)
+
+    async def groups(self) -> list[str]:
+        """Every group on every server, sorted."""
+        names: list[str] = []
+        for index in range(len(self.servers)):
+            connection = await self._connection(index)
+            reply = await connection.call(connection.session.extension, GROUPS_LINE, GROUP_ANSWERS, GROUP_ROWS)
+            names.extend(listed_groups(reply))
+        return sorted(names)
+
+    async def _extension_request(
+        self, key: str, line: bytes, answers: frozenset[str], rows: frozenset[str]
+    ) -> tuple[str, list[bytes], list[list[bytes]]]:
+        """Send an extension command (C{line}) to the server of C{key}; its reply's word, fields and rows."""
+        connection = await self._connection(self._fleet.index_for(key))
+        return await connection.call(connection.session.extension, line, answers, rows)
 
     async def listing(self, order: ListingOrder = "key") -> list[KeyStatus]:
         """Every key in use on every server, in C{order} (C{"key"}, C{"requests"}, C{"grants"})."""

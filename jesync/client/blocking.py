@@ -26,7 +26,7 @@ from jesync.client.cluster import Members
 from jesync.client.config import ConnectKeywords, ConnectOptions, Servers, client_options
 from jesync.client.errors import ClientError, ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
-from jesync.client.group import GROUP_ANSWERS, GROUP_ROWS, Group, group_names
+from jesync.client.group import GROUP_ANSWERS, GROUP_ROWS, GROUPS_LINE, Group, listed_groups
 from jesync.client.handle import LockState
 from jesync.client.connection import ConnectionCore
 from jesync.client.session import SERVER_CLOSED
@@ -835,12 +835,8 @@ class Client:
         names: list[str] = []
         for index in range(len(self.servers)):
             connection = self._connection(index)
-            word, fields, rows = connection.call(
-                connection.session.extension, b"groups\r\n", GROUP_ANSWERS, GROUP_ROWS
-            )
-            if word != "END":
-                raise UnexpectedReply(f"{b' '.join(fields)!r} does not answer groups")
-            names.extend(group_names(rows))
+            reply = connection.call(connection.session.extension, GROUPS_LINE, GROUP_ANSWERS, GROUP_ROWS)
+            names.extend(listed_groups(reply))
         return sorted(names)
 
     def force_release(self, key: str) -> int:

@@ -30,6 +30,11 @@ The rules (docs/coordination.md, "Elections", says them to users):
    exactly the events from before it, which the answer already counts.
    Those are skipped; every later one is applied.
 
+A leadership bound to one connection ends with it; C{keep_campaigning}
+(L{Candidacy}) campaigns again after each loss, in etcd's style (the
+session owns liveness, the application is told): the loss is told
+(C{on_lost}) before it queues again, and C{on_elected} when it leads again.
+
 Anyone may also lock C{election:E} by hand (it is a key like any other):
 the election sees that holder as its leader; held shared by several, the
 first of them in grant order (L{leader_of}, L{LeaderTracker}).  This module has the blocking
@@ -40,21 +45,31 @@ L{Leadership}.
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, NamedTuple, Optional, TypeVar
 
-from jesync.client.errors import LockLost
+from jesync.client.errors import ClientError, LockLost, describe
 from jesync.client.handle import LockState, LostCallback
 from jesync.client.watch import MAX_EVENTS, Request
-from jesync.client.wire import HOLDER_EVENTS, Holder, WatchEvent, check_key
+from jesync.client.wire import HOLDER_EVENTS, Holder, WatchEvent, check_key, check_value
 from jesync.wire import GRANTED, election_key
 
 if TYPE_CHECKING:
     from jesync.client.aio import AsyncClient, AsyncLock, AsyncWatch
     from jesync.client.blocking import Client, Lock, Watch
 
+log = logging.getLogger("jesync.client")
+
 #: A leader's failsafe expiry, by default, in seconds: how long a leader that
 #: hangs with its connection open stays leader (it renews every third of it).
 CAMPAIGN_EXPIRES = 60
+
+#: How long a candidate that keeps campaigning waits, by default, before it
+#: queues again when a campaign failed (no server answered, the connection
+#: dropped while it waited), in seconds.
+RETRY_CAMPAIGN = 1.0
 
 HandleT = TypeVar("HandleT", bound=LockState)
 ClientT = TypeVar("ClientT")
@@ -183,6 +198,8 @@ class Leadership(Generic[HandleT]):
         self.name = name
         #: the lock handle that holds it
         self.lock = lock
+        # Told when the application resigns (a Candidacy stops then).
+        self._on_resign: list[Callable[[], object]] = []
 
     def __repr__(self) -> str:
         state = "held" if self.held else "released" if self.released else "lost"
@@ -218,19 +235,31 @@ class Leadership(Generic[HandleT]):
 
     def resign(self) -> Any:
         """Give the leadership up: the next candidate, in arrival order, leads at once."""
-        return self.lock.release()  # type: ignore[attr-defined]
+        released = self.lock.release()  # type: ignore[attr-defined]
+        self._told_resigned()
+        return released
 
     def __enter__(self) -> Leadership[HandleT]:
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        self.lock.__exit__(*exc_info)  # type: ignore[attr-defined]
+        try:
+            self.lock.__exit__(*exc_info)  # type: ignore[attr-defined]
+        finally:
+            self._told_resigned()
+
+    def _told_resigned(self) -> None:
+        for told in self._on_resign:
+            told()
 
     async def __aenter__(self) -> Leadership[HandleT]:
         return self
 
     async def __aexit__(self, *exc_info: Any) -> None:
-        await self.lock.__aexit__(*exc_info)  # type: ignore[attr-defined]
+        try:
+            await self.lock.__aexit__(*exc_info)  # type: ignore[attr-defined]
+        finally:
+            self._told_resigned()
 
 
 class ElectionOver(Generic[ClientT]):
@@ -280,6 +309,24 @@ class Election(ElectionOver["Client"]):
     def leader(self) -> Optional[Leader]:
         """The leader now, or None."""
         return leader_of(self.client.holders(self.key))
+
+    def keep_campaigning(
+        self,
+        value: bytes | str | None,
+        on_elected: Callable[[Leadership[Lock]], object],
+        on_lost: Optional[Callable[[LockLost], object]] = None,
+        expires: Optional[float] = CAMPAIGN_EXPIRES,
+        retry: float = RETRY_CAMPAIGN,
+    ) -> BlockingCandidacy:
+        """
+        Campaign with C{value} in a background thread, and again after every
+        lost leadership (on the client's next connection: after a reconnect
+        or a failover), until stopped: a L{BlockingCandidacy} (the rules:
+        L{Candidacy}).  C{on_elected(leadership)} is called each time it
+        leads, C{on_lost(LockLost)} each time that leadership is lost,
+        before it queues again.
+        """
+        return BlockingCandidacy(self, value, on_elected, on_lost, expires, retry).start()
 
     def observe(self, max_events: int = MAX_EVENTS) -> Observation:
         """
@@ -380,6 +427,20 @@ class AsyncElection(ElectionOver["AsyncClient"]):
         """The leader now, or None."""
         return leader_of(await self.client.holders(self.key))
 
+    def keep_campaigning(
+        self,
+        value: bytes | str | None,
+        on_elected: Callable[[Leadership[AsyncLock]], object],
+        on_lost: Optional[Callable[[LockLost], object]] = None,
+        expires: Optional[float] = CAMPAIGN_EXPIRES,
+        retry: float = RETRY_CAMPAIGN,
+    ) -> AsyncCandidacy:
+        """
+        As L{Election.keep_campaigning}, in a task of the running loop (call
+        it from a coroutine): an L{AsyncCandidacy}; C{await candidacy.stop()}.
+        """
+        return AsyncCandidacy(self, value, on_elected, on_lost, expires, retry).start()
+
     async def observe(self, max_events: int = MAX_EVENTS) -> AsyncObservation:
         """As L{Election.observe}: an async iterator of L{Leader} (None: no leader); C{await} its C{close()}."""
         watch = await self.client.watch(self.key, max_events=max_events)
@@ -426,3 +487,188 @@ class AsyncObservation(Changes):
 
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
+
+
+class Candidacy(Generic[HandleT]):
+    """
+    What L{Election.keep_campaigning} (and its asyncio and Twisted
+    counterparts) return: a candidate that campaigns, leads, and when its
+    leadership is lost (its connection dropped, the server failed over or
+    restarted, its failsafe ran out) is told so and queues again, on a new
+    connection, for as long as it is not L{stop}ped.
+
+    The application hears of each turn through two callbacks, in order and
+    one at a time: C{on_elected(leadership)} when it leads (a L{Leadership},
+    a fresh one each time, with its own fencing token), then
+    C{on_lost(LockLost)} when that leadership is lost; only then does it
+    campaign again, so the loss is always told before the next leadership,
+    never silence (without C{on_lost}, the loss is logged as a warning).
+    A resignation (L{Leadership.resign}) by the application is not a loss:
+    it stops the candidacy as L{stop} does.  A campaign that fails (no
+    server answers) is retried every C{retry} seconds, logged.  An
+    exception a callback raises is logged.  C{leadership} is the current
+    L{Leadership}, or None while it campaigns.
+    """
+
+    def __init__(
+        self,
+        election: Any,
+        value: bytes | str | None,
+        on_elected: Callable[[Leadership[HandleT]], object],
+        on_lost: Optional[Callable[[LockLost], object]],
+        expires: Optional[float],
+        retry: float,
+    ) -> None:
+        check_value(value)  # (a value that cannot be sent is refused at once, not retried)
+        self.election = election
+        self.value = value
+        self.expires = expires
+        self.retry = retry
+        self._on_elected = on_elected
+        self._on_lost = on_lost
+        #: the leadership now held, or None
+        self.leadership: Optional[Leadership[HandleT]] = None
+        #: whether L{stop} was called (or the application resigned)
+        self.stopped = False
+        #: how many times it was elected
+        self.elections = 0
+
+    def __repr__(self) -> str:
+        state = "stopped" if self.stopped else "leading" if self.leadership is not None else "campaigning"
+        return f"<{type(self).__name__} {self.election.name!r} {state}>"
+
+    def _elected(self, leadership: Leadership[HandleT]) -> None:
+        self.leadership = leadership
+        self.elections += 1
+        self._tell(self._on_elected, leadership)
+
+    def _ended(self, leadership: Leadership[HandleT]) -> bool:
+        """
+        The held C{leadership} ended: tell its loss (True: campaign again),
+        or, resigned by the application, stop (False).
+        """
+        self.leadership = None
+        reason = leadership.lost_reason
+        if reason is None:  # resigned by the application
+            self.stopped = True
+            return False
+        if self._on_lost is None:
+            log.warning("the leadership of the election %r was lost: %s; campaigning again",
+                        self.election.name, describe(reason))
+        else:
+            self._tell(self._on_lost, reason)
+        return not self.stopped
+
+    def _failed(self, error: Exception) -> None:
+        log.warning("campaigning in the election %r: %s; again in %ss", self.election.name, describe(error), self.retry)
+
+    def _tell(self, callback: Callable[[Any], object], argument: Any) -> None:
+        try:
+            callback(argument)
+        except Exception:
+            log.exception("a callback of %r failed", self)
+
+
+class BlockingCandidacy(Candidacy["Lock"]):
+    """
+    L{Candidacy} over a blocking client: it campaigns in a background thread
+    of its own, where its callbacks are called.  L{stop} resigns at once
+    (no callback is called after it returns, unless it is called from one);
+    a campaign still queued when it stops cannot be withdrawn from the
+    server (the blocking client cannot cancel a waiting C{lock}): if it is
+    granted later, it is resigned at once, without a callback.
+    """
+
+    def start(self) -> BlockingCandidacy:
+        # Woken by the leadership's loss or resignation, by stop(), or by the retry pause running out.
+        self._wake = threading.Event()
+        # Held while a turn is decided and told, so that stop() is never in between.
+        self._turn = threading.RLock()
+        self._thread = threading.Thread(target=self._run, name=f"jesync campaign {self.election.name}", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self.stopped:
+            try:
+                leadership = self.election.campaign(self.value, self.expires)
+            except ClientError as error:
+                self._failed(error)
+                self._wake.wait(self.retry)
+                self._wake.clear()
+                continue
+            with self._turn:
+                if self.stopped:
+                    _resign_quietly(leadership)
+                    return
+                leadership.add_lost_callback(lambda _: self._wake.set())
+                leadership._on_resign.append(self._wake.set)
+                self._elected(leadership)
+            while leadership.held and not self.stopped:
+                self._wake.wait()
+                self._wake.clear()
+            with self._turn:
+                if self.stopped or not self._ended(leadership):
+                    return
+
+    def stop(self) -> bool:
+        """Stop campaigning and resign if leading (the next candidate leads at once); whether it resigned one."""
+        with self._turn:
+            self.stopped = True
+            self._wake.set()
+            leadership, self.leadership = self.leadership, None
+        return leadership is not None and _resign_quietly(leadership)
+
+
+def _resign_quietly(leadership: Leadership[Any]) -> bool:
+    """Resign C{leadership}; whether it was held (a dropped connection is no error here: it is not held then)."""
+    try:
+        return bool(leadership.resign())
+    except ClientError:
+        return False
+
+
+class AsyncCandidacy(Candidacy["AsyncLock"]):
+    """L{Candidacy} over an asyncio client: a task of its own, in the client's loop; C{await stop()}."""
+
+    def start(self) -> AsyncCandidacy:
+        self._task = asyncio.ensure_future(self._run())
+        return self
+
+    async def _run(self) -> None:
+        while not self.stopped:
+            try:
+                leadership = await self.election.campaign(self.value, self.expires)
+            except ClientError as error:
+                self._failed(error)
+                await asyncio.sleep(self.retry)
+                continue
+            ended = asyncio.Event()
+            leadership.add_lost_callback(lambda _: ended.set())
+            leadership._on_resign.append(ended.set)
+            self._elected(leadership)
+            while leadership.held and not self.stopped:
+                await ended.wait()
+                ended.clear()
+            if self.stopped or not self._ended(leadership):
+                return
+
+    async def stop(self) -> bool:
+        """
+        Stop campaigning (a queued campaign is withdrawn as a cancelled
+        C{lock} is: released at once if granted later) and resign if
+        leading; whether a leadership was resigned.
+        """
+        self.stopped = True
+        leadership = self.leadership
+        self._task.cancel()
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            pass
+        if leadership is None or not leadership.held:
+            return False
+        try:
+            return bool(await leadership.resign())
+        except ClientError:
+            return False

@@ -41,10 +41,27 @@ from jesync.client.cluster import Members
 from jesync.client.config import ConnectKeywords, ConnectOptions, Servers, client_options
 from jesync.client.errors import ClientError, ConnectFailed, ConnectionLost, LockLost, describe
 from jesync.client.fleet import Fleet
+from jesync.client.group import (
+    DROPPED,
+    ENDED,
+    GROUP_ANSWERS,
+    GROUP_ROWS,
+    GROUPS_LINE,
+    RETRY_JOIN,
+    Command,
+    GroupAlreadyExists,
+    GroupOver,
+    MembershipLost,
+    MemberTracker,
+    Membership,
+    listed_groups,
+)
 from jesync.client.handle import LockState
 from jesync.client.connection import ConnectionCore
 from jesync.client.election import (
     CAMPAIGN_EXPIRES,
+    RETRY_CAMPAIGN,
+    Candidacy,
     ElectionOver,
     Leader,
     LeaderTracker,
@@ -56,6 +73,7 @@ from jesync.client.session import SERVER_CLOSED
 from jesync.client.watch import Subscription, subscribe
 from jesync.client.wire import (
     PING_KEY,
+    check_value,
     Holder,
     Reply,
     UnexpectedReply,
@@ -708,6 +726,36 @@ class TwistedClient:
             raise
         return watch
 
+    def group(self, name: str) -> TwistedGroup:
+        """
+        Group C{name} on these servers (L{TwistedGroup}):
+        L{jesync.client.Client.group}'s operations returning Deferreds.
+        Raise ValueError for a name that cannot be a group's (a C{/}).
+        """
+        return TwistedGroup(self, name)
+
+    def groups(self) -> defer.Deferred[list[str]]:
+        """Every group on every server, sorted."""
+        return defer.ensureDeferred(self._groups())
+
+    async def _groups(self) -> list[str]:
+        names: list[str] = []
+        for index in range(len(self.servers)):
+            connection = await self._connection(index)
+            reply = await connection.start(connection.session.extension, GROUPS_LINE, GROUP_ANSWERS, GROUP_ROWS)
+            names.extend(listed_groups(reply))
+        return sorted(names)
+
+    def _extension_request(
+        self, key: str, line: bytes, answers: frozenset[str], rows: frozenset[str]
+    ) -> defer.Deferred[tuple[str, list[bytes], list[list[bytes]]]]:
+        """Send an extension command (C{line}) to the server of C{key}; fires with its reply's word, fields and rows."""
+        try:
+            index = self._fleet.index_for(key)
+        except Exception:
+            return defer.fail()
+        return self._call(index, lambda connection: connection.start(connection.session.extension, line, answers, rows))
+
     def listing(self, order: ListingOrder = "key") -> defer.Deferred[list[KeyStatus]]:
         """Every key in use on every server, in C{order} (C{"key"}, C{"requests"}, C{"grants"})."""
         return defer.ensureDeferred(self._listing(order))
@@ -747,6 +795,46 @@ class TwistedClient:
         return defer.gatherResults(gone).addCallback(lambda _: None)
 
 
+class TwistedGroup(GroupOver):
+    """
+    Group C{name} on a L{TwistedClient} (C{client.group(name)}):
+    L{jesync.client.group.Group}'s operations, each returning a Deferred
+    that fires with its result or fails with its error; L{watch} with a
+    callback.
+    """
+
+    client: TwistedClient
+
+    def _run(self, command: Command) -> defer.Deferred[Any]:
+        return self.client._extension_request(self.key, command.line, GROUP_ANSWERS, GROUP_ROWS).addCallback(
+            command.interpret
+        )
+
+    def watch(self, callback: Callable[[WatchEvent], object]) -> defer.Deferred[TwistedWatch]:
+        """
+        As L{jesync.client.group.Group.watch}: C{callback(event)} with each
+        join (C{granted}) and leave (C{released}, C{expired}, C{lost}) of
+        this group's members; fires with the L{TwistedWatch} (C{stop()} it).
+        """
+        return self.client.watch(callback=callback, prefix=self._watched_prefix())
+
+    def keep_joined(
+        self,
+        member: str,
+        capabilities: bytes | str | None = None,
+        lease: float = 0,
+        on_joined: Optional[Callable[[TwistedMembership], object]] = None,
+        on_lost: Optional[Callable[[MembershipLost], object]] = None,
+        retry: float = RETRY_JOIN,
+    ) -> TwistedMembership:
+        """
+        As L{jesync.client.group.Group.keep_joined}, in the reactor: a
+        L{TwistedMembership} (its C{update} and C{stop} return Deferreds).
+        """
+        checked, lease = self._keeping(member, capabilities, lease)
+        return TwistedMembership(self, member, checked, lease, on_joined, on_lost, retry).start()
+
+
 class TwistedElection(ElectionOver["TwistedClient"]):
     """
     An election over a L{TwistedClient} (the rules:
@@ -768,6 +856,20 @@ class TwistedElection(ElectionOver["TwistedClient"]):
     def leader(self) -> defer.Deferred[Optional[Leader]]:
         """The leader now, or None."""
         return self.client.holders(self.key).addCallback(leader_of)
+
+    def keep_campaigning(
+        self,
+        value: bytes | str | None,
+        on_elected: Callable[[Leadership[TwistedLock]], object],
+        on_lost: Optional[Callable[[LockLost], object]] = None,
+        expires: Optional[float] = CAMPAIGN_EXPIRES,
+        retry: float = RETRY_CAMPAIGN,
+    ) -> TwistedCandidacy:
+        """
+        As L{jesync.client.election.Election.keep_campaigning}, in the
+        reactor: a L{TwistedCandidacy} (its C{stop()} returns a Deferred).
+        """
+        return TwistedCandidacy(self, value, on_elected, on_lost, expires, retry).start()
 
     def observe(
         self,
@@ -820,3 +922,209 @@ class TwistedElection(ElectionOver["TwistedClient"]):
             return watch
 
         return defer.ensureDeferred(start())
+
+
+class TwistedCandidacy(Candidacy[TwistedLock]):
+    """
+    L{jesync.client.election.Candidacy} over a L{TwistedClient}: its
+    campaigns and callbacks run in the reactor; it campaigns again as soon
+    as the loss is told (the client reconnects then).
+    """
+
+    election: TwistedElection
+
+    def start(self) -> TwistedCandidacy:
+        self._pending: Optional[defer.Deferred[Any]] = None
+        self._campaign()
+        return self
+
+    def _campaign(self) -> None:
+        if self.stopped:
+            return
+        self._pending = self.election.campaign(self.value, self.expires)
+        self._pending.addCallbacks(self._won, self._refused)
+
+    def _won(self, leadership: Leadership[TwistedLock]) -> None:
+        self._pending = None
+        if self.stopped:  # (a cancelled campaign never fires; this is one granted in the same turn)
+            leadership.resign()
+            return
+
+        def ended(_: LockLost) -> None:
+            if self.leadership is leadership and self._ended(leadership):
+                self._campaign()
+
+        leadership._on_resign.append(lambda: self._resigned(leadership))
+        self._elected(leadership)
+        leadership.add_lost_callback(ended)  # (after: a leadership already lost is told after it was won)
+
+    def _resigned(self, leadership: Leadership[TwistedLock]) -> None:
+        if self.leadership is leadership:
+            self._ended(leadership)
+
+    def _refused(self, failure: Failure) -> None:
+        self._pending = None
+        if failure.check(defer.CancelledError):
+            return
+        error = failure.value
+        if not isinstance(error, ClientError):
+            log.error("campaigning in the election %r: %s; stopped", self.election.name, _describe_failure(failure))
+            self.stopped = True
+            return
+        self._failed(error)
+        self._pending = task.deferLater(self.election.client.reactor, self.retry, self._campaign)
+        self._pending.addErrback(lambda failure: failure.trap(defer.CancelledError))
+
+    def stop(self) -> defer.Deferred[bool]:
+        """
+        Stop campaigning (a queued campaign is withdrawn as a cancelled
+        C{lock} is: released at once if granted later) and resign if
+        leading; fires with whether a leadership was resigned.
+        """
+        self.stopped = True
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.cancel()
+        leadership, self.leadership = self.leadership, None
+        if leadership is None or not leadership.held:
+            return defer.succeed(False)
+        return leadership.resign().addErrback(lambda failure: failure.trap(ClientError) and False)
+
+
+class TwistedMembership(Membership):
+    """
+    L{jesync.client.group.Membership} over a L{TwistedClient}: it joins,
+    heartbeats and watches in the reactor, and joins again as soon as a
+    loss is told (the client reconnects then), then every C{retry} seconds
+    while that fails.
+    """
+
+    group: TwistedGroup
+
+    def start(self) -> TwistedMembership:
+        self._watch: Optional[TwistedWatch] = None
+        self._pending: Optional[defer.Deferred[Any]] = None
+        self._heartbeat: Optional[Any] = None
+        self._join()
+        return self
+
+    def _join(self) -> None:
+        if self.stopped:
+            return
+        self._pending = defer.ensureDeferred(self._joining())
+        self._pending.addCallbacks(self._member_now, self._refused)
+
+    async def _joining(self) -> TwistedWatch:
+        tracker = MemberTracker()
+        turn = self.joins + 1  # (the turn this join starts: _joined counts it)
+
+        def told(event: WatchEvent) -> None:
+            if tracker.ended(event):
+                self._ended(turn, ENDED)
+
+        watch = await self.group.client.watch(self.key, told)
+        try:
+            try:
+                await self.group.create()
+            except GroupAlreadyExists:
+                pass
+            await self.group.join(self.member, self.capabilities, self.lease)
+        except BaseException:
+            await watch.stop()
+            raise
+        return watch
+
+    def _member_now(self, watch: TwistedWatch) -> None:
+        self._pending = None
+        if self.stopped:
+            watch.stop()
+            self.group.leave(self.member).addErrback(lambda failure: failure.trap(ClientError))
+            return
+        self._watch = watch
+        self._joined()
+        turn = self.joins
+        watch.add_lost_callback(lambda _: self._ended(turn, DROPPED))
+        self._beat(turn)
+
+    def _beat(self, turn: int) -> None:
+        interval = self.heartbeat_interval
+        if interval is None or self.stopped or turn != self.joins or not self.joined:
+            return
+
+        def answered(still: bool) -> None:
+            if not still:
+                self._ended(turn, ENDED)
+            else:
+                self._beat(turn)
+
+        def dropped(failure: Failure) -> None:
+            failure.trap(ClientError)
+            self._ended(turn, DROPPED)
+
+        def beat() -> None:
+            self._heartbeat = None
+            self.group.heartbeat(self.member, self.lease).addCallbacks(answered, dropped)
+
+        self._heartbeat = self.group.client.reactor.callLater(interval, beat)
+
+    def _ended(self, turn: int, why: str) -> None:
+        """Turn C{turn}'s membership ended (told once, whichever notices first), then join again."""
+        if self.stopped or turn != self.joins or not self.joined:
+            return
+        watch, self._watch = self._watch, None
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            self._heartbeat = None
+        if watch is not None:
+            watch.stop()
+        self._lost(why)
+        self._join()
+
+    def _refused(self, failure: Failure) -> None:
+        self._pending = None
+        if failure.check(defer.CancelledError) or self.stopped:
+            return
+        if not failure.check(ClientError):
+            log.error("joining group %r as %r: %s; stopped", self.group.name, self.member, _describe_failure(failure))
+            self.stopped = True
+            return
+        self._failed(failure.value)  # type: ignore[arg-type]
+        self._pending = task.deferLater(self.group.client.reactor, self.retry, self._join)
+        self._pending.addErrback(lambda failure: failure.trap(defer.CancelledError))
+
+    def update(self, capabilities: bytes | str | None) -> defer.Deferred[None]:
+        """
+        As L{jesync.client.group.BlockingMembership.update}: fires when
+        done, or fails with L{MembershipLost}.
+        """
+        try:
+            self.capabilities = check_value(capabilities)
+        except Exception:
+            return defer.fail()
+        if not self.joined:
+            return defer.fail(self._not_joined())
+
+        def refused(failure: Failure) -> None:
+            failure.trap(ClientError)
+            raise self._not_joined() from failure.value
+
+        return self.group.update(self.member, self.capabilities).addErrback(refused)
+
+    def stop(self) -> defer.Deferred[bool]:
+        """Stop keeping the membership and leave the group; fires with whether it was a member until now."""
+        self.stopped = True
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.cancel()
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            self._heartbeat = None
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.stop()
+        was_joined, self.joined = self.joined, False
+        if not was_joined:
+            return defer.succeed(False)
+        return self.group.leave(self.member).addCallbacks(
+            lambda _: True, lambda failure: failure.trap(ClientError) and False
+        )

@@ -50,9 +50,9 @@ rounds' own ratios.
     ratios election/mutex and election/redis of the p50s.
 
 ``groups``
-    One group (``group-create``); ``--watchers`` connections (default 100,
-    then 1,000) each ``watch-prefix group:G/``; ``--members`` connections
-    (default 16) each loop ``group-join G m<i> 0`` / ``group-leave G m<i>``
+    One group (``group-create``); ``--watchers`` connections (default 0,
+    100, then 1,000: a run of the part for each) each ``watch-prefix
+    group:G/``; ``--members`` connections (default 16) each loop ``group-join G m<i> 0`` / ``group-leave G m<i>``
     for ``--seconds``.  Every join is two events to every watcher
     (``APPEARED``, ``GRANTED``) and every leave two (``RELEASED``,
     ``DISAPPEARED``).  Counted: the events the watchers receive per second,
@@ -478,11 +478,12 @@ def groups_part(targets: list[Server], watchers: int, args) -> None:
                                     (b"release %sm%d\n" % (prefix, i), b"RELEASED ")])
                     for i in range(args.members)
                 ]
-            watching = PrefixWatchers(server, prefix, watchers, args.watcher_procs, args.read_interval)
+            watching = PrefixWatchers(server, prefix, watchers, args.watcher_procs, args.read_interval) if watchers else None
             try:
                 counts, watcher_counts, window = run_loops(server, clients, args, watching)
             finally:
-                watching.close()
+                if watching:
+                    watching.close()
             if workload == "group":
                 command(server, b"group-delete %s\n" % group, b"GROUP-DELETED %s\n" % group)
             member = counts["member"]
@@ -495,8 +496,8 @@ def groups_part(targets: list[Server], watchers: int, args) -> None:
                 join_p99=percentile(member.waits, 0.99) * 1000,
                 cpu_per_event=cpu_per(window, events),
                 cpu_per_change=cpu_per(window, changes),
-                least=min(w.least for w in watcher_counts),
-                most=max(w.most for w in watcher_counts),
+                least=min((w.least for w in watcher_counts), default=0),
+                most=max((w.most for w in watcher_counts), default=0),
                 dropped=sum(w.dropped for w in watcher_counts),
                 checked=sum(w.checked for w in watcher_counts),
                 order_error=next((w.order_error for w in watcher_counts if w.order_error), None),
@@ -535,7 +536,7 @@ def groups_part(targets: list[Server], watchers: int, args) -> None:
     print()
     for server in targets:
         group, plain = f"{server.name} group", f"{server.name} plain"
-        for what in ("events_per_second", "cpu_per_event"):
+        for what in ("events_per_second", "cpu_per_event", "changes_per_second", "cpu_per_change"):
             ratios = [getattr(r[group], what) / getattr(r[plain], what) for r in rounds
                       if getattr(r[group], what) and getattr(r[plain], what)]
             if ratios:
@@ -563,8 +564,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seconds", type=float, default=3.0, help="groups: measured seconds a run (default 3)")
     parser.add_argument("--warmup", type=float, default=0.5, help="groups: unmeasured seconds before (default 0.5)")
     parser.add_argument(
-        "--watchers", type=int, nargs="+", default=[100, 1000],
-        help="groups: watchers of the prefix, one run of the part per number (default 100 1000)",
+        "--watchers", type=int, nargs="+", default=[0, 100, 1000],
+        help="groups: watchers of the prefix, one run of the part per number (default 0 100 1000)",
     )
     parser.add_argument("--members", type=int, default=16, help="groups: members joining and leaving (default 16)")
     parser.add_argument(

@@ -46,8 +46,10 @@ rounds' own ratios.
       closed connection is lost; ``SET NX PX`` locks pass on only when the
       lease expires and a client polls): none is measured.
 
-    Reported: p50, p99 and max in µs per workload, each round's, and the
-    ratios election/mutex and election/redis of the p50s.
+    Reported: p50, p99 and max in µs per workload, each round's (with the
+    rest of the machine's CPU use meanwhile: noise), and the ratios
+    election/mutex, disconnect/election and election/redis of the p50s.
+    The clients are one process: a hand-over's time includes its reads.
 
 ``groups``
     One group (``group-create``); ``--watchers`` connections (default 0,
@@ -107,8 +109,10 @@ from loadgen import (  # noqa: E402
     ProtocolError,
     Server,
     _resp as resp,
+    cpu_seconds,
     describe_checkout,
     jesync_target,
+    machine_busy_seconds,
     median,
     raise_open_files,
     start_jesync,
@@ -312,11 +316,17 @@ def handover_part(targets: list[Server], redis: Server | None, args) -> None:
             name = f"{server.name} {workload}"
             handover = Handover(server, "election" if workload == "disconnect" else workload, args.candidates,
                                 f"{attempt}-{workload}")
+            disconnect = workload == "disconnect"
+            started, own_before = time.monotonic(), time.process_time()
+            cpu_before, busy_before = cpu_seconds(server.pid), machine_busy_seconds()
             try:
-                disconnect = workload == "disconnect"
                 times = [handover.hand_over(disconnect) for _ in range(args.disconnects if disconnect else args.handovers)]
             finally:
                 handover.close()
+            cpu_after, busy_after = cpu_seconds(server.pid), machine_busy_seconds()
+            elapsed = time.monotonic() - started
+            server_cpu = 0.0 if cpu_before is None or cpu_after is None else cpu_after - cpu_before
+            other = (busy_after - busy_before - server_cpu - (time.process_time() - own_before)) / elapsed
             granted = [g for g, _ in times]
             observed = [o for _, o in times if o is not None]
             result = SimpleNamespace(
@@ -325,11 +335,13 @@ def handover_part(targets: list[Server], redis: Server | None, args) -> None:
                 max=percentile(granted, 1.0) * 1000,
                 observed_p50=percentile(observed, 0.5) * 1000,
                 count=len(granted),
+                other=max(0.0, other),
             )
             measured[name] = result
             print(
                 f"  round {attempt + 1} {name}: hand-over p50 {result.p50:,.0f} µs, p99 {result.p99:,.0f}, "
-                f"max {result.max:,.0f} ({result.count:,}); observer told p50 {fmt(result.observed_p50 if observed else None)} µs",
+                f"max {result.max:,.0f} ({result.count:,}); observer told p50 {fmt(result.observed_p50 if observed else None)} µs; "
+                f"other CPU {result.other * 100:.0f}%",
                 flush=True,
             )
         rounds.append(measured)

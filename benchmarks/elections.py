@@ -27,7 +27,8 @@ rounds' own ratios.
     leader sends ``release election:E`` and the time from sending it to the
     next candidate reading its ``GRANTED`` is the hand-over; the old leader
     campaigns again (and is seen queued last) before the next hand-over, so
-    every hand-over has 16 waiting.  Checked each time: the candidate granted
+    every hand-over has 16 waiting.  Each run starts with
+    ``--warmup-handovers`` (default 200) unmeasured ones (PyPy's JIT).  Checked each time: the candidate granted
     is the one that has waited longest, and the watcher's events name it
     (its ``EVENT GRANTED`` is timed too: release sent to the observer told).
     Measured the same way in the same round:
@@ -317,6 +318,12 @@ def handover_part(targets: list[Server], redis: Server | None, args) -> None:
             handover = Handover(server, "election" if workload == "disconnect" else workload, args.candidates,
                                 f"{attempt}-{workload}")
             disconnect = workload == "disconnect"
+            try:
+                for _ in range(args.warmup_handovers):  # unmeasured: PyPy's JIT, the caches
+                    handover.hand_over(disconnect)
+            except BaseException:
+                handover.close()
+                raise
             started, own_before = time.monotonic(), time.process_time()
             cpu_before, busy_before = cpu_seconds(server.pid), machine_busy_seconds()
             try:
@@ -573,6 +580,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--candidates", type=int, default=17, help="handover: candidates (default 17)")
     parser.add_argument("--handovers", type=int, default=2000, help="handover: resignations a run (default 2,000)")
     parser.add_argument("--disconnects", type=int, default=500, help="handover: disconnects a run (default 500)")
+    parser.add_argument(
+        "--warmup-handovers", type=int, default=200,
+        help="handover: unmeasured hand-overs (of the run's kind) before each run (default 200)",
+    )
     parser.add_argument("--seconds", type=float, default=3.0, help="groups: measured seconds a run (default 3)")
     parser.add_argument("--warmup", type=float, default=0.5, help="groups: unmeasured seconds before (default 0.5)")
     parser.add_argument(

@@ -50,6 +50,10 @@ rounds' own ratios.
     Reported: p50, p99 and max in µs per workload, each round's (with the
     rest of the machine's CPU use meanwhile: noise), and the ratios
     election/mutex, disconnect/election and election/redis of the p50s.
+    On a shared machine, ``--max-noise 0.1`` leaves out of the tables and
+    ratios the runs during which the rest of it used more than a tenth of a
+    core (latencies move both ways with it: a busy machine keeps the CPUs
+    awake), and ``--quiet`` waits for a quiet second before each round.
     The clients are one process: a hand-over's time includes its reads.
 
 ``groups``
@@ -353,11 +357,14 @@ def handover_part(targets: list[Server], redis: Server | None, args) -> None:
             )
         rounds.append(measured)
     print()
-    print("| workload | hand-over p50 µs (median round) | p99 µs | max µs (of all rounds) | observer told p50 µs |")
+    print("| workload | hand-over p50 µs (median run) | p99 µs | max µs (of the runs) | observer told p50 µs |")
     print("|---|---|---|---|---|")
     for server, workload in workloads:
         name = f"{server.name} {workload}"
-        runs = sorted((r[name] for r in rounds), key=lambda r: r.p50)
+        runs = sorted((r[name] for r in rounds if r[name].other <= args.max_noise), key=lambda r: r.p50)
+        if not runs:
+            print(f"| {name} | no run quiet enough | | | |")
+            continue
         r = runs[(len(runs) - 1) // 2]
         worst = max(run.max for run in runs)
         observed = "-" if workload == "redis" else f"{r.observed_p50:,.0f}"
@@ -366,19 +373,21 @@ def handover_part(targets: list[Server], redis: Server | None, args) -> None:
     for server in targets:
         pairs = [("election", "mutex"), ("disconnect", "election")]
         for a, b in pairs:
-            print(p50_ratio(f"{server.name} {a}", f"{server.name} {b}", rounds))
+            print(p50_ratio(f"{server.name} {a}", f"{server.name} {b}", rounds, args.max_noise))
         if redis:
-            print(p50_ratio(f"{server.name} election", f"{redis.name} redis", rounds))
+            print(p50_ratio(f"{server.name} election", f"{redis.name} redis", rounds, args.max_noise))
 
 
-def p50_ratio(a: str, b: str, rounds) -> str:
-    ratios = [r[a].p50 / r[b].p50 for r in rounds if r[b].p50]
-    p99 = [r[a].p99 / r[b].p99 for r in rounds if r[b].p99]
+def p50_ratio(a: str, b: str, rounds, max_noise: float) -> str:
+    """The median of the rounds' ratios a/b of the p50s (and of the p99s), of the rounds both ran quietly in."""
+    quiet = [r for r in rounds if r[a].other <= max_noise and r[b].other <= max_noise and r[b].p50]
+    ratios = [r[a].p50 / r[b].p50 for r in quiet]
+    p99 = [r[a].p99 / r[b].p99 for r in quiet]
     if not ratios:
         return f"{a} / {b}: -"
     return (
         f"{a} / {b}: p50 **{median(ratios):.2f}x** (rounds {min(ratios):.2f}-{max(ratios):.2f}), "
-        f"p99 {median(p99):.2f}x"
+        f"p99 {median(p99):.2f}x, {len(quiet)} of {len(rounds)} rounds"
     )
 
 
@@ -544,7 +553,13 @@ def groups_part(targets: list[Server], watchers: int, args) -> None:
     print("|---|---|---|---|---|---|---|---|---|---|")
     for server, workload in workloads:
         name = f"{server.name} {workload}"
-        runs = sorted((r[name] for r in rounds), key=lambda r: r.events_per_second)
+        runs = sorted(
+            (r[name] for r in rounds if r[name].window.other_cpu <= args.max_noise),
+            key=lambda r: r.changes_per_second,
+        )
+        if not runs:
+            print(f"| {name} | no run quiet enough | | | | | | | | |")
+            continue
         r = runs[(len(runs) - 1) // 2]
         print(
             f"| {name} | {r.events_per_second:,.0f} | {r.changes_per_second:,.0f} | {r.join_p50:,.0f} | "
@@ -556,11 +571,12 @@ def groups_part(targets: list[Server], watchers: int, args) -> None:
     for server in targets:
         group, plain = f"{server.name} group", f"{server.name} plain"
         for what in ("events_per_second", "cpu_per_event", "changes_per_second", "cpu_per_change"):
-            ratios = [getattr(r[group], what) / getattr(r[plain], what) for r in rounds
+            quiet = [r for r in rounds if max(r[group].window.other_cpu, r[plain].window.other_cpu) <= args.max_noise]
+            ratios = [getattr(r[group], what) / getattr(r[plain], what) for r in quiet
                       if getattr(r[group], what) and getattr(r[plain], what)]
             if ratios:
                 print(f"{group}/{plain} {what.replace('_', ' ')}: **{median(ratios):.2f}x** "
-                      f"(rounds {min(ratios):.2f}-{max(ratios):.2f})")
+                      f"(rounds {min(ratios):.2f}-{max(ratios):.2f}, {len(ratios)} of {len(rounds)})")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -602,6 +618,11 @@ def main(argv: list[str] | None = None) -> None:
         "--quiet", type=float, metavar="CORES",
         help="before each round wait (at most 30 s) for a second in which the machine used less than CORES "
         "of a core (e.g. 0.3)",
+    )
+    parser.add_argument(
+        "--max-noise", type=float, default=float("inf"), metavar="CORES",
+        help="leave out of the tables and ratios the runs during which the rest of the machine used more "
+        "than CORES of a core (e.g. 0.1; a ratio uses the rounds in which both its runs were quiet)",
     )
     args = parser.parse_args(argv)
     args.procs = 1  # the members' loops: one client process (coordination.run_loops)

@@ -59,8 +59,8 @@ rounds' own ratios.
 ``groups``
     One group (``group-create``); ``--watchers`` connections (default 0,
     100, then 1,000: a run of the part for each) each ``watch-prefix
-    group:G/``; ``--members`` connections (default 16) each loop ``group-join G m<i> 0`` / ``group-leave G m<i>``
-    for ``--seconds``.  Every join is two events to every watcher
+    group:G/``; ``--members`` connections (default 16) each loop
+    ``group-join G m<i> 0`` / ``group-leave G m<i>`` for ``--seconds``.  Every join is two events to every watcher
     (``APPEARED``, ``GRANTED``) and every leave two (``RELEASED``,
     ``DISAPPEARED``).  Counted: the events the watchers receive per second,
     joins + leaves per second, the join's round trip p50/p99, the server's
@@ -72,7 +72,7 @@ rounds' own ratios.
     by ``watch-prefix plain:G/`` (the same events, no group table): what the
     group table adds.
 
-    python benchmarks/elections.py                              # ~2 min
+    python benchmarks/elections.py                              # ~1 min
     python benchmarks/elections.py --part handover --repeat 5
     python benchmarks/elections.py --part groups --watchers 1000 --jesync pypy=.:/path/to/pypy-venv/bin/python
 

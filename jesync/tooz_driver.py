@@ -527,8 +527,13 @@ class JESyncDriver(coordination.CoordinationDriverCachedRunWatchers):
         self._client = client
 
     def _stop(self) -> None:
+        # Every step is tried, so that the client is closed whatever fails
+        # before it (the connection dropped: the server ends what it held).
         for group_id in list(self._leaderships):
-            self.stand_down_group_leader(group_id)
+            try:
+                self.stand_down_group_leader(group_id)
+            except tooz.ToozError:
+                LOG.warning("Unable to resign the leadership of group %r", group_id, exc_info=True)
         for lock in list(self._acquired):
             try:
                 lock.release()

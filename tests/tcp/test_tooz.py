@@ -28,7 +28,7 @@ import socket
 import tempfile
 import time
 from typing import Any, Callable
-from unittest import SkipTest
+from unittest import SkipTest, mock
 
 from tests.client_case import WITHIN
 from tests.servers import free_port, serve_in_thread
@@ -37,7 +37,9 @@ from tests.tooz_case import ToozTestCase, _registered_backends
 import tooz  # (tests.tooz_case raises SkipTest without it)
 from tooz import coordination
 
-from jesync.client import Client
+from jesync.client import Client, ConnectionLost, Leadership
+
+TOOZ_LOG = "jesync.tooz_driver"
 
 
 class EntryPointTests(ToozTestCase):
@@ -77,6 +79,40 @@ class StartStopTests(ToozTestCase):
         lock = coordinator.get_lock(b"again")
         self.assertTrue(lock.acquire(blocking=False))
         coordinator.stop()
+
+    def test_stop_after_the_connection_dropped(self) -> None:
+        """A leader and holder whose server went away stops cleanly, and starts again on a server that is back."""
+        coordinator = coordination.get_coordinator(self.url, b"member")
+        coordinator.start()
+        coordinator.create_group(b"g").get()
+        coordinator.watch_elected_as_leader(b"g", lambda event: None)
+        coordinator.run_watchers()
+        self.assertTrue(coordinator.get_lock(b"held").acquire(blocking=False))
+        self.server.kill()
+        coordinator.stop()
+        self.assertFalse(coordinator.is_started)
+        self.server.start()  # on the same port, its lock table empty
+        coordinator.start()
+        self.addCleanup(coordinator.stop)
+        self.assertTrue(coordinator.get_lock(b"held").acquire(blocking=False))
+
+    def test_stop_closes_the_client_when_resigning_fails(self) -> None:
+        """A resign that raises (the connection dropped while it was asked) is logged; stop() still closes."""
+        coordinator = coordination.get_coordinator(self.url, b"member")
+        coordinator.start()
+        coordinator.create_group(b"g").get()
+        coordinator.watch_elected_as_leader(b"g", lambda event: None)
+        coordinator.run_watchers()
+        self.assertTrue(coordinator.get_lock(b"held").acquire(blocking=False))
+        dropped = ConnectionLost(f"127.0.0.1:{self.server.port}", "dropped while resigning")
+        with mock.patch.object(Leadership, "resign", side_effect=dropped):
+            with self.assertLogs(TOOZ_LOG, "WARNING") as logged:
+                coordinator.stop()
+        self.assertIn("Unable to resign the leadership of group b'g'", logged.output[0])
+        self.assertFalse(coordinator.is_started)
+        # Its connection closed: the server freed what it held.
+        self.assertEqual(self.status("election:g"), (0, 0))
+        self.assertEqual(self.status("held"), (0, 0))
 
     def test_no_server(self) -> None:
         """start() connects: with no server listening it raises ToozConnectionError."""
@@ -509,3 +545,24 @@ class ElectionTests(ToozTestCase):
         self.assertEqual(coordinator.get_leader(b"g").get(), b"member")
         coordinator.unwatch_elected_as_leader(b"g", callback)
         self.assertIsNone(coordinator.get_leader(b"g").get())
+
+    def test_a_lost_leadership_is_campaigned_for_again(self) -> None:
+        """A leader that lost its leadership (its server restarted) campaigns again at the next run_watchers."""
+        leader = self.coordinator(member=b"a")
+        leader.create_group(b"g").get()
+        elected: list[bytes] = []
+        leader.watch_elected_as_leader(b"g", lambda event: elected.append(event.member_id))
+        leader.run_watchers()
+        self.assertEqual(elected, [b"a"])
+        self.server.kill()
+        self.server.start()  # on the same port, its lock table empty: nobody leads
+        deadline = time.monotonic() + WITHIN
+        with self.assertLogs(TOOZ_LOG, "WARNING") as logged:
+            while len(elected) < 2:  # until its client has seen the connection drop
+                self.assertLess(time.monotonic(), deadline, "the leader never campaigned again")
+                leader.run_watchers()
+                time.sleep(0.05)
+        self.assertIn("lost the leadership of group b'g'", logged.output[0])
+        self.assertEqual(elected, [b"a", b"a"])
+        self.assertEqual(leader.get_leader(b"g").get(), b"a")
+        self.assertEqual(self.status("election:g"), (1, 0))

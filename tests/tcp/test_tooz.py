@@ -509,6 +509,64 @@ class GroupTests(ToozTestCase):
             [("MemberJoinedGroup", b"member"), ("MemberLeftGroup", b"member")],
         )
 
+    def test_heartbeat_after_the_lease_lapsed(self) -> None:
+        """A lapsed membership is said once, then forgotten: later heartbeats renew nothing and say nothing."""
+        member = self.coordinator(f"{self.url}?timeout=1", member=b"late")
+        member.create_group(b"g").get()
+        member.join_group(b"g").get()
+        deadline = time.monotonic() + WITHIN
+        while member.get_members(b"g").get():  # no heartbeat: the server ends it a second after the join
+            self.assertLess(time.monotonic(), deadline, "the membership never lapsed")
+            time.sleep(0.05)
+        with self.assertLogs(TOOZ_LOG, "WARNING") as logged:
+            member.heartbeat()
+            member.heartbeat()
+        self.assertEqual(len([line for line in logged.output if "had left" in line]), 1, logged.output)
+        # Joined again, it is a member again, and heartbeats renew it.
+        member.join_group(b"g").get()
+        member.heartbeat()
+        self.assertEqual(member.get_members(b"g").get(), {b"late"})
+
+    def test_member_names_made_by_hand(self) -> None:
+        """A name no id maps to (tooz: and base64 that is not the canonical one, or no base64) is no tooz member."""
+        coordinator = self.coordinator(member=b"abc")
+        coordinator.create_group(b"g").get()
+        coordinator.join_group(b"g").get()
+        with Client(f"127.0.0.1:{self.server.port}") as by_hand:
+            group = by_hand.group("g")
+            for name in ("tooz:b64:YWJj=", "tooz:b64:YW.Jj", "tooz:b64:!!!!", "tooz:abc", "def"):
+                group.join(name)
+            self.assertEqual(len(group.members()), 6)
+            self.assertEqual(coordinator.get_members(b"g").get(), {b"abc", b"def"})
+            # b"abc" is the coordinator's membership, not one of the hand-made look-alikes.
+            self.assertEqual(coordinator.get_member_info(b"g", b"abc").get()["capabilities"], None)
+            self.assertEqual(
+                coordinator.get_member_info(b"g", b"abc").get()["token"],
+                next(member.token for member in group.members() if member.member == "abc"),
+            )
+
+    def test_ids_with_lone_surrogates(self) -> None:
+        """A str id with a lone surrogate is named like a lock name with one (base64 of its UTF-8, surrogates kept)."""
+        coordinator = self.coordinator()
+        coordinator.create_group("g\udc80").get()
+        coordinator.join_group("g\udc80").get()
+        raw = "g\udc80".encode("utf-8", "surrogatepass")
+        self.assertEqual(coordinator.get_groups().get(), [raw])
+        self.assertEqual(coordinator.get_members(raw).get(), {b"member"})
+        self.assertEqual(self.status("group:tooz:b64:" + base64.urlsafe_b64encode(raw).decode().rstrip("=")), (1, 0))
+
+    def test_a_prefix_without_a_separator_is_warned_about(self) -> None:
+        """prefix=app can't tell its groups from app1:'s: it is kept (keys never change), and warned about."""
+        with self.assertLogs(TOOZ_LOG, "WARNING") as logged:
+            unseparated = self.coordinator(f"{self.url}?prefix=app")
+        self.assertIn("prefix 'app' ends with no separator", logged.output[0])
+        separated = self.coordinator(f"{self.url}?prefix=app.", member=b"other")
+        other = self.coordinator(f"{self.url}?prefix=app1:", member=b"other")
+        other.create_group(b"g").get()
+        separated.create_group(b"g").get()
+        self.assertEqual(separated.get_groups().get(), [b"g"])
+        self.assertEqual(sorted(unseparated.get_groups().get()), [b".g", b"1:g"])  # what the warning says
+
 
 class ElectionTests(ToozTestCase):
     def test_hand_over_on_stand_down_and_on_stop(self) -> None:

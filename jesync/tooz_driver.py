@@ -42,7 +42,8 @@ host (port 11400 by default) is the first server, and the options are:
     tls_ca           the CA certificates (PEM) that sign the servers' certificates
     tls_server_name  the name the certificates must carry (default: each host)
     prefix           prepended to every lock's key, group's and election's
-                     name (default: none)
+                     name (default: none); end it with a separator, such
+                     as C{nova.} (see below)
     admin            the servers' admin listener (host:port, unix:/path),
                      for break_() (force-release); without it break_() is
                      refused with tooz.NotImplemented
@@ -105,6 +106,19 @@ and member ids are named the same way, but never hashed (so that
 C{get_groups} and C{get_members} can give the ids back) and, for a group,
 never with a C{/} (a group's name has none): such an id is base64-encoded
 (C{tooz:b64:...}); one too long for a key is refused (C{ToozError}).
+C{get_groups} and C{get_members} give back only names these rules give
+(a group's after the prefix): a name made by hand that no id maps to (such
+as C{tooz:b64:} and base64 that is not the unpadded URL-safe one) is no
+tooz id, so two names never stand for one id.
+
+C{get_groups} lists the groups whose names start with the prefix, and
+nothing on the server says where a prefix ends: with C{prefix=app},
+the group C{g} of C{prefix=app1:} (named C{app1:g}) looks like C{app}'s
+group C{1:g}.  The prefix is
+used as given (so that keys never change), and one that ends with a
+letter or digit is warned about: end it with a separator (C{app.}), and
+give no deployment a prefix that starts with another's (C{app.} and
+C{app.x.}).
 
 Only this module imports tooz; C{import jesync} and its clients never do.
 """
@@ -228,7 +242,7 @@ def id_name(identifier: Union[str, bytes], prefix: str = "", group: bool = False
     C{/}): the id itself when it is a usable key that does not start with
     C{tooz:}, else C{tooz:b64:} and its URL-safe base64; C{prefix} first.
     """
-    raw = identifier.encode("utf-8") if isinstance(identifier, str) else bytes(identifier)
+    raw = _id_bytes(identifier)
     try:
         text: Optional[str] = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -239,18 +253,30 @@ def id_name(identifier: Union[str, bytes], prefix: str = "", group: bool = False
     return prefix + ENCODED_ID + base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
 
 
-def id_of(name: str, prefix: str = "") -> Optional[bytes]:
-    """The tooz id (bytes) whose server name is C{name} (L{id_name}), or None if C{name} is not one (another prefix)."""
+def id_of(name: str, prefix: str = "", group: bool = False) -> Optional[bytes]:
+    """
+    The tooz id (bytes) whose server name is C{name} (L{id_name}), or None
+    if no id has that name: another prefix, or a name made by hand that
+    L{id_name} never gives (base64 that is not the canonical, unpadded
+    URL-safe one; C{tooz:} and an id that needs no encoding).  So two names
+    never give one id, and C{get_members} never folds two members into one.
+    """
     if not name.startswith(prefix):
         return None
-    name = name[len(prefix) :]
-    if name.startswith(ENCODED_ID):
-        encoded = name[len(ENCODED_ID) :]
+    rest = name[len(prefix) :]
+    if rest.startswith(ENCODED_ID):
+        encoded = rest[len(ENCODED_ID) :]
         try:
-            return base64.urlsafe_b64decode(encoded + "=" * (-len(encoded) % 4))
+            # validate=True: refuse characters outside the alphabet instead of dropping them.
+            identifier = base64.b64decode(encoded + "=" * (-len(encoded) % 4), altchars=b"-_", validate=True)
         except ValueError:
             return None
-    return name.encode("utf-8", "surrogateescape")
+    else:
+        try:
+            identifier = rest.encode("utf-8", "surrogateescape")
+        except UnicodeEncodeError:
+            return None
+    return identifier if id_name(identifier, prefix, group) == name else None
 
 
 # jesync's group refusals, and tooz's exception for each (given the group and member ids).
@@ -461,6 +487,15 @@ class JESyncDriver(coordination.CoordinationDriverCachedRunWatchers):
         self.prefix = str(self._options.get("prefix", ""))
         if self.prefix and key_problem(self.prefix, MAX_KEY_LENGTH) is not None:
             raise ValueError(f"prefix: {key_problem(self.prefix, MAX_KEY_LENGTH)}")
+        if self.prefix[-1:].isalnum():
+            # Kept as given (every key and name stays the same), but said.
+            LOG.warning(
+                "jesync tooz driver: prefix %r ends with no separator: get_groups() also lists the groups of "
+                "prefixes that start with it (the group g of prefix %r looks like its group '1:g'); end it with "
+                "one, such as '.' or ':'",
+                self.prefix,
+                self.prefix + "1:",
+            )
         self._client: Optional[Client] = None
         # Keys this coordinator holds or is asking for, each with the token of
         # the acquire() that reserved it: one connection holds a key at most
@@ -527,8 +562,13 @@ class JESyncDriver(coordination.CoordinationDriverCachedRunWatchers):
         self._client = client
 
     def _stop(self) -> None:
+        # Every step is tried, so that the client is closed whatever fails
+        # before it (the connection dropped: the server ends what it held).
         for group_id in list(self._leaderships):
-            self.stand_down_group_leader(group_id)
+            try:
+                self.stand_down_group_leader(group_id)
+            except tooz.ToozError:
+                LOG.warning("Unable to resign the leadership of group %r", group_id, exc_info=True)
         for lock in list(self._acquired):
             try:
                 lock.release()
@@ -619,7 +659,9 @@ class JESyncDriver(coordination.CoordinationDriverCachedRunWatchers):
     def heartbeat(self) -> float:
         """
         Renew every lock this coordinator holds and every membership with a
-        lease; return the seconds until the next heartbeat is due.
+        lease; return the seconds until the next heartbeat is due.  A
+        membership found lapsed is logged once and forgotten (a later
+        heartbeat does not renew it, nor say so again).
         """
         with self._condition:
             held = list(self._acquired)
@@ -629,6 +671,8 @@ class JESyncDriver(coordination.CoordinationDriverCachedRunWatchers):
             for group_id in list(self._joined_groups):
                 try:
                     if not _translated(lambda: self._group(group_id).heartbeat(self._member_name, self.lease)):
+                        # Said once: the coordinator is no member any more (join_group again to be one).
+                        self._joined_groups.discard(group_id)
                         LOG.warning(
                             "jesync: member %r of group %r had left (its lease lapsed)", self._member_id, group_id
                         )
@@ -661,7 +705,7 @@ class JESyncDriver(coordination.CoordinationDriverCachedRunWatchers):
     def get_groups(self) -> coordination.CoordAsyncResult[list[bytes]]:
         def groups() -> list[bytes]:
             names = _translated(self._started_client().groups)
-            return [group for group in (id_of(name, self.prefix) for name in names) if group is not None]
+            return [group for group in (id_of(name, self.prefix, group=True) for name in names) if group is not None]
 
         return _done(groups)
 
@@ -792,8 +836,14 @@ class JESyncDriver(coordination.CoordinationDriverCachedRunWatchers):
 
 
 def _id_bytes(identifier: Union[str, bytes]) -> bytes:
-    """A tooz id as bytes (tooz accepts str ids too, and this driver gives bytes back)."""
-    return identifier.encode("utf-8") if isinstance(identifier, str) else bytes(identifier)
+    """
+    A tooz id as bytes (tooz accepts str ids too, and this driver gives bytes
+    back): a str's UTF-8, its lone surrogates kept (as L{lock_key} keeps them)
+    rather than refused with a UnicodeEncodeError that is no tooz error.
+    """
+    if isinstance(identifier, str):
+        return identifier.encode("utf-8", "surrogatepass")
+    return bytes(identifier)
 
 
 def _capabilities(member: Any) -> Any:

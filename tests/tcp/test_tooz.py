@@ -28,7 +28,7 @@ import socket
 import tempfile
 import time
 from typing import Any, Callable
-from unittest import SkipTest
+from unittest import SkipTest, mock
 
 from tests.client_case import WITHIN
 from tests.servers import free_port, serve_in_thread
@@ -37,7 +37,9 @@ from tests.tooz_case import ToozTestCase, _registered_backends
 import tooz  # (tests.tooz_case raises SkipTest without it)
 from tooz import coordination
 
-from jesync.client import Client
+from jesync.client import Client, ConnectionLost, Leadership
+
+TOOZ_LOG = "jesync.tooz_driver"
 
 
 class EntryPointTests(ToozTestCase):
@@ -77,6 +79,40 @@ class StartStopTests(ToozTestCase):
         lock = coordinator.get_lock(b"again")
         self.assertTrue(lock.acquire(blocking=False))
         coordinator.stop()
+
+    def test_stop_after_the_connection_dropped(self) -> None:
+        """A leader and holder whose server went away stops cleanly, and starts again on a server that is back."""
+        coordinator = coordination.get_coordinator(self.url, b"member")
+        coordinator.start()
+        coordinator.create_group(b"g").get()
+        coordinator.watch_elected_as_leader(b"g", lambda event: None)
+        coordinator.run_watchers()
+        self.assertTrue(coordinator.get_lock(b"held").acquire(blocking=False))
+        self.server.kill()
+        coordinator.stop()
+        self.assertFalse(coordinator.is_started)
+        self.server.start()  # on the same port, its lock table empty
+        coordinator.start()
+        self.addCleanup(coordinator.stop)
+        self.assertTrue(coordinator.get_lock(b"held").acquire(blocking=False))
+
+    def test_stop_closes_the_client_when_resigning_fails(self) -> None:
+        """A resign that raises (the connection dropped while it was asked) is logged; stop() still closes."""
+        coordinator = coordination.get_coordinator(self.url, b"member")
+        coordinator.start()
+        coordinator.create_group(b"g").get()
+        coordinator.watch_elected_as_leader(b"g", lambda event: None)
+        coordinator.run_watchers()
+        self.assertTrue(coordinator.get_lock(b"held").acquire(blocking=False))
+        dropped = ConnectionLost(f"127.0.0.1:{self.server.port}", "dropped while resigning")
+        with mock.patch.object(Leadership, "resign", side_effect=dropped):
+            with self.assertLogs(TOOZ_LOG, "WARNING") as logged:
+                coordinator.stop()
+        self.assertIn("Unable to resign the leadership of group b'g'", logged.output[0])
+        self.assertFalse(coordinator.is_started)
+        # Its connection closed: the server freed what it held.
+        self.assertEqual(self.status("election:g"), (0, 0))
+        self.assertEqual(self.status("held"), (0, 0))
 
     def test_no_server(self) -> None:
         """start() connects: with no server listening it raises ToozConnectionError."""
@@ -473,6 +509,64 @@ class GroupTests(ToozTestCase):
             [("MemberJoinedGroup", b"member"), ("MemberLeftGroup", b"member")],
         )
 
+    def test_heartbeat_after_the_lease_lapsed(self) -> None:
+        """A lapsed membership is said once, then forgotten: later heartbeats renew nothing and say nothing."""
+        member = self.coordinator(f"{self.url}?timeout=1", member=b"late")
+        member.create_group(b"g").get()
+        member.join_group(b"g").get()
+        deadline = time.monotonic() + WITHIN
+        while member.get_members(b"g").get():  # no heartbeat: the server ends it a second after the join
+            self.assertLess(time.monotonic(), deadline, "the membership never lapsed")
+            time.sleep(0.05)
+        with self.assertLogs(TOOZ_LOG, "WARNING") as logged:
+            member.heartbeat()
+            member.heartbeat()
+        self.assertEqual(len([line for line in logged.output if "had left" in line]), 1, logged.output)
+        # Joined again, it is a member again, and heartbeats renew it.
+        member.join_group(b"g").get()
+        member.heartbeat()
+        self.assertEqual(member.get_members(b"g").get(), {b"late"})
+
+    def test_member_names_made_by_hand(self) -> None:
+        """A name no id maps to (tooz: and base64 that is not the canonical one, or no base64) is no tooz member."""
+        coordinator = self.coordinator(member=b"abc")
+        coordinator.create_group(b"g").get()
+        coordinator.join_group(b"g").get()
+        with Client(f"127.0.0.1:{self.server.port}") as by_hand:
+            group = by_hand.group("g")
+            for name in ("tooz:b64:YWJj=", "tooz:b64:YW.Jj", "tooz:b64:!!!!", "tooz:abc", "def"):
+                group.join(name)
+            self.assertEqual(len(group.members()), 6)
+            self.assertEqual(coordinator.get_members(b"g").get(), {b"abc", b"def"})
+            # b"abc" is the coordinator's membership, not one of the hand-made look-alikes.
+            self.assertEqual(coordinator.get_member_info(b"g", b"abc").get()["capabilities"], None)
+            self.assertEqual(
+                coordinator.get_member_info(b"g", b"abc").get()["token"],
+                next(member.token for member in group.members() if member.member == "abc"),
+            )
+
+    def test_ids_with_lone_surrogates(self) -> None:
+        """A str id with a lone surrogate is named like a lock name with one (base64 of its UTF-8, surrogates kept)."""
+        coordinator = self.coordinator()
+        coordinator.create_group("g\udc80").get()
+        coordinator.join_group("g\udc80").get()
+        raw = "g\udc80".encode("utf-8", "surrogatepass")
+        self.assertEqual(coordinator.get_groups().get(), [raw])
+        self.assertEqual(coordinator.get_members(raw).get(), {b"member"})
+        self.assertEqual(self.status("group:tooz:b64:" + base64.urlsafe_b64encode(raw).decode().rstrip("=")), (1, 0))
+
+    def test_a_prefix_without_a_separator_is_warned_about(self) -> None:
+        """prefix=app can't tell its groups from app1:'s: it is kept (keys never change), and warned about."""
+        with self.assertLogs(TOOZ_LOG, "WARNING") as logged:
+            unseparated = self.coordinator(f"{self.url}?prefix=app")
+        self.assertIn("prefix 'app' ends with no separator", logged.output[0])
+        separated = self.coordinator(f"{self.url}?prefix=app.", member=b"other")
+        other = self.coordinator(f"{self.url}?prefix=app1:", member=b"other")
+        other.create_group(b"g").get()
+        separated.create_group(b"g").get()
+        self.assertEqual(separated.get_groups().get(), [b"g"])
+        self.assertEqual(sorted(unseparated.get_groups().get()), [b".g", b"1:g"])  # what the warning says
+
 
 class ElectionTests(ToozTestCase):
     def test_hand_over_on_stand_down_and_on_stop(self) -> None:
@@ -509,3 +603,24 @@ class ElectionTests(ToozTestCase):
         self.assertEqual(coordinator.get_leader(b"g").get(), b"member")
         coordinator.unwatch_elected_as_leader(b"g", callback)
         self.assertIsNone(coordinator.get_leader(b"g").get())
+
+    def test_a_lost_leadership_is_campaigned_for_again(self) -> None:
+        """A leader that lost its leadership (its server restarted) campaigns again at the next run_watchers."""
+        leader = self.coordinator(member=b"a")
+        leader.create_group(b"g").get()
+        elected: list[bytes] = []
+        leader.watch_elected_as_leader(b"g", lambda event: elected.append(event.member_id))
+        leader.run_watchers()
+        self.assertEqual(elected, [b"a"])
+        self.server.kill()
+        self.server.start()  # on the same port, its lock table empty: nobody leads
+        deadline = time.monotonic() + WITHIN
+        with self.assertLogs(TOOZ_LOG, "WARNING") as logged:
+            while len(elected) < 2:  # until its client has seen the connection drop
+                self.assertLess(time.monotonic(), deadline, "the leader never campaigned again")
+                leader.run_watchers()
+                time.sleep(0.05)
+        self.assertIn("lost the leadership of group b'g'", logged.output[0])
+        self.assertEqual(elected, [b"a", b"a"])
+        self.assertEqual(leader.get_leader(b"g").get(), b"a")
+        self.assertEqual(self.status("election:g"), (1, 0))

@@ -139,6 +139,10 @@ class MembershipLost(GroupError):
     """
 
 
+class Stopped(GroupError):
+    """(Within a kept membership) it was stopped between the steps of a join: the join is not sent."""
+
+
 class Member(NamedTuple):
     """One member of a group (L{Group.members}): its id, its connection's peer, its fencing token, its capabilities."""
 
@@ -527,6 +531,36 @@ class Membership:
             "joining group %r as %r: %s; again in %ss", self.group.name, self.member, describe(error), self.retry
         )
 
+    def _broke(self, error: BaseException) -> None:
+        """An error no retry can mend (not a L{ClientError}): logged, and the membership stops."""
+        log.error("joining group %r as %r: %s; stopped", self.group.name, self.member, describe(error), exc_info=error)
+        self.stopped = True
+
+    def _watch_arguments(self) -> dict[str, Any]:
+        """
+        The watch of its own key: on the group's server, where it joins
+        (with several servers, the member's key would be routed elsewhere).
+        """
+        return {"key": self.key, "route_by": self.group.key}
+
+    def _kept(self) -> None:
+        """Be stopped by the client's close() (L{_halt})."""
+        self.group.client._kept.add(self)
+
+    def _going_on(self) -> None:
+        """Between the steps of a join: raise L{Stopped} if it was stopped (the client closing) meanwhile."""
+        if self.stopped:
+            raise Stopped(f"member {self.member!r} of group {self.group.name!r} was stopped", self.group.name, self.member)
+
+    def _halt(self) -> None:
+        """
+        Stop at once, without a word to the server (its client is closing:
+        the server ends the membership with the connection); no callback
+        is called after it.
+        """
+        self.stopped = True
+        self.joined = False
+
     def _tell(self, callback: Callable[[Any], object], argument: Any) -> None:
         try:
             callback(argument)
@@ -556,16 +590,23 @@ class BlockingMembership(Membership):
         self._thread = threading.Thread(
             target=self._run, name=f"jesync member {self.group.name}/{self.member}", daemon=True
         )
+        self._kept()
         self._thread.start()
         return self
 
+    def _halt(self) -> None:
+        super()._halt()
+        self._wake.set()
+
     def _join(self) -> Any:
-        watch = self.group.client.watch(self.key)
+        watch = self.group.client.watch(**self._watch_arguments())
         try:
+            self._going_on()
             try:
                 self.group.create()
             except GroupAlreadyExists:
                 pass
+            self._going_on()
             self.group.join(self.member, self.capabilities, self.lease)
         except BaseException:
             watch.close()
@@ -577,6 +618,8 @@ class BlockingMembership(Membership):
             try:
                 watch = self._join()
             except ClientError as error:
+                if self.stopped:
+                    return
                 self._failed(error)
                 self._wake.wait(self.retry)
                 self._wake.clear()
@@ -648,16 +691,25 @@ class AsyncMembership(Membership):
     group: AsyncGroup
 
     def start(self) -> AsyncMembership:
+        # whether a join may be on its way to the server (then stop() must not cancel it: see stop)
+        self._joining = False
         self._task = asyncio.ensure_future(self._run())
+        self._kept()
         return self
 
+    def _halt(self) -> None:
+        super()._halt()
+        self._task.cancel()
+
     async def _join(self) -> Any:
-        watch = await self.group.client.watch(self.key)
+        watch = await self.group.client.watch(**self._watch_arguments())
         try:
+            self._going_on()
             try:
                 await self.group.create()
             except GroupAlreadyExists:
                 pass
+            self._going_on()
             await self.group.join(self.member, self.capabilities, self.lease)
         except BaseException:
             await watch.close()
@@ -666,12 +718,24 @@ class AsyncMembership(Membership):
 
     async def _run(self) -> None:
         while not self.stopped:
+            self._joining = True
             try:
                 watch = await self._join()
             except ClientError as error:
+                if self.stopped:
+                    return
                 self._failed(error)
                 await asyncio.sleep(self.retry)
                 continue
+            except Exception as error:
+                self._broke(error)
+                return
+            finally:
+                self._joining = False
+            if self.stopped:  # (stopped while the join was on its way: it landed, so leave)
+                await self._leave_quietly()
+                await watch.close()
+                return
             try:
                 self._joined()
                 why = await self._until_ended(watch)
@@ -679,13 +743,20 @@ class AsyncMembership(Membership):
                 await watch.close()
             self._lost(why)
 
+    async def _leave_quietly(self) -> bool:
+        try:
+            await self.group.leave(self.member)
+            return True
+        except ClientError:
+            return False
+
     async def _until_ended(self, watch: Any) -> str:
         tracker = MemberTracker()
         while True:
             try:
                 event = await watch.get(self.heartbeat_interval)
                 if event is None:
-                    if not await self.group.heartbeat(self.member, self.lease):
+                    if self.lease > 0 and not await self.group.heartbeat(self.member, self.lease):
                         return ENDED
                 elif tracker.ended(event):
                     return ENDED
@@ -703,18 +774,23 @@ class AsyncMembership(Membership):
             raise self._not_joined() from error
 
     async def stop(self) -> bool:
-        """Stop keeping the membership and leave the group; whether it was a member until now."""
+        """
+        Stop keeping the membership and leave the group; whether it was a
+        member until now.  A join on its way to the server is not cancelled
+        (it could land all the same, and leave a member behind): it is
+        awaited, and left if it landed.
+        """
         self.stopped = True
         was_joined, self.joined = self.joined, False
+        if self._joining:
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            return False
         self._task.cancel()
         try:
             await self._task
         except asyncio.CancelledError:
             pass
-        if not was_joined:
-            return False
-        try:
-            await self.group.leave(self.member)
-            return True
-        except ClientError:
-            return False
+        return was_joined and await self._leave_quietly()

@@ -755,8 +755,10 @@ class AsyncMembership(Membership):
         while True:
             try:
                 event = await watch.get(self.heartbeat_interval)
-                if event is None:
-                    if self.lease > 0 and not await self.group.heartbeat(self.member, self.lease):
+                if event is None:  # (the heartbeat's time; without a lease, the watch closed)
+                    if self.lease <= 0:
+                        return DROPPED
+                    if not await self.group.heartbeat(self.member, self.lease):
                         return ENDED
                 elif tracker.ended(event):
                     return ENDED

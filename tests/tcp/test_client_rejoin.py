@@ -282,3 +282,67 @@ class TwoServersTests(SynchronousTestCase):
                 return turns
 
         self.assertEqual(asyncio.run(asyncio.wait_for(scenario(), 3 * WITHIN)), ["joined", "lost", "joined"])
+
+
+class AsyncMembershipBrokenTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.server = serve_in_thread(self)
+
+    def test_an_error_no_retry_mends_is_logged_and_stops(self) -> None:
+        """An exception other than a ClientError while joining is logged as an error, and the membership stops."""
+
+        async def scenario() -> Any:
+            async with AsyncClient(self.server.address, connect_retries=0) as client:
+                group = client.group("workers")
+
+                async def broken(*arguments: Any) -> Any:
+                    raise RuntimeError("a bug")
+
+                group.create = broken  # type: ignore[method-assign]
+                membership = group.keep_joined("w1", retry=0.05)
+                await asyncio.wait_for(membership._task, WITHIN)
+                return membership
+
+        with self.assertLogs("jesync.client", "ERROR") as logged:
+            membership = asyncio.run(asyncio.wait_for(scenario(), 3 * WITHIN))
+        self.assertTrue(membership.stopped)
+        self.assertIn("a bug", logged.output[0])
+
+    def test_without_a_lease_a_closed_watch_is_a_drop_not_a_heartbeat(self) -> None:
+        """
+        With no lease, the end of its watch (get() answering None: only its
+        own close does that) is told as a loss; no heartbeat is sent.
+        """
+
+        async def scenario() -> list[str]:
+            told: asyncio.Queue[str] = asyncio.Queue()
+            async with AsyncClient(self.server.address, connect_retries=0) as client:
+                group = client.group("workers")
+                heartbeats: list[Any] = []
+
+                async def heartbeat(*arguments: Any) -> bool:
+                    heartbeats.append(arguments)
+                    return True
+
+                group.heartbeat = heartbeat  # type: ignore[method-assign]
+                sent_watch = client.watch
+
+                def closed_at_once(**arguments: Any) -> Any:
+                    async def start() -> Any:
+                        watch = await sent_watch(**arguments)
+                        if not told.qsize():
+                            await watch.close()  # (the first turn's watch only)
+                        return watch
+
+                    return start()
+
+                client.watch = closed_at_once  # type: ignore[method-assign]
+                membership = group.keep_joined(
+                    "w1", on_joined=lambda _: told.put_nowait("joined"), on_lost=lambda _: told.put_nowait("lost")
+                )
+                turns = [await asyncio.wait_for(told.get(), WITHIN) for _ in range(2)]
+                self.assertEqual(heartbeats, [])
+                await membership.stop()
+                return turns
+
+        self.assertEqual(asyncio.run(asyncio.wait_for(scenario(), 3 * WITHIN)), ["joined", "lost"])

@@ -550,7 +550,8 @@ class Membership:
     def _going_on(self) -> None:
         """Between the steps of a join: raise L{Stopped} if it was stopped (the client closing) meanwhile."""
         if self.stopped:
-            raise Stopped(f"member {self.member!r} of group {self.group.name!r} was stopped", self.group.name, self.member)
+            what = f"member {self.member!r} of group {self.group.name!r} was stopped"
+            raise Stopped(what, self.group.name, self.member)
 
     def _halt(self) -> None:
         """

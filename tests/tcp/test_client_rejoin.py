@@ -248,9 +248,8 @@ class TwoServersTests(SynchronousTestCase):
     def member_elsewhere(self, client: Any) -> str:
         """A member id whose key alone would be placed on the other server than the group's."""
         group_server = client.server_for("group:workers")
-        return next(
-            member for member in (f"w{n}" for n in range(100)) if client.server_for(f"group:workers/{member}") != group_server
-        )
+        members = (f"w{n}" for n in range(100))
+        return next(member for member in members if client.server_for(f"group:workers/{member}") != group_server)
 
     def test_blocking_membership_sees_its_loss(self) -> None:
         told: queue.Queue[str] = queue.Queue()

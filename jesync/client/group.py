@@ -308,11 +308,24 @@ class GroupOver:
         """The prefix whose events are this group's joins and leaves."""
         return member_key(self.name, "")
 
-    def _keeping(self, member: str, capabilities: bytes | str | None, lease: float) -> tuple[Optional[bytes], float]:
-        """A kept membership's arguments, checked at once (never retried)."""
+    def _keep(
+        self,
+        kind: Callable[..., Any],
+        member: str,
+        capabilities: bytes | str | None,
+        lease: float,
+        on_joined: Optional[Callable[[Any], object]],
+        on_lost: Optional[Callable[[MembershipLost], object]],
+        retry: float,
+    ) -> Any:
+        """
+        The membership of class C{kind} that keep_joined returns, started;
+        its arguments are checked at once (what could never be sent is
+        never retried: ValueError).
+        """
         self._member(member)
         whole_seconds(lease, "lease")
-        return check_value(capabilities), lease
+        return kind(self, member, check_value(capabilities), lease, on_joined, on_lost, retry).start()
 
 
 class Group(GroupOver):
@@ -354,8 +367,10 @@ class Group(GroupOver):
         C{on_lost(MembershipLost)} when the membership is lost and joins
         again, telling C{on_joined(membership)} each time it is a member.
         """
-        checked, lease = self._keeping(member, capabilities, lease)
-        return BlockingMembership(self, member, checked, lease, on_joined, on_lost, retry).start()
+        membership: BlockingMembership = self._keep(
+            BlockingMembership, member, capabilities, lease, on_joined, on_lost, retry
+        )
+        return membership
 
 
 class AsyncGroup(GroupOver):
@@ -386,8 +401,8 @@ class AsyncGroup(GroupOver):
         retry: float = RETRY_JOIN,
     ) -> AsyncMembership:
         """As L{Group.keep_joined}, in a task of the running loop (call it from a coroutine): an L{AsyncMembership}."""
-        checked, lease = self._keeping(member, capabilities, lease)
-        return AsyncMembership(self, member, checked, lease, on_joined, on_lost, retry).start()
+        membership: AsyncMembership = self._keep(AsyncMembership, member, capabilities, lease, on_joined, on_lost, retry)
+        return membership
 
 
 def _member_row(fields: list[bytes]) -> Member:
@@ -547,6 +562,21 @@ class Membership:
         """Be stopped by the client's close() (L{_halt})."""
         self.group.client._kept.add(self)
 
+    async def _join_steps(self) -> None:
+        """
+        Join (creating the group if it is not there, as after a restart),
+        in a coroutine: the asyncio and Twisted memberships' (the blocking
+        one's C{_join} is these steps, called); stopped between the steps,
+        it sends no more (L{Stopped}).
+        """
+        self._going_on()
+        try:
+            await self.group.create()
+        except GroupAlreadyExists:
+            pass
+        self._going_on()
+        await self.group.join(self.member, self.capabilities, self.lease)
+
     def _going_on(self) -> None:
         """Between the steps of a join: raise L{Stopped} if it was stopped (the client closing) meanwhile."""
         if self.stopped:
@@ -705,13 +735,7 @@ class AsyncMembership(Membership):
     async def _join(self) -> Any:
         watch = await self.group.client.watch(**self._watch_arguments())
         try:
-            self._going_on()
-            try:
-                await self.group.create()
-            except GroupAlreadyExists:
-                pass
-            self._going_on()
-            await self.group.join(self.member, self.capabilities, self.lease)
+            await self._join_steps()
         except BaseException:
             await watch.close()
             raise

@@ -50,7 +50,6 @@ from jesync.client.group import (
     GROUPS_LINE,
     RETRY_JOIN,
     Command,
-    GroupAlreadyExists,
     GroupOver,
     MembershipLost,
     MemberTracker,
@@ -841,8 +840,10 @@ class TwistedGroup(GroupOver):
         As L{jesync.client.group.Group.keep_joined}, in the reactor: a
         L{TwistedMembership} (its C{update} and C{stop} return Deferreds).
         """
-        checked, lease = self._keeping(member, capabilities, lease)
-        return TwistedMembership(self, member, checked, lease, on_joined, on_lost, retry).start()
+        membership: TwistedMembership = self._keep(
+            TwistedMembership, member, capabilities, lease, on_joined, on_lost, retry
+        )
+        return membership
 
 
 class TwistedElection(ElectionOver["TwistedClient"]):
@@ -1061,11 +1062,7 @@ class TwistedMembership(Membership):
 
         watch = await self.group.client.watch(callback=told, **self._watch_arguments())
         try:
-            try:
-                await self.group.create()
-            except GroupAlreadyExists:
-                pass
-            await self.group.join(self.member, self.capabilities, self.lease)
+            await self._join_steps()
         except BaseException:
             await watch.stop()
             raise

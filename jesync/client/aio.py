@@ -15,6 +15,7 @@ import asyncio
 import socket
 import ssl
 import time
+import weakref
 from functools import partial
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Generator, Iterable, Mapping, Optional
 
@@ -444,6 +445,8 @@ class AsyncClient:
         self._members = [Members(address) for address in self.servers]
         self._connections: list[Optional[_Connection]] = [None] * len(self.servers)
         self._opening: list[Optional[asyncio.Future[_Connection]]] = [None] * len(self.servers)
+        # the candidacies and memberships kept over this client (keep_campaigning, keep_joined): close() stops them
+        self._kept: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def server_for(self, key: str) -> Address:
         """The server C{key} lives on."""
@@ -559,17 +562,23 @@ class AsyncClient:
         return await connection.call(connection.session.holders, key)
 
     def watch(
-        self, key: Optional[str] = None, *, prefix: Optional[str] = None, max_events: int = MAX_EVENTS
+        self,
+        key: Optional[str] = None,
+        *,
+        prefix: Optional[str] = None,
+        max_events: int = MAX_EVENTS,
+        route_by: Optional[str] = None,
     ) -> _WatchRequest:
         """
         Watch C{key}, or every key starting with C{prefix} (C{""}: every
-        key), as L{jesync.client.Client.watch} does: C{async with
-        client.watch("leader") as events: async for event in events: ...},
-        or C{events = await client.watch(...)} (then C{await events.close()}).
-        At most C{max_events} wait for the reader (see L{AsyncWatch}).
+        key), as L{jesync.client.Client.watch} does (C{route_by} too):
+        C{async with client.watch("leader") as events: async for event in
+        events: ...}, or C{events = await client.watch(...)} (then C{await
+        events.close()}).  At most C{max_events} wait for the reader (see
+        L{AsyncWatch}).
         """
         what, is_prefix = watch_arguments(key, prefix)
-        indexes = range(len(self.servers)) if is_prefix else [self._fleet.index_for(what)]
+        indexes = self._fleet.watched(what, is_prefix, route_by)
 
         async def start() -> AsyncWatch:
             watch = AsyncWatch(what, is_prefix, max_events)
@@ -626,7 +635,13 @@ class AsyncClient:
         return times
 
     async def close(self) -> None:
-        """Close every connection: the server releases everything held through them."""
+        """
+        Close every connection: the server releases everything held through
+        them.  As L{jesync.client.Client.close}: the candidacies and
+        memberships kept over this client stop first.
+        """
+        for kept in list(self._kept):
+            kept._halt()
         for opening in self._opening:
             if opening is not None:
                 opening.cancel()

@@ -16,6 +16,7 @@ import socket
 import ssl
 import threading
 import time
+import weakref
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from functools import partial
@@ -669,6 +670,8 @@ class Client:
         self._fleet = Fleet(servers, placement)
         self.servers = self._fleet.servers
         self._servers = [_Server(address, self.options) for address in self.servers]
+        # the candidacies and memberships kept over this client (keep_campaigning, keep_joined): close() stops them
+        self._kept: weakref.WeakSet[Any] = weakref.WeakSet()
         self.connect_timeout = self.options.connect_timeout
         self.read_timeout = self.options.read_timeout
 
@@ -784,7 +787,12 @@ class Client:
         return connection.call(connection.session.holders, key)
 
     def watch(
-        self, key: Optional[str] = None, *, prefix: Optional[str] = None, max_events: int = MAX_EVENTS
+        self,
+        key: Optional[str] = None,
+        *,
+        prefix: Optional[str] = None,
+        max_events: int = MAX_EVENTS,
+        route_by: Optional[str] = None,
     ) -> Watch:
         """
         Watch C{key}, or every key starting with C{prefix} (C{""}: every
@@ -807,13 +815,18 @@ class Client:
         falls further behind gets L{WatchFellBehind} after them, and the
         watch ends.
 
+        With several servers a key is watched on the server it lives on;
+        C{route_by} names another key whose server to watch it on (a
+        group's member keys live on the group's server: C{route_by} is the
+        group's key).
+
         @raise ServerError: the server refused (its C{max-watches} cap).
         @raise ConnectionLost: as L{lock}; and later, from the iterator,
             if its connection drops.
         """
         what, is_prefix = watch_arguments(key, prefix)
         watch = Watch(what, is_prefix, max_events)
-        indexes = range(len(self.servers)) if is_prefix else [self._fleet.index_for(what)]
+        indexes = self._fleet.watched(what, is_prefix, route_by)
         try:
             for index in indexes:
                 watch._subscribe(self._connection(index))
@@ -885,7 +898,15 @@ class Client:
         return times
 
     def close(self) -> None:
-        """Close every connection: the server releases everything held through them."""
+        """
+        Close every connection: the server releases everything held through
+        them.  The candidacies and memberships kept over this client
+        (C{keep_campaigning}, C{keep_joined}) stop first: they neither
+        campaign nor join again.  (A later request of the application's
+        opens a new connection, as after a dropped one.)
+        """
+        for kept in list(self._kept):
+            kept._halt()
         for server in self._servers:
             server.close()
 

@@ -562,6 +562,19 @@ class Candidacy(Generic[HandleT]):
     def _failed(self, error: Exception) -> None:
         log.warning("campaigning in the election %r: %s; again in %ss", self.election.name, describe(error), self.retry)
 
+    def _kept(self) -> None:
+        """Be stopped by the client's close() (L{_halt})."""
+        self.election.client._kept.add(self)
+
+    def _halt(self) -> None:
+        """
+        Stop at once, without a word to the server (its client is closing:
+        the server ends the leadership, and withdraws the campaign, with
+        the connection); no callback is called after it.
+        """
+        self.stopped = True
+        self.leadership = None
+
     def _tell(self, callback: Callable[[Any], object], argument: Any) -> None:
         try:
             callback(argument)
@@ -585,14 +598,21 @@ class BlockingCandidacy(Candidacy["Lock"]):
         # Held while a turn is decided and told, so that stop() is never in between.
         self._turn = threading.RLock()
         self._thread = threading.Thread(target=self._run, name=f"jesync campaign {self.election.name}", daemon=True)
+        self._kept()
         self._thread.start()
         return self
+
+    def _halt(self) -> None:
+        super()._halt()
+        self._wake.set()
 
     def _run(self) -> None:
         while not self.stopped:
             try:
                 leadership = self.election.campaign(self.value, self.expires)
             except ClientError as error:
+                if self.stopped:
+                    return
                 self._failed(error)
                 self._wake.wait(self.retry)
                 self._wake.clear()
@@ -633,13 +653,20 @@ class AsyncCandidacy(Candidacy["AsyncLock"]):
 
     def start(self) -> AsyncCandidacy:
         self._task = asyncio.ensure_future(self._run())
+        self._kept()
         return self
+
+    def _halt(self) -> None:
+        super()._halt()
+        self._task.cancel()
 
     async def _run(self) -> None:
         while not self.stopped:
             try:
                 leadership = await self.election.campaign(self.value, self.expires)
             except ClientError as error:
+                if self.stopped:
+                    return
                 self._failed(error)
                 await asyncio.sleep(self.retry)
                 continue

@@ -4,7 +4,7 @@ The servers a client talks to, and which of them each key lives on.
 
 from __future__ import annotations
 
-from typing import Sequence, Union
+from typing import Optional, Sequence, Union
 
 from jesync.client.address import Address, parse_servers
 from jesync.client.placement import make_placement
@@ -37,6 +37,18 @@ class Fleet:
             where = ", ".join(f"{key!r} on {self.servers[index]}" for key, index in indexes.items())
             raise ValueError(f"the keys of one lock_many must live on one server: {where}")
         return indexes[keys[0]]
+
+    def watched(self, what: str, is_prefix: bool, route_by: Optional[str] = None) -> list[int]:
+        """
+        The indexes of the servers a watch of C{what} subscribes on: every
+        server for a prefix; else the server of C{route_by} if given (a key
+        held on another key's server: a group's member), else of C{what}.
+        """
+        if is_prefix:
+            if route_by is not None:
+                raise TypeError("route_by is for a watch of one key, not of a prefix")
+            return list(range(len(self.servers)))
+        return [self.index_for(what if route_by is None else route_by)]
 
     def server_for(self, key: str) -> Address:
         return self.servers[self.index_for(key)]

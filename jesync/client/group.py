@@ -139,6 +139,10 @@ class MembershipLost(GroupError):
     """
 
 
+class Stopped(GroupError):
+    """(Within a kept membership) it was stopped between the steps of a join: the join is not sent."""
+
+
 class Member(NamedTuple):
     """One member of a group (L{Group.members}): its id, its connection's peer, its fencing token, its capabilities."""
 
@@ -304,11 +308,24 @@ class GroupOver:
         """The prefix whose events are this group's joins and leaves."""
         return member_key(self.name, "")
 
-    def _keeping(self, member: str, capabilities: bytes | str | None, lease: float) -> tuple[Optional[bytes], float]:
-        """A kept membership's arguments, checked at once (never retried)."""
+    def _keep(
+        self,
+        kind: Callable[..., Any],
+        member: str,
+        capabilities: bytes | str | None,
+        lease: float,
+        on_joined: Optional[Callable[[Any], object]],
+        on_lost: Optional[Callable[[MembershipLost], object]],
+        retry: float,
+    ) -> Any:
+        """
+        The membership of class C{kind} that keep_joined returns, started;
+        its arguments are checked at once (what could never be sent is
+        never retried: ValueError).
+        """
         self._member(member)
         whole_seconds(lease, "lease")
-        return check_value(capabilities), lease
+        return kind(self, member, check_value(capabilities), lease, on_joined, on_lost, retry).start()
 
 
 class Group(GroupOver):
@@ -350,8 +367,10 @@ class Group(GroupOver):
         C{on_lost(MembershipLost)} when the membership is lost and joins
         again, telling C{on_joined(membership)} each time it is a member.
         """
-        checked, lease = self._keeping(member, capabilities, lease)
-        return BlockingMembership(self, member, checked, lease, on_joined, on_lost, retry).start()
+        membership: BlockingMembership = self._keep(
+            BlockingMembership, member, capabilities, lease, on_joined, on_lost, retry
+        )
+        return membership
 
 
 class AsyncGroup(GroupOver):
@@ -382,8 +401,8 @@ class AsyncGroup(GroupOver):
         retry: float = RETRY_JOIN,
     ) -> AsyncMembership:
         """As L{Group.keep_joined}, in a task of the running loop (call it from a coroutine): an L{AsyncMembership}."""
-        checked, lease = self._keeping(member, capabilities, lease)
-        return AsyncMembership(self, member, checked, lease, on_joined, on_lost, retry).start()
+        membership: AsyncMembership = self._keep(AsyncMembership, member, capabilities, lease, on_joined, on_lost, retry)
+        return membership
 
 
 def _member_row(fields: list[bytes]) -> Member:
@@ -527,6 +546,52 @@ class Membership:
             "joining group %r as %r: %s; again in %ss", self.group.name, self.member, describe(error), self.retry
         )
 
+    def _broke(self, error: BaseException) -> None:
+        """An error no retry can mend (not a L{ClientError}): logged, and the membership stops."""
+        log.error("joining group %r as %r: %s; stopped", self.group.name, self.member, describe(error), exc_info=error)
+        self.stopped = True
+
+    def _watch_arguments(self) -> dict[str, Any]:
+        """
+        The watch of its own key: on the group's server, where it joins
+        (with several servers, the member's key would be routed elsewhere).
+        """
+        return {"key": self.key, "route_by": self.group.key}
+
+    def _kept(self) -> None:
+        """Be stopped by the client's close() (L{_halt})."""
+        self.group.client._kept.add(self)
+
+    async def _join_steps(self) -> None:
+        """
+        Join (creating the group if it is not there, as after a restart),
+        in a coroutine: the asyncio and Twisted memberships' (the blocking
+        one's C{_join} is these steps, called); stopped between the steps,
+        it sends no more (L{Stopped}).
+        """
+        self._going_on()
+        try:
+            await self.group.create()
+        except GroupAlreadyExists:
+            pass
+        self._going_on()
+        await self.group.join(self.member, self.capabilities, self.lease)
+
+    def _going_on(self) -> None:
+        """Between the steps of a join: raise L{Stopped} if it was stopped (the client closing) meanwhile."""
+        if self.stopped:
+            what = f"member {self.member!r} of group {self.group.name!r} was stopped"
+            raise Stopped(what, self.group.name, self.member)
+
+    def _halt(self) -> None:
+        """
+        Stop at once, without a word to the server (its client is closing:
+        the server ends the membership with the connection); no callback
+        is called after it.
+        """
+        self.stopped = True
+        self.joined = False
+
     def _tell(self, callback: Callable[[Any], object], argument: Any) -> None:
         try:
             callback(argument)
@@ -556,16 +621,23 @@ class BlockingMembership(Membership):
         self._thread = threading.Thread(
             target=self._run, name=f"jesync member {self.group.name}/{self.member}", daemon=True
         )
+        self._kept()
         self._thread.start()
         return self
 
+    def _halt(self) -> None:
+        super()._halt()
+        self._wake.set()
+
     def _join(self) -> Any:
-        watch = self.group.client.watch(self.key)
+        watch = self.group.client.watch(**self._watch_arguments())
         try:
+            self._going_on()
             try:
                 self.group.create()
             except GroupAlreadyExists:
                 pass
+            self._going_on()
             self.group.join(self.member, self.capabilities, self.lease)
         except BaseException:
             watch.close()
@@ -577,6 +649,8 @@ class BlockingMembership(Membership):
             try:
                 watch = self._join()
             except ClientError as error:
+                if self.stopped:
+                    return
                 self._failed(error)
                 self._wake.wait(self.retry)
                 self._wake.clear()
@@ -648,17 +722,20 @@ class AsyncMembership(Membership):
     group: AsyncGroup
 
     def start(self) -> AsyncMembership:
+        # whether a join may be on its way to the server (then stop() must not cancel it: see stop)
+        self._joining = False
         self._task = asyncio.ensure_future(self._run())
+        self._kept()
         return self
 
+    def _halt(self) -> None:
+        super()._halt()
+        self._task.cancel()
+
     async def _join(self) -> Any:
-        watch = await self.group.client.watch(self.key)
+        watch = await self.group.client.watch(**self._watch_arguments())
         try:
-            try:
-                await self.group.create()
-            except GroupAlreadyExists:
-                pass
-            await self.group.join(self.member, self.capabilities, self.lease)
+            await self._join_steps()
         except BaseException:
             await watch.close()
             raise
@@ -666,12 +743,24 @@ class AsyncMembership(Membership):
 
     async def _run(self) -> None:
         while not self.stopped:
+            self._joining = True
             try:
                 watch = await self._join()
             except ClientError as error:
+                if self.stopped:
+                    return
                 self._failed(error)
                 await asyncio.sleep(self.retry)
                 continue
+            except Exception as error:
+                self._broke(error)
+                return
+            finally:
+                self._joining = False
+            if self.stopped:  # (stopped while the join was on its way: it landed, so leave)
+                await self._leave_quietly()
+                await watch.close()
+                return
             try:
                 self._joined()
                 why = await self._until_ended(watch)
@@ -679,12 +768,21 @@ class AsyncMembership(Membership):
                 await watch.close()
             self._lost(why)
 
+    async def _leave_quietly(self) -> bool:
+        try:
+            await self.group.leave(self.member)
+            return True
+        except ClientError:
+            return False
+
     async def _until_ended(self, watch: Any) -> str:
         tracker = MemberTracker()
         while True:
             try:
                 event = await watch.get(self.heartbeat_interval)
-                if event is None:
+                if event is None:  # (the heartbeat's time; without a lease, the watch closed)
+                    if self.lease <= 0:
+                        return DROPPED
                     if not await self.group.heartbeat(self.member, self.lease):
                         return ENDED
                 elif tracker.ended(event):
@@ -703,18 +801,23 @@ class AsyncMembership(Membership):
             raise self._not_joined() from error
 
     async def stop(self) -> bool:
-        """Stop keeping the membership and leave the group; whether it was a member until now."""
+        """
+        Stop keeping the membership and leave the group; whether it was a
+        member until now.  A join on its way to the server is not cancelled
+        (it could land all the same, and leave a member behind): it is
+        awaited, and left if it landed.
+        """
         self.stopped = True
         was_joined, self.joined = self.joined, False
+        if self._joining:
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            return False
         self._task.cancel()
         try:
             await self._task
         except asyncio.CancelledError:
             pass
-        if not was_joined:
-            return False
-        try:
-            await self.group.leave(self.member)
-            return True
-        except ClientError:
-            return False
+        return was_joined and await self._leave_quietly()

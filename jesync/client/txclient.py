@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import re
 import warnings
+import weakref
 from functools import partial
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Optional
 
@@ -49,7 +50,6 @@ from jesync.client.group import (
     GROUPS_LINE,
     RETRY_JOIN,
     Command,
-    GroupAlreadyExists,
     GroupOver,
     MembershipLost,
     MemberTracker,
@@ -546,6 +546,8 @@ class TwistedClient:
         self._opening: dict[int, tuple[defer.Deferred[_Connection], list[defer.Deferred[_Connection]]]] = {}
         # the pauses between connection attempts, cancelled by close()
         self._pauses: set[defer.Deferred[None]] = set()
+        # the candidacies and memberships kept over this client (keep_campaigning, keep_joined): close() stops them
+        self._kept: weakref.WeakSet[Any] = weakref.WeakSet()
 
     def server_for(self, key: str) -> Address:
         """The server C{key} lives on."""
@@ -698,10 +700,11 @@ class TwistedClient:
         callback: Optional[Callable[[WatchEvent], object]] = None,
         *,
         prefix: Optional[str] = None,
+        route_by: Optional[str] = None,
     ) -> defer.Deferred[TwistedWatch]:
         """
         Watch C{key}, or every key starting with C{prefix} (C{""}: every
-        key), as L{jesync.client.Client.watch} does: C{callback(event)} is
+        key), as L{jesync.client.Client.watch} does (C{route_by} too): C{callback(event)} is
         called with each L{WatchEvent}.  The Deferred fires with the
         L{TwistedWatch} (C{stop()} it; C{add_lost_callback} to hear of its
         connection dropping) once the server watches, or fails as
@@ -711,7 +714,7 @@ class TwistedClient:
             what, is_prefix = watch_arguments(key, prefix)
             if not callable(callback):
                 raise TypeError("watch needs a callback, called with each event")
-            indexes = list(range(len(self.servers))) if is_prefix else [self._fleet.index_for(what)]
+            indexes = self._fleet.watched(what, is_prefix, route_by)
         except Exception:
             return defer.fail()
         return defer.ensureDeferred(self._watch(TwistedWatch(what, is_prefix, callback), indexes))
@@ -781,7 +784,13 @@ class TwistedClient:
         return times
 
     def close(self) -> defer.Deferred[None]:
-        """Close every connection (the server releases everything held through them); fires once closed."""
+        """
+        Close every connection (the server releases everything held through
+        them); fires once closed.  As L{jesync.client.Client.close}: the
+        candidacies and memberships kept over this client stop first.
+        """
+        for kept in list(self._kept):
+            kept._halt()
         for opening, _ in list(self._opening.values()):
             opening.cancel()
         for pause in list(self._pauses):
@@ -831,8 +840,10 @@ class TwistedGroup(GroupOver):
         As L{jesync.client.group.Group.keep_joined}, in the reactor: a
         L{TwistedMembership} (its C{update} and C{stop} return Deferreds).
         """
-        checked, lease = self._keeping(member, capabilities, lease)
-        return TwistedMembership(self, member, checked, lease, on_joined, on_lost, retry).start()
+        membership: TwistedMembership = self._keep(
+            TwistedMembership, member, capabilities, lease, on_joined, on_lost, retry
+        )
+        return membership
 
 
 class TwistedElection(ElectionOver["TwistedClient"]):
@@ -935,8 +946,15 @@ class TwistedCandidacy(Candidacy[TwistedLock]):
 
     def start(self) -> TwistedCandidacy:
         self._pending: Optional[defer.Deferred[Any]] = None
+        self._kept()
         self._campaign()
         return self
+
+    def _halt(self) -> None:
+        super()._halt()
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.cancel()
 
     def _campaign(self) -> None:
         if self.stopped:
@@ -964,7 +982,7 @@ class TwistedCandidacy(Candidacy[TwistedLock]):
 
     def _refused(self, failure: Failure) -> None:
         self._pending = None
-        if failure.check(defer.CancelledError):
+        if failure.check(defer.CancelledError) or self.stopped:
             return
         error = failure.value
         if not isinstance(error, ClientError):
@@ -1005,12 +1023,32 @@ class TwistedMembership(Membership):
         self._watch: Optional[TwistedWatch] = None
         self._pending: Optional[defer.Deferred[Any]] = None
         self._heartbeat: Optional[Any] = None
+        # whether _pending is a join that may be on its way to the server (then stop() must not cancel it)
+        self._in_join = False
+        self._kept()
         self._join()
         return self
+
+    def _halt(self) -> None:
+        super()._halt()
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.cancel()
+        self._quiet()
+
+    def _quiet(self) -> None:
+        """Cancel the next heartbeat and stop the watch of its key."""
+        if self._heartbeat is not None:
+            self._heartbeat.cancel()
+            self._heartbeat = None
+        watch, self._watch = self._watch, None
+        if watch is not None:
+            watch.stop()
 
     def _join(self) -> None:
         if self.stopped:
             return
+        self._in_join = True
         self._pending = defer.ensureDeferred(self._joining())
         self._pending.addCallbacks(self._member_now, self._refused)
 
@@ -1022,29 +1060,26 @@ class TwistedMembership(Membership):
             if tracker.ended(event):
                 self._ended(turn, ENDED)
 
-        watch = await self.group.client.watch(self.key, told)
+        watch = await self.group.client.watch(callback=told, **self._watch_arguments())
         try:
-            try:
-                await self.group.create()
-            except GroupAlreadyExists:
-                pass
-            await self.group.join(self.member, self.capabilities, self.lease)
+            await self._join_steps()
         except BaseException:
             await watch.stop()
             raise
         return watch
 
-    def _member_now(self, watch: TwistedWatch) -> None:
+    def _member_now(self, watch: TwistedWatch) -> Optional[defer.Deferred[Any]]:
         self._pending = None
-        if self.stopped:
+        self._in_join = False
+        if self.stopped:  # (stopped while the join was on its way: it landed, so leave)
             watch.stop()
-            self.group.leave(self.member).addErrback(lambda failure: failure.trap(ClientError))
-            return
+            return self.group.leave(self.member).addErrback(lambda failure: failure.trap(ClientError))
         self._watch = watch
         self._joined()
         turn = self.joins
         watch.add_lost_callback(lambda _: self._ended(turn, DROPPED))
         self._beat(turn)
+        return None
 
     def _beat(self, turn: int) -> None:
         interval = self.heartbeat_interval
@@ -1071,17 +1106,13 @@ class TwistedMembership(Membership):
         """Turn C{turn}'s membership ended (told once, whichever notices first), then join again."""
         if self.stopped or turn != self.joins or not self.joined:
             return
-        watch, self._watch = self._watch, None
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            self._heartbeat = None
-        if watch is not None:
-            watch.stop()
+        self._quiet()
         self._lost(why)
         self._join()
 
     def _refused(self, failure: Failure) -> None:
         self._pending = None
+        self._in_join = False
         if failure.check(defer.CancelledError) or self.stopped:
             return
         if not failure.check(ClientError):
@@ -1111,17 +1142,19 @@ class TwistedMembership(Membership):
         return self.group.update(self.member, self.capabilities).addErrback(refused)
 
     def stop(self) -> defer.Deferred[bool]:
-        """Stop keeping the membership and leave the group; fires with whether it was a member until now."""
+        """
+        Stop keeping the membership and leave the group; fires with whether
+        it was a member until now.  A join on its way to the server is not
+        cancelled (it could land all the same, and leave a member behind):
+        it is awaited, and left if it landed.
+        """
         self.stopped = True
         pending, self._pending = self._pending, None
+        if pending is not None and self._in_join:
+            return pending.addBoth(lambda _: False)
         if pending is not None:
             pending.cancel()
-        if self._heartbeat is not None:
-            self._heartbeat.cancel()
-            self._heartbeat = None
-        watch, self._watch = self._watch, None
-        if watch is not None:
-            watch.stop()
+        self._quiet()
         was_joined, self.joined = self.joined, False
         if not was_joined:
             return defer.succeed(False)

@@ -151,3 +151,197 @@ class AsyncMembershipTests(SynchronousTestCase):
                 return [what for what, _ in turns]
 
         self.assertEqual(asyncio.run(asyncio.wait_for(scenario(), 3 * WITHIN)), ["joined", "lost", "joined"])
+
+
+class CloseStopsKeptTests(SynchronousTestCase):
+    """
+    C{close()} stops the client's candidacies and memberships: its dropped
+    connections are no loss to them, and nothing campaigns or joins again.
+    """
+
+    def setUp(self) -> None:
+        self.server = serve_in_thread(self)
+
+    def test_blocking_close_stops_campaigning_and_joining(self) -> None:
+        told: queue.Queue[str] = queue.Queue()
+        client = Client(self.server.address, connect_retries=0)
+        self.addCleanup(client.close)
+        candidacy = Election(client, "db").keep_campaigning(
+            "a", lambda _: told.put("elected"), lambda _: told.put("lost"), retry=0.05
+        )
+        membership = client.group("workers").keep_joined(
+            "w1", on_joined=lambda _: told.put("joined"), on_lost=lambda _: told.put("mlost"), retry=0.05
+        )
+        self.assertEqual({told.get(timeout=WITHIN), told.get(timeout=WITHIN)}, {"elected", "joined"})
+        client.close()
+        candidacy._thread.join(WITHIN)
+        membership._thread.join(WITHIN)
+        self.assertFalse(candidacy._thread.is_alive())
+        self.assertFalse(membership._thread.is_alive())
+        self.assertTrue(candidacy.stopped and membership.stopped)
+        self.assertTrue(told.empty())  # neither lost nor elected (joined) again
+        with Client(self.server.address) as observer:
+            self.assertIsNone(Election(observer, "db").leader())
+            self.assertEqual(observer.group("workers").members(), [])
+
+    def test_async_close_stops_campaigning_and_joining(self) -> None:
+        async def scenario() -> None:
+            told: asyncio.Queue[str] = asyncio.Queue()
+            client = AsyncClient(self.server.address, connect_retries=0)
+            candidacy = AsyncElection(client, "db").keep_campaigning(
+                "a", lambda _: told.put_nowait("elected"), lambda _: told.put_nowait("lost"), retry=0.05
+            )
+            membership = client.group("workers").keep_joined(
+                "w1", on_joined=lambda _: told.put_nowait("joined"), on_lost=lambda _: told.put_nowait("mlost")
+            )
+            firsts = {await asyncio.wait_for(told.get(), WITHIN), await asyncio.wait_for(told.get(), WITHIN)}
+            self.assertEqual(firsts, {"elected", "joined"})
+            await client.close()
+            await asyncio.wait_for(asyncio.wait([candidacy._task, membership._task]), WITHIN)
+            self.assertTrue(candidacy.stopped and membership.stopped)
+            self.assertTrue(told.empty())
+            async with AsyncClient(self.server.address) as observer:
+                self.assertIsNone(await AsyncElection(observer, "db").leader())
+                self.assertEqual(await observer.group("workers").members(), [])
+            await client.close()
+
+        asyncio.run(asyncio.wait_for(scenario(), 3 * WITHIN))
+
+
+class AsyncStopWhileJoiningTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.server = serve_in_thread(self)
+
+    def test_stop_while_the_join_is_on_its_way_leaves(self) -> None:
+        """A stop() while the join's line is sent and unanswered: the join lands, and is left."""
+
+        async def scenario() -> None:
+            async with AsyncClient(self.server.address, connect_retries=0) as client:
+                group = client.group("workers")
+                stopping: list[asyncio.Future[bool]] = []
+                sent_join = group.join
+
+                async def join_then_stop(*arguments: Any) -> Any:
+                    joining = asyncio.ensure_future(sent_join(*arguments))
+                    await asyncio.sleep(0)  # (its line is written)
+                    stopping.append(asyncio.ensure_future(membership.stop()))
+                    return await joining
+
+                group.join = join_then_stop  # type: ignore[method-assign]
+                membership = group.keep_joined("w1", retry=0.05)
+                while not stopping:
+                    await asyncio.sleep(0.01)
+                self.assertFalse(await asyncio.wait_for(stopping[0], WITHIN))
+                self.assertFalse(membership.joined)
+                self.assertEqual(await client.group("workers").members(), [])
+
+        asyncio.run(asyncio.wait_for(scenario(), 3 * WITHIN))
+
+
+class TwoServersTests(SynchronousTestCase):
+    """With two servers, a kept membership watches its key on the group's server, where it joined."""
+
+    def setUp(self) -> None:
+        self.servers = [serve_in_thread(self), serve_in_thread(self)]
+        self.addresses = [server.address for server in self.servers]
+
+    def member_elsewhere(self, client: Any) -> str:
+        """A member id whose key alone would be placed on the other server than the group's."""
+        group_server = client.server_for("group:workers")
+        members = (f"w{n}" for n in range(100))
+        return next(member for member in members if client.server_for(f"group:workers/{member}") != group_server)
+
+    def test_blocking_membership_sees_its_loss(self) -> None:
+        told: queue.Queue[str] = queue.Queue()
+        client = Client(self.addresses, connect_retries=0)
+        self.addCleanup(client.close)
+        member = self.member_elsewhere(client)
+        membership = client.group("workers").keep_joined(
+            member, on_joined=lambda _: told.put("joined"), on_lost=lambda _: told.put("lost"), retry=0.05
+        )
+        self.addCleanup(membership.stop)
+        self.assertEqual(told.get(timeout=WITHIN), "joined")
+        client.group("workers").leave(member)  # (its connection: the membership ends)
+        self.assertEqual([told.get(timeout=WITHIN), told.get(timeout=WITHIN)], ["lost", "joined"])
+        self.assertEqual([m.member for m in client.group("workers").members()], [member])
+
+    def test_async_membership_sees_its_loss(self) -> None:
+        async def scenario() -> list[str]:
+            told: asyncio.Queue[str] = asyncio.Queue()
+            async with AsyncClient(self.addresses, connect_retries=0) as client:
+                member = self.member_elsewhere(client)
+                membership = client.group("workers").keep_joined(
+                    member, on_joined=lambda _: told.put_nowait("joined"), on_lost=lambda _: told.put_nowait("lost")
+                )
+                turns = [await asyncio.wait_for(told.get(), WITHIN)]
+                await client.group("workers").leave(member)
+                turns.append(await asyncio.wait_for(told.get(), WITHIN))
+                turns.append(await asyncio.wait_for(told.get(), WITHIN))
+                self.assertTrue(await membership.stop())
+                return turns
+
+        self.assertEqual(asyncio.run(asyncio.wait_for(scenario(), 3 * WITHIN)), ["joined", "lost", "joined"])
+
+
+class AsyncMembershipBrokenTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.server = serve_in_thread(self)
+
+    def test_an_error_no_retry_mends_is_logged_and_stops(self) -> None:
+        """An exception other than a ClientError while joining is logged as an error, and the membership stops."""
+
+        async def scenario() -> Any:
+            async with AsyncClient(self.server.address, connect_retries=0) as client:
+                group = client.group("workers")
+
+                async def broken(*arguments: Any) -> Any:
+                    raise RuntimeError("a bug")
+
+                group.create = broken  # type: ignore[method-assign]
+                membership = group.keep_joined("w1", retry=0.05)
+                await asyncio.wait_for(membership._task, WITHIN)
+                return membership
+
+        with self.assertLogs("jesync.client", "ERROR") as logged:
+            membership = asyncio.run(asyncio.wait_for(scenario(), 3 * WITHIN))
+        self.assertTrue(membership.stopped)
+        self.assertIn("a bug", logged.output[0])
+
+    def test_without_a_lease_a_closed_watch_is_a_drop_not_a_heartbeat(self) -> None:
+        """
+        With no lease, the end of its watch (get() answering None: only its
+        own close does that) is told as a loss; no heartbeat is sent.
+        """
+
+        async def scenario() -> list[str]:
+            told: asyncio.Queue[str] = asyncio.Queue()
+            async with AsyncClient(self.server.address, connect_retries=0) as client:
+                group = client.group("workers")
+                heartbeats: list[Any] = []
+
+                async def heartbeat(*arguments: Any) -> bool:
+                    heartbeats.append(arguments)
+                    return True
+
+                group.heartbeat = heartbeat  # type: ignore[method-assign]
+                sent_watch = client.watch
+
+                def closed_at_once(**arguments: Any) -> Any:
+                    async def start() -> Any:
+                        watch = await sent_watch(**arguments)
+                        if not told.qsize():
+                            await watch.close()  # (the first turn's watch only)
+                        return watch
+
+                    return start()
+
+                client.watch = closed_at_once  # type: ignore[method-assign]
+                membership = group.keep_joined(
+                    "w1", on_joined=lambda _: told.put_nowait("joined"), on_lost=lambda _: told.put_nowait("lost")
+                )
+                turns = [await asyncio.wait_for(told.get(), WITHIN) for _ in range(2)]
+                self.assertEqual(heartbeats, [])
+                await membership.stop()
+                return turns
+
+        self.assertEqual(asyncio.run(asyncio.wait_for(scenario(), 3 * WITHIN)), ["joined", "lost"])

@@ -142,3 +142,20 @@ class FIPSTests(SynchronousTestCase):
 
 # Pinned: changing them would move keys between servers for every user.
 PINNED_RING_INDEXES = [1, 0, 2, 2]
+
+
+class WatchedServersTests(SynchronousTestCase):
+    """L{Fleet.watched}: which servers a watch subscribes on."""
+
+    def test_a_key_on_its_server_or_on_route_by_s(self) -> None:
+        fleet = Fleet("a,b,c", "consistent")
+        group = "group:workers"
+        keys = (f"{group}/w{n}" for n in range(100))
+        elsewhere = next(key for key in keys if fleet.index_for(key) != fleet.index_for(group))
+        self.assertEqual(fleet.watched(elsewhere, False), [fleet.index_for(elsewhere)])
+        self.assertEqual(fleet.watched(elsewhere, False, route_by=group), [fleet.index_for(group)])
+
+    def test_a_prefix_on_every_server(self) -> None:
+        fleet = Fleet("a,b,c", "consistent")
+        self.assertEqual(fleet.watched("group:workers/", True), [0, 1, 2])
+        self.assertRaises(TypeError, fleet.watched, "group:workers/", True, "group:workers")

@@ -199,3 +199,57 @@ class MembershipTests(SynchronousTestCase):
         self.assertRaises(ValueError, self.client.group("g").keep_joined, "m", b"x" * 5000)
         self.assertRaises(ValueError, TwistedElection(self.client, "db").keep_campaigning, b"x" * 5000, print)
         self.assertEqual(self.server.connections, 0)
+
+
+class CloseAndStopTests(SynchronousTestCase):
+    """The Twisted client's close() stops what it keeps; a stop() while a join is on its way leaves."""
+
+    def setUp(self) -> None:
+        self.server = MemoryServer()
+        self.told: list[str] = []
+
+    def observed(self) -> tuple[Any, list[str]]:
+        observer = self.server.client()
+        self.addCleanup(observer.close)
+        leader = TwistedElection(observer, "db").leader()
+        members = observer.group("g").members()
+        self.server.flush()
+        return self.successResultOf(leader), [m.member for m in self.successResultOf(members)]
+
+    def test_close_stops_campaigning_and_joining(self) -> None:
+        client = self.server.client()
+        candidacy = TwistedElection(client, "db").keep_campaigning(
+            "a", lambda _: self.told.append("elected"), lambda _: self.told.append("lost")
+        )
+        membership = client.group("g").keep_joined(
+            "m1", on_joined=lambda _: self.told.append("joined"), on_lost=lambda _: self.told.append("mlost")
+        )
+        self.server.flush()
+        self.assertEqual(sorted(self.told), ["elected", "joined"])
+        closed = client.close()
+        self.server.advance(10)  # (any retry would have run)
+        self.successResultOf(closed)
+        self.assertEqual(sorted(self.told), ["elected", "joined"])  # neither lost nor won again
+        self.assertTrue(candidacy.stopped and membership.stopped)
+        self.assertEqual(self.observed(), (None, []))
+        self.assertEqual(self.server.connections, 1)  # (the observer's only)
+
+    def test_stop_while_the_join_is_on_its_way_leaves(self) -> None:
+        client = self.server.client()
+        self.addCleanup(client.close)
+        group = client.group("g")
+        stopping: list[Any] = []
+        sent_join = group.join
+
+        def join_then_stop(*arguments: Any) -> Any:
+            joining = sent_join(*arguments)
+            # stopped once its line is on its way, before the server reads it
+            self.server.reactor.callLater(0, lambda: stopping.append(membership.stop()))
+            return joining
+
+        group.join = join_then_stop  # type: ignore[method-assign]
+        membership = group.keep_joined("m1", on_joined=lambda _: self.told.append("joined"))
+        self.server.flush()
+        self.assertFalse(self.successResultOf(stopping[0]))
+        self.assertEqual(self.told, [])
+        self.assertEqual(self.observed(), (None, []))

@@ -182,6 +182,7 @@ JESYNC_LINE = re.compile(
 ELOCK_LINE = re.compile(
     rb"(200 Acquired|409 Unavailable|200 Unlocked|403 not_yours|403 not_locked|200 OK|200 conn id set"
     rb"|403 cannot set conn id|200 timeout set( to \d+)?|200 STATS|STAT (clients|locks|monitoring) \d+|END"
+    rb"|200 fencing (on|off)|200 owned( \d+)?|404 not_owned"
     rb"|200 Hey, it was nice seeing you\.|400 Unknown command: (\"[^\r\n]*\"|\[[0-9,]+\])|400 [ -~]+|503 [ -~]+|200 \S+)\r\n",
     re.S,
 )

@@ -183,6 +183,9 @@ def check_elock_line(test, line: bytes, replies: list[bytes], service, before, f
         b"unlock_all": [b"200 OK", b"400 too many arguments"],
         b"conn_id": [b"200 ", b"403 cannot set conn id", b"400 "],
         b"set_timeout": [b"200 timeout set", b"400 "],
+        # (jesync's extensions of elock)
+        b"fencing": [b"200 fencing on", b"200 fencing off", b"400 "],
+        b"owned": [b"200 owned", b"404 not_owned", b"400 ", b"503 max-key-length "],
         b"stats": [b"400 too many arguments"],
         b"quit": [b"400 too many arguments"],
     }
@@ -455,6 +458,10 @@ class UnitFuzzTests(SynchronousTestCase):
 
     @settings(FUZZ, max_examples=400)
     @given(streams(elock_commands))
+    # (hypothesis draws constants from the modules loaded, so a stream may use
+    # any command, jesync's extensions of elock too: found in a whole-suite run)
+    @example(b"fencing\n")
+    @example(b"fencing off\nfencing on\nlock a\nowned a\nowned\n")
     def test_elock_every_line_answered(self, stream: bytes) -> None:
         self.run_lines("elock", stream)
 

@@ -4,7 +4,7 @@ distributed locks (exclusive and shared), groups with their members and
 capabilities, join and leave watchers, and leader election, all held on
 JESync servers as the lock table's own grants (docs/coordination.md).
 
-Install it with C{pip install 'jesync[tooz]'}, which registers this driver
+Install it with C{pip install '.[tooz]'} (from a checkout), which registers this driver
 for the C{jesync} scheme (the C{tooz.backends} entry point), then::
 
     from tooz import coordination

@@ -47,11 +47,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from typing import TYPE_CHECKING, Any, Callable, Generic, Iterable, NamedTuple, Optional, TypeVar
 
 from jesync.client.errors import ClientError, LockLost, describe
 from jesync.client.handle import LockState, LostCallback
+from jesync.client.keeping import Kept, KeptInThread
 from jesync.client.watch import MAX_EVENTS, Request
 from jesync.client.wire import HOLDER_EVENTS, Holder, WatchEvent, check_key, check_value
 from jesync.wire import GRANTED, election_key
@@ -489,7 +489,7 @@ class AsyncObservation(Changes):
         await self.close()
 
 
-class Candidacy(Generic[HandleT]):
+class Candidacy(Kept, Generic[HandleT]):
     """
     What L{Election.keep_campaigning} (and its asyncio and Twisted
     counterparts) return: a candidate that campaigns, leads, and when its
@@ -562,27 +562,17 @@ class Candidacy(Generic[HandleT]):
     def _failed(self, error: Exception) -> None:
         log.warning("campaigning in the election %r: %s; again in %ss", self.election.name, describe(error), self.retry)
 
-    def _kept(self) -> None:
-        """Be stopped by the client's close() (L{_halt})."""
-        self.election.client._kept.add(self)
+    @property
+    def client(self) -> Any:
+        return self.election.client
 
     def _halt(self) -> None:
-        """
-        Stop at once, without a word to the server (its client is closing:
-        the server ends the leadership, and withdraws the campaign, with
-        the connection); no callback is called after it.
-        """
-        self.stopped = True
+        """As L{Kept._halt}: the server ends the leadership, and withdraws the campaign, with the connection."""
+        super()._halt()
         self.leadership = None
 
-    def _tell(self, callback: Callable[[Any], object], argument: Any) -> None:
-        try:
-            callback(argument)
-        except Exception:
-            log.exception("a callback of %r failed", self)
 
-
-class BlockingCandidacy(Candidacy["Lock"]):
+class BlockingCandidacy(KeptInThread, Candidacy["Lock"]):
     """
     L{Candidacy} over a blocking client: it campaigns in a background thread
     of its own, where its callbacks are called.  L{stop} resigns at once
@@ -593,18 +583,9 @@ class BlockingCandidacy(Candidacy["Lock"]):
     """
 
     def start(self) -> BlockingCandidacy:
-        # Woken by the leadership's loss or resignation, by stop(), or by the retry pause running out.
-        self._wake = threading.Event()
-        # Held while a turn is decided and told, so that stop() is never in between.
-        self._turn = threading.RLock()
-        self._thread = threading.Thread(target=self._run, name=f"jesync campaign {self.election.name}", daemon=True)
-        self._kept()
-        self._thread.start()
+        # (woken by the leadership's loss or resignation, by stop(), or by the retry pause running out)
+        self._start_thread(f"jesync campaign {self.election.name}")
         return self
-
-    def _halt(self) -> None:
-        super()._halt()
-        self._wake.set()
 
     def _run(self) -> None:
         while not self.stopped:

@@ -38,10 +38,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import threading
 from typing import Any, Callable, NamedTuple, Optional, Protocol
 
 from jesync.client.errors import ClientError, describe
+from jesync.client.keeping import Kept, KeptInThread
 from jesync.client.watch import MAX_EVENTS
 from jesync.client.wire import UnexpectedReply, check_key, check_value, whole_seconds
 from jesync.client.wire import HOLDER_EVENTS, WatchEvent
@@ -460,7 +460,7 @@ class MemberTracker:
         return self.granted
 
 
-class Membership:
+class Membership(Kept):
     """
     What L{Group.keep_joined} (and its asyncio and Twisted counterparts)
     return: member C{member} of a group, kept: it joins (creating the group
@@ -558,9 +558,9 @@ class Membership:
         """
         return {"key": self.key, "route_by": self.group.key}
 
-    def _kept(self) -> None:
-        """Be stopped by the client's close() (L{_halt})."""
-        self.group.client._kept.add(self)
+    @property
+    def client(self) -> Any:
+        return self.group.client
 
     async def _join_steps(self) -> None:
         """
@@ -584,19 +584,9 @@ class Membership:
             raise Stopped(what, self.group.name, self.member)
 
     def _halt(self) -> None:
-        """
-        Stop at once, without a word to the server (its client is closing:
-        the server ends the membership with the connection); no callback
-        is called after it.
-        """
-        self.stopped = True
+        """As L{Kept._halt}: the server ends the membership with the connection."""
+        super()._halt()
         self.joined = False
-
-    def _tell(self, callback: Callable[[Any], object], argument: Any) -> None:
-        try:
-            callback(argument)
-        except Exception:
-            log.exception("a callback of %r failed", self)
 
 
 #: What ends a kept membership's turn, and how it is told.
@@ -604,7 +594,7 @@ DROPPED = "its connection dropped"
 ENDED = "its lease lapsed, or it was released by someone else"
 
 
-class BlockingMembership(Membership):
+class BlockingMembership(KeptInThread, Membership):
     """
     L{Membership} over a blocking client: it joins, heartbeats and watches
     in a background thread of its own, where its callbacks are called; a
@@ -615,19 +605,9 @@ class BlockingMembership(Membership):
     group: Group
 
     def start(self) -> BlockingMembership:
-        self._wake = threading.Event()
-        self._turn = threading.RLock()
         self._watch: Any = None
-        self._thread = threading.Thread(
-            target=self._run, name=f"jesync member {self.group.name}/{self.member}", daemon=True
-        )
-        self._kept()
-        self._thread.start()
+        self._start_thread(f"jesync member {self.group.name}/{self.member}")
         return self
-
-    def _halt(self) -> None:
-        super()._halt()
-        self._wake.set()
 
     def _join(self) -> Any:
         watch = self.group.client.watch(**self._watch_arguments())

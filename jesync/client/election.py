@@ -589,15 +589,9 @@ class BlockingCandidacy(KeptInThread, Candidacy["Lock"]):
 
     def _run(self) -> None:
         while not self.stopped:
-            try:
-                leadership = self.election.campaign(self.value, self.expires)
-            except ClientError as error:
-                if self.stopped:
-                    return
-                self._failed(error)
-                self._wake.wait(self.retry)
-                self._wake.clear()
-                continue
+            leadership = self._attempt(lambda: self.election.campaign(self.value, self.expires))
+            if leadership is None:
+                continue  # (failed, and retried after a pause; or stopped)
             with self._turn:
                 if self.stopped:
                     _resign_quietly(leadership)

@@ -626,15 +626,9 @@ class BlockingMembership(KeptInThread, Membership):
 
     def _run(self) -> None:
         while not self.stopped:
-            try:
-                watch = self._join()
-            except ClientError as error:
-                if self.stopped:
-                    return
-                self._failed(error)
-                self._wake.wait(self.retry)
-                self._wake.clear()
-                continue
+            watch = self._attempt(self._join)
+            if watch is None:
+                continue  # (failed, and retried after a pause; or stopped)
             with self._turn:
                 if self.stopped:
                     self._leave_quietly()

@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Optional, TypeVar
 
+from jesync.client.errors import ClientError
+
+T = TypeVar("T")
 log = logging.getLogger("jesync.client")
 
 
@@ -52,8 +55,14 @@ class KeptInThread(Kept):
     """
     A L{Kept} that runs C{_run} in a background thread of its own, woken
     (C{_wake}) by a stop, a halt or its own events, and holding C{_turn}
-    while a turn is decided and told, so that a stop is never in between.
+    while a turn is decided and told, so that a stop is never in between;
+    a step that fails is retried every C{retry} seconds (L{_attempt}).
     """
+
+    retry: float
+    # (the subclass's: its loop, and how a failed step is told)
+    _run: Callable[[], None]
+    _failed: Callable[[Exception], None]
 
     def _start_thread(self, name: str) -> None:
         self._wake = threading.Event()
@@ -62,8 +71,20 @@ class KeptInThread(Kept):
         self._kept()
         self._thread.start()
 
-    def _run(self) -> None:
-        raise NotImplementedError
+    def _attempt(self, step: Callable[[], T]) -> Optional[T]:
+        """
+        C{step()}; or, if it fails with a L{ClientError}, None once the
+        failure is told (C{_failed}: logged) and C{retry} seconds have
+        passed or the wait is woken (not stopped meanwhile).
+        """
+        try:
+            return step()
+        except ClientError as error:
+            if not self.stopped:
+                self._failed(error)
+                self._wake.wait(self.retry)
+                self._wake.clear()
+            return None
 
     def _halt(self) -> None:
         super()._halt()

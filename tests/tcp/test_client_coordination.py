@@ -74,7 +74,12 @@ class BlockingWatchTests(SynchronousTestCase):
         other = serve_in_thread(self)
         servers = [self.server.address, other.address]
         watcher, worker = self.client(servers), self.client(servers)
-        keys = [f"jobs/{n}" for n in range(8)]
+        # (the servers' ports are random, so which keys each one gets is too: take keys until both have some)
+        keys: list = []
+        for n in range(200):
+            keys.append(f"jobs/{n}")
+            if len(keys) >= 8 and len({str(worker.server_for(key)) for key in keys}) == 2:
+                break
         self.assertEqual(len({str(worker.server_for(key)) for key in keys}), 2)
         with watcher.watch(prefix="jobs/") as events:
             for key in keys:

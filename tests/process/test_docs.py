@@ -53,6 +53,16 @@ RUN = [
     ("docs/coordination.md", "From Python", "python", None),  # test_coordination_docs
     ("docs/coordination.md", "From the shell", "sh", None),  # test_coordination_docs
     ("docs/coordination.md", "Groups", "python", None),  # test_coordination_docs
+    ("README.md", "HTTP API", "sh", None),  # test_http_docs
+    ("docs/http.md", "Running it", "sh", None),  # test_http_docs
+    ("docs/http.md", "Sessions", "sh", None),  # test_http_docs
+    ("docs/http.md", "Locks", "sh", None),  # test_http_docs
+    ("docs/http.md", "Errors", "sh", None),  # test_http_docs
+    ("docs/http.md", "Watches", "sh", None),  # test_http_docs
+    ("docs/http.md", "Elections", "sh", None),  # test_http_docs
+    ("docs/http.md", "Groups", "sh", None),  # test_http_docs
+    ("docs/http.md", "Status", "sh", None),  # test_http_docs
+    ("docs/http.md", "Authentication, TLS and protected mode", "sh", None),  # test_http_docs
 ]
 
 #: Fenced examples no test runs, by page and (language, first line), with the reason.

@@ -16,7 +16,7 @@ pages say they print.  One convention, for every example:
    values it prints, in order (how they are laid out does not matter: the
    server sends each on one line, the page shows them indented), each equal
    to the page's except for the fields whose values vary from run to run
-   (L{VARYING}: ids, times, peers' ports, the version), whose values need
+   (L{VARYING}: ids, fencing tokens (they follow the clock), times, peers' ports, the version), whose values need
    only be of the same JSON type (a null stays a null).  A ```sh block with
    no ```json block after it prints nothing.
  - A ```sh block that streams (C{curl -N}, Server-Sent Events) runs in a
@@ -54,7 +54,7 @@ PAGE_ADDRESS = "localhost:8080"
 PAGE_TOKEN_FILE = "/etc/jesync/token"
 
 #: Fields whose values vary from run to run: only their JSON type is compared.
-VARYING = frozenset({"session", "held_for", "expires_in", "waited", "uptime", "peer", "version", "listeners"})
+VARYING = frozenset({"session", "token", "held_for", "expires_in", "waited", "uptime", "peer", "version", "listeners"})
 
 #: How long one block may take (a long poll in an example waits far less).
 BLOCK_TIMEOUT = 30.0
@@ -428,11 +428,14 @@ class ConventionTests(SynchronousTestCase):
     """The rules the page tests compare by, on documents of their own."""
 
     def test_varying_fields_compare_by_type(self) -> None:
-        shown = {"session": "a", "ttl": 30.0, "grants": [{"held_for": 0.0, "expires_in": None, "token": 7}]}
-        self.assertEqual(differences(shown, {"session": "b", "ttl": 30, "grants": [{"held_for": 1.5, "expires_in": None, "token": 7}]}), [])
+        shown = {"session": "a", "ttl": 30.0, "grants": [{"held_for": 0.0, "expires_in": None, "max_concurrent": 1}]}
         self.assertEqual(
-            differences(shown, {"session": "b", "ttl": 30.0, "grants": [{"held_for": 1.5, "expires_in": 9.0, "token": 8}]}),
-            [".grants[0].expires_in: 9.0, the page shows None", ".grants[0].token: 8, the page shows 7"],
+            differences(shown, {"session": "b", "ttl": 30, "grants": [{"held_for": 1.5, "expires_in": None, "max_concurrent": 1}]}),
+            [],
+        )
+        self.assertEqual(
+            differences(shown, {"session": "b", "ttl": 30.0, "grants": [{"held_for": 1.5, "expires_in": 9.0, "max_concurrent": 2}]}),
+            [".grants[0].expires_in: 9.0, the page shows None", ".grants[0].max_concurrent: 2, the page shows 1"],
         )
         self.assertEqual(differences({"a": 1}, {"a": 1, "b": 2}), [".: fields ['a', 'b'], the page shows ['a']"])
         self.assertEqual(differences({"a": True}, {"a": 1}), [".a: 1, the page shows True"])

@@ -179,7 +179,12 @@ def event_differences(shown: str, printed: List[str]) -> List[str]:
     found = []
     for number, (one, other) in enumerate(zip(expected, printed), 1):
         if one.startswith("data: ") and other.startswith("data: "):
-            found.extend(f"line {number}: {difference}" for difference in differences(json.loads(one[6:]), json.loads(other[6:])))
+            try:
+                printed_value = json.loads(other[6:])
+            except ValueError:
+                found.append(f"line {number}: {other!r} is not JSON")
+                continue
+            found.extend(f"line {number}: {difference}" for difference in differences(json.loads(one[6:]), printed_value))
         elif one != other:
             found.append(f"line {number}: {other!r}, the page shows {one!r}")
     return found

@@ -11,6 +11,8 @@ same records through a real etcd and a real failover.
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any, List
 
 from twisted.internet.defer import Deferred, succeed
@@ -104,6 +106,18 @@ class HeldRecordTests(SynchronousTestCase):
         self.assertEqual(state.unreadable, [layout.held_key("s", "bad")])
         # A record made with tokens alone (as before) has the defaults.
         self.assertEqual(SessionRecord("t", 1000, {"k": 3}).grant("k"), HeldRecord(3))
+
+
+class DocumentedRecordTests(SynchronousTestCase):
+    def test_the_example_in_the_cluster_page_is_what_a_grant_writes(self) -> None:
+        """docs/cluster.md's example record is a shared grant with a value and an expiry, as encoded."""
+        page = (Path(__file__).parents[2] / "docs" / "cluster.md").read_text(encoding="utf-8")
+        [example] = re.findall(r"`(\{\"token\":[^`]*\})`", page)
+        record = HeldRecord(1_700_000_000_000_001, SHARED, 1, b"10.0.0.7:80", 1_700_000_060_000_000)
+        self.assertEqual(example.encode("utf-8"), record.encode())
+        self.assertEqual(HeldRecord.decode(example.encode("utf-8")), record)
+        self.assertIn("`1700000000000001`", page)
+        self.assertEqual(HeldRecord(1_700_000_000_000_001).encode(), b"1700000000000001")
 
 
 class StandInEtcd:

@@ -315,10 +315,10 @@ class IOwnerChanges(Interface):
     Told when an owner whose grants outlive its connection changes in a way
     that is no grant event: a session's grace period or a grant of it
     renewed, a timed grant begun, renewed or switched to or from a time
-    (L{jesync.sessions}).  A lock
-    service's observer that provides it (cluster mode: the journal, which
-    writes such owners to etcd) hears of them from the grammars that make
-    these changes; the grammars know it only as the service's observer.
+    (L{jesync.sessions}).  A lock service's observer that provides it
+    (cluster mode: the journal, which writes such owners to etcd) hears of
+    them from the grammars that make these changes; the grammars know it
+    only as the service's observer.
     """
 
     def session_changed(session) -> None:  # (untyped: jesync.sessions imports this module)

@@ -621,13 +621,12 @@ def restore(server: Any, state: DurableState, now: float, journal: Journal) -> t
     timed grant until its release time; every grant keeps its token.  A
     session's grant keeps its mode, C{max_concurrent} and value too, and
     its expiry (the time left of it: the wall time it was due, less now).
-    A record that cannot be restored is deleted: a timed grant past its
-    time, and so, by the same rule, a session grant whose expiry passed
-    during the takeover (it is not restored only to expire at once: its
-    holder was told nothing more by the old leader, and a watcher of the
-    new one would be told of an expiry of a grant it never saw granted;
-    either way the key is free).  Returns (sessions, their keys, timed
-    grants) restored.
+    A grant past its time is not restored and its record is deleted: a
+    timed grant's, and by the same rule a session grant whose expiry
+    passed during the takeover (restored only to expire at once, it would
+    tell the new leader's watchers of the expiry of a grant they never saw
+    granted; either way its key is free).  Returns (sessions, their keys,
+    timed grants) restored.
 
     The lock table's last token is left as it was before (the term's first
     token) or, if a restored token is larger, that one: a restored grant is

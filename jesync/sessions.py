@@ -259,6 +259,10 @@ class SessionTable:
         """Every live session (attached or in its grace period), in the order they started."""
         return list(self._sessions.values())
 
+    def find(self, session_id: str) -> Session | None:
+        """The live session C{session_id}, if there is one."""
+        return self._sessions.get(session_id)
+
     def detached_count(self) -> int:
         """Sessions in their grace period (elock's "monitoring")."""
         return len(self._detached)

@@ -20,6 +20,8 @@ The rules, and why:
    parameters are checked always, its body when the test gives it.  Auth
    is not the document's to check here (the auth tests do): the request is
    checked as if it carried a bearer token.
+ - A reply to HEAD (which the server answers on every GET route) is
+   checked as GET's would be, but for its body, which it has not.
  - A Server-Sent Events body (C{text/event-stream}) may be what a test read
    so far: each complete event (up to a blank line) must be one the
    response's C{x-events} names, with JSON data of that event's schema; a
@@ -114,6 +116,9 @@ def check_response(
     split = urlsplit(path_with_query)
     query: List[Tuple[str, str]] = parse_qsl(split.query, keep_blank_values=True)
     where = f"{method.upper()} {path_with_query} -> {status}"
+    if method.upper() == "HEAD":
+        _check_head(where, _operation("GET", split.path), status, reply_headers)
+        return
     operation = _operation(method, split.path)
     if operation is None:
         _check_without_operation(where, status, reply_headers, body)
@@ -209,17 +214,15 @@ def _schema_errors(schema: Dict[str, Any], value: Any) -> List[str]:
             for error in validator.iter_errors(value)]
 
 
-def _check_without_operation(where: str, status: int, headers: Dict[str, str], body: bytes) -> None:
+def _check_without_operation(where: str, status: int, headers: Dict[str, str], body: Optional[bytes]) -> None:
+    """A reply to a request the document has no operation for (C{body} None: a HEAD's, not checked)."""
     if status not in _ANY_REQUEST_ERRORS:
         raise AssertionError(f"{where}: the OpenAPI document has no operation for this request, and "
                              f"{status} is not an error any request can get ({sorted(_ANY_REQUEST_ERRORS)})")
     response = _component("responses", _ANY_REQUEST_ERRORS[status])
-    for name, header in response.get("headers", {}).items():
-        if header.get("required") and name.lower() not in headers:
-            raise AssertionError(f"{where}: missing required header {name}")
-    content_type = headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type not in response["content"]:
-        raise AssertionError(f"{where}: content type {content_type!r}, not one of {sorted(response['content'])}")
+    content_type = _check_status_and_headers(where, response, headers)
+    if body is None:
+        return
     try:
         reply = json.loads(body)
     except ValueError as error:
@@ -230,6 +233,28 @@ def _check_without_operation(where: str, status: int, headers: Dict[str, str], b
         problems.append(f"code: {reply.get('code')!r}, not {code!r} (no such route)")
     if problems:
         raise AssertionError(f"{where}: the reply does not match the OpenAPI document: " + "; ".join(problems))
+
+
+def _check_head(where: str, operation: Optional[Dict[str, Any]], status: int, headers: Dict[str, str]) -> None:
+    """A reply to HEAD: the status, content type and headers GET's would have (the body is not sent)."""
+    if operation is None:
+        _check_without_operation(where, status, headers, None)
+        return
+    response = operation["responses"].get(str(status))
+    if response is None:
+        raise AssertionError(f"{where}: {status} is not a status GET lists ({sorted(operation['responses'])})")
+    _check_status_and_headers(where, _resolve(response), headers)
+
+
+def _check_status_and_headers(where: str, response: Dict[str, Any], headers: Dict[str, str]) -> str:
+    """The reply has C{response}'s required headers and one of its media types (returned)."""
+    for name, header in response.get("headers", {}).items():
+        if header.get("required") and name.lower() not in headers:
+            raise AssertionError(f"{where}: missing required header {name}")
+    content_type = headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type not in response["content"]:
+        raise AssertionError(f"{where}: content type {content_type!r}, not one of {sorted(response['content'])}")
+    return content_type
 
 
 def _stream_events(operation: Dict[str, Any], status: int) -> Dict[str, Any]:

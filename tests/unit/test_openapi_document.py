@@ -94,11 +94,11 @@ ERROR_REPLIES = {
     503: "Unavailable",
 }
 TAGS = {"sessions", "locks", "elections", "groups", "watches", "status"}
-# The event streams, and the events each sends.
+# The event streams, and the events each sends (each ends with `end` when the server ends it).
 SSE_ROUTES = {
-    ("get", "/v1/status/stream"): {"status"},
-    ("get", "/v1/elections/{name}/observe"): {"leader"},
-    ("get", "/v1/watch"): {"snapshot", "granted", "released", "expired", "lost", "appeared", "disappeared"},
+    ("get", "/v1/status/stream"): {"status", "end"},
+    ("get", "/v1/elections/{name}/observe"): {"leader", "end"},
+    ("get", "/v1/watch"): {"snapshot", "granted", "released", "expired", "lost", "appeared", "disappeared", "end"},
 }
 # The routes that create something answer 201; the others 200.
 CREATED = {("post", "/v1/sessions"), ("post", "/v1/groups/{name}")}
@@ -264,6 +264,15 @@ class CheckResponseTests(SynchronousTestCase):
         self.assertRefused("PUT", "/v1/acquire", 405, JSON, error("method_not_allowed"), mentions="Allow")
         self.assertRefused("GET", "/v1/locks/", 404, JSON, b"not json", mentions="not JSON")
 
+    def test_head(self) -> None:
+        """A HEAD is checked as its GET, but for the body it does not have."""
+        check_response("HEAD", "/v1/status", 200, JSON, b"")
+        check_response("HEAD", "/v1/watch?key=k", 200, STREAM, b"")
+        check_response("HEAD", "/v1/nothing", 404, JSON, b"")
+        self.assertRefused("HEAD", "/v1/status", 201, JSON, b"", mentions="201")
+        self.assertRefused("HEAD", "/v1/status", 200, STREAM, b"", mentions="text/event-stream")
+        self.assertRefused("HEAD", "/v1/sessions/end", 405, JSON, b"", mentions="Allow")
+
     def test_missing_required_field(self) -> None:
         reply = grant()
         del reply["token"]
@@ -310,6 +319,7 @@ class CheckResponseTests(SynchronousTestCase):
         granted = b"event: granted\r\ndata: " + encode({"key": "orders", "holder": grant()}) + b"\r\n\r\n"
         released = b"event: released\ndata: " + encode({"key": "orders", "holder": None}) + b"\n\n"
         check_response("GET", "/v1/watch?key=orders", 200, STREAM, snapshot + b": ping\n\n" + granted + released + b"event: lo")
+        check_response("GET", "/v1/watch?key=orders", 200, STREAM, snapshot + b'event: end\ndata: {"reason": "stopping"}\n\n')
         check_response("GET", "/v1/watch?prefix=ord", 200, STREAM, b"")
         check_response("GET", "/v1/elections/e/observe", 200, STREAM,
                        b"event: leader\ndata: " + encode({"election": "e", "leader": None}) + b"\n\n")

@@ -169,7 +169,7 @@ class Session:
         "The client quit: an explicit end, so nothing should survive."
 
     @_machine.input()
-    def keep_alive(self) -> int:
+    def keep_alive(self) -> Any:
         "An HTTP client says it is still there: a grace period starts again (returns it, in milliseconds)."
 
     # -- outputs ---------------------------------------------------------

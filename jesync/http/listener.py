@@ -109,8 +109,9 @@ class CappedRequest(Request):
 
     def _refuse(self) -> None:
         self.refused = True
-        self.content = _Discard()  # type: ignore[assignment]
-        self.channel.transport.write(refusal_response(TOO_LARGE_REFUSAL))
+        self.content = _Discard()
+        transport: Any = self.channel.transport
+        transport.write(refusal_response(TOO_LARGE_REFUSAL))
         self.channel.loseConnection()
 
 

@@ -14,6 +14,10 @@ from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
 from twisted.web.client import HTTPConnectionPool
 
+from jesync.http.listener import ApiSite
+from tests.server_case import Server, listening_port
+from tests.support import LOCAL
+
 try:
     import treq
 except ImportError:  # pragma: no cover - the test extra has it
@@ -26,6 +30,25 @@ except ImportError:  # (not written yet: responses are not checked)
 
 # How long one HTTP request may take before the test fails.
 TIMEOUT = 5.0
+
+
+@inlineCallbacks
+def start_http(test, *argv: str, elock: bool = True, http_port: str = LOCAL):
+    """
+    The real server (L{Server}: C{twistd jesync}'s service in this process)
+    with one C{--http-port}: fires with the server and the HTTP port's
+    listening port.
+    """
+    server = yield Server.start(test, "--http-port", http_port, *argv, elock=elock)
+    (child,) = [
+        child for child in server.service.listeners() if isinstance(getattr(child.factory, "wrappedFactory", None), ApiSite)
+    ]
+    port = yield listening_port(child)
+    return server, port
+
+
+def base_url(port: Any, scheme: str = "http") -> str:
+    return f"{scheme}://127.0.0.1:{port.getHost().port}"
 
 
 class Response:

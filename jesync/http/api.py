@@ -525,11 +525,11 @@ class HttpApi(Resource):
         policy = self.context.policy
         if policy.auth_token is None or not route.auth:
             return
-        header = request.getHeader(b"authorization") or ""
-        scheme, _, token = header.partition(" ")
+        header = request.getHeader(b"authorization") or b""  # (bytes: twisted.web's headers are)
+        scheme, _, token = header.partition(b" ")
         generation = None
-        if scheme.lower() == "bearer" and token.strip():
-            generation = policy.generation_of(token.strip().encode("utf-8", "replace"), self.context.clock.seconds())
+        if scheme.lower() == b"bearer" and token.strip():
+            generation = policy.generation_of(token.strip(), self.context.clock.seconds())
         if generation is None:
             raise ApiError(
                 401,
@@ -571,7 +571,7 @@ def grant_document(grant: Any, now: float) -> Dict[str, Any]:
         "mode": grant.mode,
         "max_concurrent": grant.max_concurrent,
         "held_for": max(0.0, now - grant.granted_at),
-        "expires_in": grant.seconds_left(),
+        "expires_in": grant.seconds_left,
         "value": value_text(grant.value),
         "peer": getattr(grant.owner, "peer", None) or repr(grant.owner),
     }

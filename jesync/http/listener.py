@@ -36,6 +36,7 @@ from twisted.web.server import Request, Site
 from jesync.connections.policy import ConnectionPolicy, Connections
 from jesync.errors import ProtectedMode
 from jesync.http.api import ApiError, HttpApi, encode_json
+from jesync.http.locks import forget_snapshots
 from jesync.metrics_connections import CountedFactory, Refusal, refusal_response, scraper_authorized
 from jesync.sessions import SessionTable
 
@@ -170,4 +171,5 @@ class ApiClosing(service.Service):
     def stopService(self) -> None:
         super().stopService()
         self.api.close("the server is stopping")
+        forget_snapshots(self.api.context)
         self.sessions.end_detached()

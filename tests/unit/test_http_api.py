@@ -244,3 +244,80 @@ class WaitersTests(SynchronousTestCase):
         self.assertEqual([each.owner for each in locks.waiters("k", limit=1)], ["reader"])
         self.assertEqual(locks.waiters("nothing"), [])
         self.assertEqual([each.owner for each in locks.waiters("j")], ["both"])
+
+
+class AlreadyDurable:
+    """Cluster mode's journal, as the API sees it: everything is durable already."""
+
+    def durable(self):
+        return None
+
+
+class ClusterModeTests(ApiCase):
+    def test_no_expiry_on_session_grants(self) -> None:
+        """In cluster mode a session's grant takes no expiry (a failover would not keep it): 400, nothing granted."""
+        self.serve(durability=AlreadyDurable())
+        client = self.connect()
+        _, _, created = self.call(client, b"POST", b"/v1/sessions", {"ttl": 30})
+        session = created["session"]
+        status, _, refused = self.call(client, b"POST", b"/v1/acquire", {"session": session, "key": "k", "expires": 5})
+        self.assertEqual((status, refused["code"], refused["parameter"]), (400, "invalid_parameter", "expires"))
+        self.assertEqual(self.locks.status("k").granted, 0)
+        self.assertEqual(self.call(client, b"POST", b"/v1/acquire", {"session": session, "key": "k"})[0], 200)
+        status, _, refused = self.call(client, b"POST", b"/v1/renew", {"session": session, "key": "k", "expires": 5})
+        self.assertEqual((status, refused["parameter"]), (400, "expires"))
+        self.assertEqual(self.call(client, b"POST", b"/v1/renew", {"session": session, "key": "k", "expires": 0})[0], 200)
+
+
+class WiringTests(SynchronousTestCase):
+    """What build_lock_server makes of --http-port and --http-max-wait (nothing listens: no socket)."""
+
+    def build(self, *argv: str):
+        from jesync.server import build_lock_server
+        from jesync.tap import settings_from
+        from tests.support import parse
+
+        self.clock = Clock()
+        self.clock.advance(1000)
+        settings = settings_from(parse("--http-port", "tcp:0:interface=127.0.0.1", *argv))
+        server = build_lock_server(self.clock, settings)
+        (api,) = [
+            child.factory.wrappedFactory.resource
+            for child in server.listeners()
+            if hasattr(child.factory, "wrappedFactory")
+        ]
+        return server, api
+
+    def test_describe(self) -> None:
+        """The server's part of the status: version, role, term, uptime, listeners, every limit (None: none)."""
+        import jesync
+
+        server, api = self.build("--max-keys", "5", "--max-held", "0", "--http-max-wait", "7", "--elock-port", "11401")
+        self.assertIn("; HTTP on tcp:0:interface=127.0.0.1", server.summary)
+        self.assertEqual(api.context.max_wait, 7.0)
+        self.clock.advance(2.5)
+        described = api.context.describe()
+        self.assertEqual(
+            {name: described["server"][name] for name in ("version", "role", "term", "uptime")},
+            {"version": jesync.__version__, "role": "standalone", "term": None, "uptime": 2.5},
+        )
+        self.assertEqual(len(described["server"]["listeners"]), 3)
+        self.assertIn("tcp:0:interface=127.0.0.1", described["server"]["listeners"])
+        limits = described["limits"]
+        self.assertEqual((limits["max_keys"], limits["max_held"], limits["http_max_wait"]), (5, None, 7.0))
+        self.assertEqual(
+            sorted(limits),
+            sorted(
+                [
+                    "max_connections", "max_keys", "max_waiters", "max_held", "max_total_waits", "max_watches",
+                    "max_total_watches", "max_sessions", "max_session_grace", "max_groups", "max_members",
+                    "max_key_length", "max_unsent", "http_max_wait",
+                ]
+            ),
+        )
+
+    def test_one_session_table(self) -> None:
+        """The API's sessions are elock's table, and its connections the server's one registry."""
+        server, api = self.build()
+        self.assertIs(api.context.sessions, server.factories["elock"].sessions)
+        self.assertIs(api.context.policy, server.policy)

@@ -12,11 +12,13 @@ import json
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import directlyProvides
 
 from jesync.connections.policy import ConnectionPolicy, Connections
 from jesync.http import locks as http_locks
 from jesync.http.api import ApiContext, HttpApi
 from jesync.http.listener import MAX_BODY, authorized, http_factory
+from jesync.interfaces import IOwnerChanges
 from jesync.service import LockService
 from jesync.sessions import SessionTable
 from tests.support import connect_unit
@@ -246,27 +248,60 @@ class WaitersTests(SynchronousTestCase):
         self.assertEqual([each.owner for each in locks.waiters("j")], ["both"])
 
 
-class AlreadyDurable:
-    """Cluster mode's journal, as the API sees it: everything is durable already."""
+class RecordingJournal:
+    """Cluster mode's journal, as the API sees it: everything durable already, the changes it is told recorded."""
+
+    def __init__(self) -> None:
+        self.told: list = []
 
     def durable(self):
         return None
 
+    def session_changed(self, session) -> None:
+        self.told.append(("session", session.id))
+
+    def held_changed(self, session, key: str) -> None:
+        self.told.append(("held", session.id, key))
+
+    def timed_changed(self, key: str) -> None:
+        self.told.append(("timed", key))
+
+    # (the lock table's events: the journal records a grant's owner from them)
+    def granted(self, grant, waited: float) -> None:
+        pass
+
+    def released(self, grant) -> None:
+        pass
+
+    def expired(self, grant) -> None:
+        pass
+
+    def timed_out(self, key: str) -> None:
+        pass
+
 
 class ClusterModeTests(ApiCase):
-    def test_no_expiry_on_session_grants(self) -> None:
-        """In cluster mode a session's grant takes no expiry (a failover would not keep it): 400, nothing granted."""
-        self.serve(durability=AlreadyDurable())
+    def test_journal_told_of_sessions_and_renewals(self) -> None:
+        """
+        In cluster mode the journal (the lock table's observer) is told of a
+        session opened, and of its grants renewed (by renew, or by acquiring
+        a key it holds), with their expiry and value: the lock table tells it
+        of grants, not renewals.
+        """
+        journal = RecordingJournal()
+        directlyProvides(journal, IOwnerChanges)
+        self.locks.observer = journal
+        self.serve(durability=journal)
         client = self.connect()
         _, _, created = self.call(client, b"POST", b"/v1/sessions", {"ttl": 30})
         session = created["session"]
-        status, _, refused = self.call(client, b"POST", b"/v1/acquire", {"session": session, "key": "k", "expires": 5})
-        self.assertEqual((status, refused["code"], refused["parameter"]), (400, "invalid_parameter", "expires"))
-        self.assertEqual(self.locks.status("k").granted, 0)
-        self.assertEqual(self.call(client, b"POST", b"/v1/acquire", {"session": session, "key": "k"})[0], 200)
-        status, _, refused = self.call(client, b"POST", b"/v1/renew", {"session": session, "key": "k", "expires": 5})
-        self.assertEqual((status, refused["parameter"]), (400, "expires"))
-        self.assertEqual(self.call(client, b"POST", b"/v1/renew", {"session": session, "key": "k", "expires": 0})[0], 200)
+        self.assertEqual(journal.told, [("session", session)])
+        self.assertEqual(self.call(client, b"POST", b"/v1/acquire", {"session": session, "key": "k", "expires": 5})[0], 200)
+        self.assertEqual(len(journal.told), 1)  # (a grant: the lock table tells the observer itself)
+        self.call(client, b"POST", b"/v1/renew", {"session": session, "key": "k", "expires": 9, "value": "v"})
+        self.call(client, b"POST", b"/v1/acquire", {"session": session, "keys": ["k", "j"], "expires": 9})
+        self.assertEqual(journal.told[1:], [("held", session, "k"), ("held", session, "k")])
+        self.assertEqual(self.locks.grant_of("k", self.sessions.find(session)).value, b"v")
 
 
 class WiringTests(SynchronousTestCase):

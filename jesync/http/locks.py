@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Sequence
 from weakref import WeakKeyDictionary
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall
 
 from jesync.connections.listings import ROW_BYTES, SnapshotRead
@@ -95,7 +96,7 @@ def keep_alive(call: Call) -> Dict[str, Any]:
 def end_session(call: Call) -> Dict[str, Any]:
     """The session ends now, and its locks are released."""
     session = call.session()
-    released = call.context.locks.owned(session)
+    released = len(call.context.locks.grants_of(session))
     session.end()
     return {"session": session.id, "released": released}
 
@@ -191,9 +192,9 @@ def acquire(call: Call) -> Any:
         now = call.context.clock.seconds()
         return Reply({"grants": [grant_document(grant, now) for grant in grants]}, undo=undo)
 
-    if isinstance(result, (list, tuple)) or not hasattr(result, "addCallback"):
-        return granted(result)
-    return result.addCallback(granted)
+    if isinstance(result, Deferred):
+        return result.addCallback(granted)
+    return granted(result)
 
 
 @route(ROUTES, "POST", "/v1/release", changes=True)

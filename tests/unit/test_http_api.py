@@ -11,13 +11,14 @@ import json
 
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import directlyProvides
 
 from jesync.connections.policy import ConnectionPolicy, Connections
 from jesync.http import locks as http_locks
 from jesync.http.api import ApiContext, HttpApi
-from jesync.http.listener import MAX_BODY, authorized, http_factory
+from jesync.http.listener import MAX_BODY, REFUSED_LINGER, authorized, http_factory
 from jesync.interfaces import IOwnerChanges
 from jesync.service import LockService
 from jesync.sessions import SessionTable
@@ -25,6 +26,15 @@ from tests.support import connect_unit
 
 LOCAL = IPv4Address("TCP", "127.0.0.1", 40001)
 REMOTE = IPv4Address("TCP", "192.0.2.1", 40001)
+
+
+class HalfClosingTransport(StringTransport):
+    """A StringTransport whose write side can be closed alone (as TCP's)."""
+
+    write_closed = False
+
+    def loseWriteConnection(self) -> None:
+        self.write_closed = True
 
 
 def http_request(method: bytes, path: bytes, body: bytes = b"", headers: bytes = b"") -> bytes:
@@ -62,7 +72,7 @@ class ApiCase(SynchronousTestCase):
         self.addCleanup(self.factory.doStop)
 
     def connect(self, peer=LOCAL):
-        return connect_unit(self.factory, peer)
+        return connect_unit(self.factory, peer, HalfClosingTransport())
 
     def call(self, client, method: bytes, path: bytes, document=None, headers: bytes = b"") -> tuple:
         body = json.dumps(document).encode() if document is not None else b""
@@ -83,15 +93,31 @@ class ListenerTests(ApiCase):
         self.assertEqual(self.call(local, b"GET", b"/v1/sessions")[0], 200)
 
     def test_content_length_over_the_cap(self) -> None:
-        """A Content-Length over 64 KiB: 413 at once, before the body is sent, and the connection closes."""
+        """
+        A Content-Length over 64 KiB: 413 at once, before the body is sent;
+        the write side closes (a FIN after the reply), what the client still
+        sends is thrown away, and the connection is aborted a little later
+        if the client has not closed it.
+        """
         self.serve()
         client = self.connect()
         client.send(b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (MAX_BODY + 1))
         status, headers, document = parse_response(client.take())
-        self.assertEqual((status, document["code"]), (413, "request_too_large"))
-        self.assertTrue(client.closing)
-        client.send(b"{" * 1000)  # (the rest is not read)
+        self.assertEqual((status, headers["connection"], document["code"]), (413, "close", "request_too_large"))
+        self.assertEqual((client.transport.write_closed, client.closing), (True, False))
+        client.send(b"{" * (MAX_BODY + 1))
         self.assertEqual((client.take(), len(self.sessions)), (b"", 0))
+        self.clock.advance(REFUSED_LINGER)
+        self.assertTrue(client.closing)
+
+    def test_refused_client_that_closes(self) -> None:
+        """A refused client that closes first: nothing is left to abort."""
+        self.serve()
+        client = self.connect()
+        client.send(b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (MAX_BODY + 1))
+        client.lose()
+        self.assertNotIn(REFUSED_LINGER, [call.getTime() for call in self.clock.getDelayedCalls()])  # (no abort due)
+        self.assertEqual(len(self.connections), 0)
 
     def test_expect_continue_over_the_cap(self) -> None:
         """A client that asks to continue a body over the cap is not told to."""
@@ -113,6 +139,7 @@ class ListenerTests(ApiCase):
         client.send(b"%x\r\n%s\r\n0\r\n\r\n" % (len(piece), piece))
         status, _, document = parse_response(client.take())
         self.assertEqual((status, document["code"]), (413, "request_too_large"))
+        self.assertTrue(client.transport.write_closed)
         self.assertEqual(len(self.sessions), 0)
 
     def test_body_at_the_cap_is_read(self) -> None:

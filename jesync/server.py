@@ -9,10 +9,12 @@ L{LockServer} (L{build_lock_server}) or, with etcd, a cluster member
 (L{build_member}).
 
 This is the one module that knows every other: the lock service, the
-connection policy, each protocol's factory, the metrics and the cluster.
+connection policy, each protocol's factory, the HTTP API, the metrics and
+the cluster.
 So nothing imports it but its callers (L{jesync.tap}, C{etc/jesync.tac},
 embedders); the parts it builds live below it (L{jesync.listening},
-L{jesync.lock_server}, L{jesync.metrics_connections}, L{jesync.process}).
+L{jesync.lock_server}, L{jesync.metrics_connections}, L{jesync.process},
+L{jesync.http}).
 """
 
 from __future__ import annotations

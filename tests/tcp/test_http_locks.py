@@ -10,6 +10,7 @@ out, HTTP and JESync (and elock) on one key, and TLS.
 from __future__ import annotations
 
 from unittest import mock
+from urllib.parse import quote
 
 from twisted.internet.defer import CancelledError, inlineCallbacks, succeed
 from twisted.web.client import ResponseNeverReceived
@@ -162,6 +163,17 @@ class LifecycleTests(HttpCase):
         )
         detail = yield self.http.get("/v1/locks/m")
         self.assertTrue(all(0 < holder["expires_in"] <= 30 for holder in detail.json["holders"]))
+
+    @inlineCallbacks
+    def test_key_in_the_path_is_percent_encoded(self):
+        """GET /v1/locks/{key}: a key with a slash and non-ASCII text, percent-encoded as one segment."""
+        yield self.serve()
+        session = yield self.session()
+        key = "jobs/été"
+        yield self.http.post("/v1/acquire", {"session": session, "key": key})
+        detail = yield self.http.get("/v1/locks/" + quote(key, safe=""))
+        self.assertEqual((detail.json["key"], detail.json["held"]), (key, True))
+        yield self.assertError(self.http.get("/v1/locks/" + quote("a b", safe="")), 400, "invalid_key")
 
     @inlineCallbacks
     def test_listing_pages(self):

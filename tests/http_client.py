@@ -42,11 +42,14 @@ def start_http(test, *argv: str, elock: bool = True, http_port: str = LOCAL):
     listening port.
     """
     server = yield Server.start(test, "--http-port", http_port, *argv, elock=elock)
-    (child,) = [
-        child for child in server.service.listeners() if isinstance(getattr(child.factory, "wrappedFactory", None), ApiSite)
-    ]
-    port = yield listening_port(child)
+    port = yield listening_port(http_listener(server.service))
     return server, port
+
+
+def http_listener(service: Any) -> Any:
+    """The one C{--http-port} listener of a lock server."""
+    (child,) = [child for child in service.listeners() if isinstance(getattr(child.factory, "wrappedFactory", None), ApiSite)]
+    return child
 
 
 def base_url(port: Any, scheme: str = "http") -> str:

@@ -86,8 +86,9 @@ class _Discard:
 class CappedRequest(Request):
     """
     A request whose body may be at most L{MAX_BODY} bytes: over it, C{413
-    request_too_large} is written at once and the connection closed; the
-    request is never rendered.
+    request_too_large} is written at once, then a FIN; the rest of the body
+    is read and thrown away until the client closes, or is aborted
+    L{REFUSED_LINGER} seconds later.  The request is never rendered.
     """
 
     refused = False
@@ -183,6 +184,10 @@ class ApiClosing(service.Service):
     def __init__(self, api: HttpApi, sessions: SessionTable) -> None:
         self.api = api
         self.sessions = sessions
+
+    def startService(self) -> None:
+        super().startService()
+        self.api.closed = None  # (a server started again serves again)
 
     def stopService(self) -> None:
         super().stopService()

@@ -20,11 +20,10 @@ from twisted.web.client import ResponseNeverReceived
 
 from jesync.cluster.etcd import EtcdClient
 from jesync.cluster.member import ClusterMember
-from jesync.http.listener import ApiSite
 from jesync.server import ServerSettings, build_lock_server
 from tests.cluster import TAKEOVER_WITHIN, TTL
 from tests.etcd_server import shared_etcd
-from tests.http_client import HttpClient, base_url
+from tests.http_client import HttpClient, base_url, http_listener
 from tests.server_case import listening_port
 from tests.support import LOCAL, wait_until
 
@@ -54,7 +53,7 @@ class HttpFailoverTests(TestCase):
     @inlineCallbacks
     def http_of(self, member: ClusterMember):
         """The leader's API: a client of its --http-port, and the API itself."""
-        (child,) = [child for child in member.server.listeners() if isinstance(child.factory.wrappedFactory, ApiSite)]
+        child = http_listener(member.server)
         port = yield listening_port(child)
         return HttpClient(self, base_url(port)), child.factory.wrappedFactory.resource
 

@@ -13,8 +13,8 @@ from twisted.internet.defer import inlineCallbacks
 from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 
 from jesync.lock_server import TokenFile
-from tests.http_client import HttpClient, base_url, start_http
-from tests.server_case import ServerTestCase
+from tests.http_client import HttpClient, base_url, http_listener, start_http
+from tests.server_case import ServerTestCase, listening_port
 from tests.support import TIMEOUT, LineClient, capture_log, write_file
 
 
@@ -99,3 +99,13 @@ class ConnectionTests(ServerTestCase):
             yield client.get("/v1/sessions")
             yield server.service.stopService()
         self.assertEqual(len([line for line in logged if '"GET /v1/sessions HTTP/1.1" 200' in line]), 1, logged)
+
+    @inlineCallbacks
+    def test_started_again_serves_again(self):
+        """A server stopped (its API closed) and started again serves the API again."""
+        server, port = yield start_http(self)
+        yield server.service.stopService()
+        server.service.startService()
+        again = yield listening_port(http_listener(server.service))
+        created = yield HttpClient(self, base_url(again)).post("/v1/sessions", {})
+        self.assertEqual(created.status, 201)

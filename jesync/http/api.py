@@ -571,7 +571,7 @@ def grant_document(grant: Any, now: float) -> Dict[str, Any]:
         "mode": grant.mode,
         "max_concurrent": grant.max_concurrent,
         "held_for": max(0.0, now - grant.granted_at),
-        "expires_in": grant.seconds_left(),
+        "expires_in": grant.seconds_left,
         "value": value_text(grant.value),
         "peer": getattr(grant.owner, "peer", None) or repr(grant.owner),
     }

@@ -116,6 +116,14 @@ class HttpConnection:
         assert response is not None and response.complete, f"no complete response: {self.transport.value()!r}"
         return response
 
+    def pause(self) -> None:
+        """The client stops reading: the transport's buffer is full, and it pauses its producer (the channel)."""
+        self.transport.producer.pauseProducing()
+
+    def resume(self) -> None:
+        """The client read it all: the transport resumes its producer."""
+        self.transport.producer.resumeProducing()
+
     def lose(self) -> None:
         """The client went away."""
         self.channel.connectionLost(Failure(ConnectionDone()))

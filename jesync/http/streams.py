@@ -8,15 +8,19 @@ never buffered without bound}.
    table's order: C{event: granted|released|expired|lost|appeared|
    disappeared} with C{data: {"key", "holder": grant|null}}; a key watch
    starts with C{event: snapshot} C{{"key", "holders": [grant]}}.  The
-   stream is the watch's owner, so C{--max-watches} (429) and
-   C{--max-total-watches} (503) refuse it before it starts; the watch ends
-   with the stream.
+   stream is the watch's owner, and the watch ends with it.  Past
+   C{--max-total-watches} a stream is refused before it starts (C{503
+   limit_reached}).  C{--max-watches} (a connection's) never refuses one:
+   a stream watches one key or prefix, and an HTTP/1.1 connection carries
+   one stream at a time (the requests after it wait for its end).
  - C{GET /v1/elections/{name}/observe}: C{event: leader}
    C{{"election", "leader": grant|null}}: the leader of now at once, then
    each time the key C{election:<name>}'s first holder changes, and each
    time the leader proclaims a new value (L{proclaimed}: a renewal is not
    an event of the lock table, but an observer of an election wants the
-   leader's new value).  A watch as above.
+   leader's new value).  A watch as above.  A hand-over is two events,
+   C{null} then the new leader: the table tells the old leader's release,
+   then the grant it made room for.
  - C{GET /v1/status/stream}: C{event: status} with the document of
    C{GET /v1/status} (L{jesync.http.status}): at once, then at most every
    0.5 s and only when something it counts changed.

@@ -132,6 +132,7 @@ from jesync.interfaces import (
     ListingOrder,
     LockEvent,
     Totals,
+    Waiting,
 )
 from jesync.listing import listing_sort_key
 from jesync.wire import EXCLUSIVE, MAX_VALUE, SHARED, VALUE_TOO_LONG
@@ -809,6 +810,20 @@ class LockService:
     def holders(self, key: str) -> list[Grant]:
         lock = self._locks.get(key)
         return list(lock.holders) if lock is not None else []
+
+    def waiters(self, key: str, limit: int | None = None) -> list[Waiting]:
+        lock = self._locks.get(key)
+        if lock is None or lock.waiters is None:
+            return []
+        found: list[Waiting] = []
+        for waiter in lock.waiters:
+            if waiter.deferred is None:
+                continue  # (left from the middle: skipped, as _admit does)
+            if limit is not None and len(found) >= limit:
+                break
+            mode = SHARED if waiter.shared else EXCLUSIVE
+            found.append(Waiting(waiter.owner, mode, waiter.max_concurrent, waiter.requested_at))
+        return found
 
     def listing(self, order: ListingOrder = "key") -> list[KeyStatus]:
         return [KeyStatus(*row[:3]) for row in self.snapshot(order)]

@@ -525,11 +525,11 @@ class HttpApi(Resource):
         policy = self.context.policy
         if policy.auth_token is None or not route.auth:
             return
-        header = request.getHeader(b"authorization") or ""
-        scheme, _, token = header.partition(" ")
+        header = request.getHeader(b"authorization") or b""  # (bytes: twisted.web's headers are)
+        scheme, _, token = header.partition(b" ")
         generation = None
-        if scheme.lower() == "bearer" and token.strip():
-            generation = policy.generation_of(token.strip().encode("utf-8", "replace"), self.context.clock.seconds())
+        if scheme.lower() == b"bearer" and token.strip():
+            generation = policy.generation_of(token.strip(), self.context.clock.seconds())
         if generation is None:
             raise ApiError(
                 401,

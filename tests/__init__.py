@@ -23,6 +23,8 @@ Protocols and the rest:
  - C{model}: the base of the model-based tests;
  - C{dlock_messages}, C{memcache_messages}, C{fuzz_streams},
    C{auth_listeners}: requests and replies as the tests build and read them;
+ - C{openapi_check}: every HTTP reply checked against the API's OpenAPI
+   document (C{check_response}).
  - C{tls_certificates}, C{tls_server}, C{metrics_server}, C{tooz_case},
    C{doc_pages}: TLS, metrics, tooz and the docs' pages, for their tests.
 """

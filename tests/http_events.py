@@ -96,7 +96,8 @@ class EventReader:
     def check(self) -> None:
         """What was read matches the OpenAPI document (once the checker is there)."""
         if check_response is not None:
-            check_response("GET", self.path, self.status, self.header("content-type"), self.raw)
+            headers = {name.decode(): [value.decode() for value in values] for name, values in self.headers.getAllRawHeaders()}
+            check_response("GET", self.path, self.status, headers, self.raw)
 
     def close(self) -> None:
         """

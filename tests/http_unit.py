@@ -6,7 +6,10 @@ through twisted.web's own channel over a L{StringTransport}
 status line, the headers, a JSON body or a Server-Sent Events stream as far
 as it has been written (chunked, decoded here).  A client that stops
 reading is the channel paused (as a full transport pauses it); a client
-gone is the channel's C{connectionLost}.
+gone is the channel's C{connectionLost}.  Every response a test reads
+with L{HttpConnection.ask}, and every stream it reads with
+L{HttpConnection.checked}, is checked against the API's OpenAPI document
+(C{tests.openapi_check}).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from jesync.groups import GroupTable
 from jesync.http.api import ApiContext, HttpApi, Route
 from jesync.service import LockService
 from jesync.sessions import SessionTable, new_session_id
+from tests.openapi_check import check_response
 
 PEER = IPv4Address("TCP", "127.0.0.1", 40000)
 
@@ -96,9 +100,11 @@ class HttpConnection:
         self.transport = StringTransport(peerAddress=PEER)
         self.channel = site.buildProtocol(PEER)
         self.channel.makeConnection(self.transport)
+        self.sent: Tuple[str, str, bytes] = ("GET", "/", b"")
 
     def send(self, method: str, path: str, body: Any = None, token: Optional[str] = None) -> None:
         payload = b"" if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+        self.sent = (method, path, payload)
         head = [f"{method} {path} HTTP/1.1", "Host: jesync", f"Content-Length: {len(payload)}"]
         if token is not None:
             head.append(f"Authorization: Bearer {token}")
@@ -114,6 +120,14 @@ class HttpConnection:
         self.send(method, path, body, token)
         response = self.response()
         assert response is not None and response.complete, f"no complete response: {self.transport.value()!r}"
+        return self.checked(response)
+
+    def checked(self, response: Optional[Response] = None) -> Response:
+        """The response (as far as it has been written), checked against the OpenAPI document."""
+        response = response or self.response()
+        assert response is not None
+        method, path, payload = self.sent
+        check_response(method, path, response.status, response.headers, response.body, payload or None)
         return response
 
     def pause(self) -> None:
@@ -158,10 +172,23 @@ class UnitApi:
             self.policy,
             self.clock,
             max_wait=max_wait,
-            describe=lambda: {"server": {"role": "standalone", "term": None}, "limits": {"http_max_wait": max_wait}},
+            describe=self.describe,
         )
         self.api = HttpApi(self.context, routes)
         self.site = Site(self.api, timeout=None, reactor=self.clock)
+
+    def describe(self) -> Dict[str, Any]:
+        """The server's own part of the status document (the real server's is jesync.server's)."""
+        return {
+            "server": {
+                "version": "test",
+                "role": "standalone",
+                "term": None,
+                "uptime": self.clock.seconds() - 1000,
+                "listeners": ["tcp:8080"],
+            },
+            "limits": {"max_connections": None, "http_max_wait": self.context.max_wait},
+        }
 
     def connect(self) -> HttpConnection:
         return HttpConnection(self.site)

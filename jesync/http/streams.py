@@ -229,9 +229,9 @@ def watch(call: Call) -> Any:
         watched = call.key("key", key)
     else:
         assert prefix is not None
-        if prefix:
-            call.key("prefix", prefix)
-        watched = prefix
+        if not prefix:
+            raise invalid("prefix", "cannot be empty (every key of the table is no watch: give a prefix)")
+        watched = call.key("prefix", prefix)
     head = _head(call)
     if head is not None:
         return head

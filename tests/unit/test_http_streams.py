@@ -62,6 +62,7 @@ class WatchTests(SynchronousTestCase):
             ],
         )
         self.assertEqual(events[2][1], {"key": "k", "holder": events[1][1]["holder"]})
+        watcher.checked()
 
     def test_prefix(self) -> None:
         """A prefix watch: keys appearing and disappearing too, no snapshot, nothing of other keys."""
@@ -80,12 +81,14 @@ class WatchTests(SynchronousTestCase):
                 ("disappeared", "job/1", True),
             ],
         )
+        watcher.checked()
 
     def test_bad_requests(self) -> None:
         """Exactly one of key and prefix, a key of the key space: else 400 before any stream."""
         for path, code in [
             ("/v1/watch", "invalid_parameter"),
             ("/v1/watch?key=a&prefix=b", "invalid_parameter"),
+            ("/v1/watch?prefix=", "invalid_parameter"),
             ("/v1/watch?key=a%20b", "invalid_key"),
             ("/v1/watch?prefix=a%0Ab", "invalid_key"),
             ("/v1/watch?key=" + "k" * 1025, "invalid_key"),
@@ -130,11 +133,12 @@ class WatchTests(SynchronousTestCase):
     def test_stop(self) -> None:
         """The server stopping ends every stream: a last 'end' event saying why, the response finished, the watch gone."""
         watcher = self.server.connect()
-        watcher.send("GET", "/v1/watch?prefix=")
+        watcher.send("GET", "/v1/watch?prefix=job/")
         self.server.api.close("the server is stopping")
         response = watcher.response()
         self.assertTrue(response.complete)
         self.assertEqual(response.events(), [("end", {"reason": "the server is stopping"})])
+        watcher.checked()
         self.assertEqual(self.locks.watch_count, 0)
         self.assertEqual(self.server.clock.getDelayedCalls(), [])
         self.assertFalse(watcher.aborted)
@@ -210,6 +214,7 @@ class ObserveTests(SynchronousTestCase):
         self.assertEqual(self.leaders(observer), [None, "one", "uno", None, "two", None])
         leader = observer.response().events()[1][1]["leader"]
         self.assertEqual((leader["key"], leader["mode"], leader["expires_in"]), ("election:e", "exclusive", None))
+        observer.checked()
 
     def test_other_keys_and_renewals_are_not_changes(self) -> None:
         """A campaign by the leader without a value, another election: no event."""
@@ -247,6 +252,7 @@ class StatusStreamTests(SynchronousTestCase):
         [(name, document)] = self.stream.response().events()
         self.assertEqual(name, "status")
         self.assertEqual(document, self.server.ask("GET", "/v1/status").json())
+        self.stream.checked()
 
     def test_only_changes(self) -> None:
         """Nothing while nothing changed (a renewal is no change); a change, at the next 0.5 s tick."""

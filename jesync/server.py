@@ -703,7 +703,7 @@ def serve_http(
             "server": {
                 "version": jesync_version,
                 "role": "standalone" if cluster is None else "leader",
-                "term": getattr(cluster, "term", None),
+                "term": None if cluster is None else cluster.term,
                 "uptime": max(0.0, reactor.seconds() - started),
                 "listeners": [
                     public_endpoint(description)

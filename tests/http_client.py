@@ -12,7 +12,9 @@ from typing import Any, Dict, Optional
 
 from twisted.internet import reactor
 from twisted.internet.defer import inlineCallbacks
-from twisted.web.client import HTTPConnectionPool
+from twisted.web.client import Agent, HTTPConnectionPool
+from twisted.web.iweb import IPolicyForHTTPS
+from zope.interface import implementer
 
 from jesync.http.listener import ApiSite
 from tests.server_case import Server, listening_port
@@ -71,6 +73,19 @@ class Response:
         return f"<Response {self.status} {self.body[:200]!r}>"
 
 
+@implementer(IPolicyForHTTPS)
+class _TrustOnly:
+    """HTTPS that trusts one certificate (L{tests.tls_certificates.client_options})."""
+
+    def __init__(self, pem: bytes) -> None:
+        self.pem = pem
+
+    def creatorForNetloc(self, hostname: bytes, port: int) -> Any:
+        from tests.tls_certificates import client_options
+
+        return client_options(self.pem)
+
+
 class HttpClient:
     """
     Calls to the API at C{base} (C{http://127.0.0.1:<port>}); C{token}: sent
@@ -78,12 +93,17 @@ class HttpClient:
     between calls) and closed when C{test} ends.
     """
 
-    def __init__(self, test: Any, base: str, token: Optional[str] = None, persistent: bool = True, **options: Any) -> None:
+    def __init__(
+        self, test: Any, base: str, token: Optional[str] = None, persistent: bool = True, trust: Optional[bytes] = None
+    ) -> None:
         self.base = base
         self.token = token
-        self.options = options
         self.pool = HTTPConnectionPool(reactor, persistent=persistent)
         test.addCleanup(self.pool.closeCachedConnections)
+        self.options: Dict[str, Any] = {"pool": self.pool}
+        if trust is not None:
+            # (https: a server presenting the certificate C{trust}, PEM, alone)
+            self.options = {"agent": Agent(reactor, contextFactory=_TrustOnly(trust), pool=self.pool)}
 
     @inlineCallbacks
     def call(
@@ -105,7 +125,7 @@ class HttpClient:
             data = json.dumps(body).encode("utf-8")
             sent.setdefault("Content-Type", "application/json")
         requested = treq.request(
-            method, self.base + path, data=data, headers=sent, pool=self.pool, timeout=timeout, **self.options
+            method, self.base + path, data=data, headers=sent, timeout=timeout, **self.options
         )
         response = yield requested
         content = yield treq.content(response)

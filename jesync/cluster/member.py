@@ -463,7 +463,7 @@ class ClusterMember(Listeners):
             return journal
 
         server = term.server = self.build(
-            self.reactor, self.settings, cluster=Leadership(first_token, term.certain, journal_for)
+            self.reactor, self.settings, cluster=Leadership(first_token, term.certain, journal_for, term.revision)
         )
         journal = term.journal = journal_holder[0]
         restored = restore(server, state, now, journal)
@@ -607,11 +607,14 @@ class Leadership:
     @ivar first_token: every fencing token is above it.
     @ivar serving: whether the member may still answer (checked before every reply).
     @ivar journal_for: the term's journal, for the server's lock table.
+    @ivar term: the term's number as the cluster knows it (its election
+        key's revision in etcd: larger for every later term).
     """
 
     first_token: int
     serving: Callable[[], bool]
     journal_for: Callable[[Any], Journal]
+    term: Optional[int] = None
 
 
 def restore(server: Any, state: DurableState, now: float, journal: Journal) -> tuple:

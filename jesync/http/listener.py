@@ -122,8 +122,8 @@ class ApiSite(Site):
     noisy = False
     requestFactory = CappedRequest
 
-    def __init__(self, api: HttpApi, verbose: bool = False) -> None:
-        super().__init__(api)
+    def __init__(self, api: HttpApi, verbose: bool = False, reactor: Optional[IReactorTime] = None) -> None:
+        super().__init__(api, reactor=reactor)
         self.verbose = verbose
 
     def log(self, request: http.Request) -> None:
@@ -145,7 +145,7 @@ def http_factory(
     (L{authorized}; give it to the L{HttpApi} as C{on_authorized}).
     """
     return CountedFactory(
-        ApiSite(api, verbose),
+        ApiSite(api, verbose, reactor=clock),
         policy.connections if registry is None else registry,
         protected=policy.protected,
         auth_timeout=policy.auth_timeout if policy.auth_token is not None else None,

@@ -135,6 +135,24 @@ def list_sessions(call: Call) -> Dict[str, Any]:
 # -- locks ------------------------------------------------------------------
 
 
+def _expires(call: Call, required: bool = False) -> float:
+    """
+    C{expires}: seconds, 0 for none (the default: the session is the
+    failsafe).  In cluster mode only 0: a session's grants are kept in etcd
+    by their tokens, not their expiry, so an expiry would not survive a
+    failover; refused rather than lost there.
+    """
+    expires: float = call.number("expires", minimum=0) if required else call.number("expires", 0, minimum=0)
+    if expires and call.context.policy.durability is not None:
+        raise ApiError(
+            400,
+            "invalid_parameter",
+            "expires must be 0 in cluster mode (a failover would not keep an expiry): the session's ttl is the failsafe",
+            parameter="expires",
+        )
+    return expires
+
+
 def _mode(call: Call) -> str:
     return SHARED if call.boolean("shared", False) else EXCLUSIVE
 
@@ -149,7 +167,7 @@ def acquire(call: Call) -> Any:
     session = call.session()
     keys = call.keys()
     wait = call.wait()
-    expires = call.number("expires", 0, minimum=0)
+    expires = _expires(call)
     max_concurrent = call.integer("max_concurrent", 1, minimum=1)
     mode = _mode(call)
     value = call.value()
@@ -204,7 +222,7 @@ def renew(call: Call) -> Dict[str, Any]:
     """
     session = call.session()
     key = call.key()
-    expires = call.number("expires", minimum=0)
+    expires = _expires(call, required=True)
     value = call.value()
     locks = call.context.locks
     grant = locks.grant_of(key, session)

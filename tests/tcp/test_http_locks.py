@@ -20,6 +20,7 @@ from jesync.http.listener import MAX_BODY
 from tests.http_client import HttpClient, base_url, start_http
 from tests.server_case import ServerTestCase
 from tests.support import wait_until, write_file
+from tests.tls_certificates import make_certificate, skip_without_tls, ssl_port
 
 
 @implementer(IBodyProducer)
@@ -419,3 +420,19 @@ class SessionLifeTests(HttpCase):
         self.assertEqual(info.json["attached"], False)
         self.assertRegex(info.json["peer"], r"\(http\)$")
         self.assertTrue(0 < info.json["expires_in"] <= 30)
+
+
+class TLSTests(HttpCase):
+    skip = skip_without_tls
+
+    @inlineCallbacks
+    def test_over_tls(self):
+        """An ssl: --http-port serves the API over HTTPS: a session, a grant, a release."""
+        key_path, certificate_path, pem = make_certificate(self)
+        self.server, self.port = yield start_http(self, http_port=ssl_port(key_path, certificate_path))
+        self.http = HttpClient(self, base_url(self.port, "https"), trust=pem)
+        session = yield self.session()
+        granted = yield self.http.post("/v1/acquire", {"session": session, "key": "k"})
+        self.assertEqual(granted.json["grants"][0]["key"], "k")
+        released = yield self.http.post("/v1/release", {"session": session, "key": "k"})
+        self.assertEqual(released.json, {"released": ["k"]})

@@ -72,7 +72,7 @@ from zope.interface import implementer
 from jesync.http.api import STREAMING, ApiContext, Call, Held, Reply, Route, encode_json, grant_document, invalid, route
 from jesync.http.status import status_document
 from jesync.interfaces import LockEvent
-from jesync.wire import election_key, key_problem
+from jesync.wire import election_key
 
 log = Logger()
 

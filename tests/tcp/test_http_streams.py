@@ -11,13 +11,27 @@ from __future__ import annotations
 
 import json
 from importlib import resources
+from socket import SO_RCVBUF, SOL_SOCKET
 
-from twisted.internet.defer import inlineCallbacks
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
+from twisted.internet.protocol import Protocol
 
 from tests.http_client import HttpClient, base_url, start_http
 from tests.http_events import open_stream
 from tests.server_case import ServerTestCase
-from tests.support import wait_until, write_file
+from tests.support import TIMEOUT, capture_log, wait_until, write_file
+
+
+class Unread(Protocol):
+    """A client that sends a request and reads nothing: C{lost} fires when the server closes its connection."""
+
+    def __init__(self) -> None:
+        self.lost: Deferred = Deferred()
+
+    def connectionLost(self, reason=None) -> None:
+        self.lost.callback(None)
 
 
 class StreamCase(ServerTestCase):
@@ -71,6 +85,30 @@ class WatchTests(StreamCase):
         refused = yield self.http.get("/v1/watch?key=b")
         self.assertEqual((refused.status, refused.json["limit"]), (503, "max-total-watches"))
         first.close()
+
+    @inlineCallbacks
+    def test_slow_reader_dropped(self):
+        """A watcher that reads nothing is dropped once --max-unsent bytes of events wait for it past its buffers."""
+        yield self.serve("--max-unsent", "65536")
+        log = capture_log(self)
+        endpoint = TCP4ClientEndpoint(reactor, "127.0.0.1", self.port.getHost().port, timeout=int(TIMEOUT))
+        unread = yield connectProtocol(endpoint, Unread())
+        unread.transport.getHandle().setsockopt(SOL_SOCKET, SO_RCVBUF, 8192)
+        unread.transport.pauseProducing()
+        unread.transport.write(b"GET /v1/watch?prefix=big/ HTTP/1.1\r\nHost: jesync\r\n\r\n")
+        yield wait_until(lambda: self.server.locks.watch_count == 1)
+        jesync = yield self.server.jesync()
+        value = b"v" * 4000
+        rounds = 0
+        while self.server.locks.watch_count and rounds < 400:
+            # (each round: four events to the watcher, two of them 4 KB; the buffers between take a few MB)
+            rounds += 1
+            jesync.send(b"".join(b"lock big/%d 1 0 0 %s\nrelease big/%d\n" % (i, value, i) for i in range(10)))
+            yield jesync.read_lines(20)
+        self.assertEqual(self.server.locks.watch_count, 0)
+        unread.transport.resumeProducing()  # (a client that does not read does not see its connection go either)
+        yield unread.lost.addTimeout(TIMEOUT, reactor)
+        self.assertTrue([line for line in log if "dropped an event stream" in line and "65536" in line], log)
 
     @inlineCallbacks
     def test_server_stopping(self):

@@ -131,7 +131,8 @@ class HttpClient:
         content = yield treq.content(response)
         read = Response(response.code, response.headers, content)
         if check_response is not None:
-            check_response(method, path, read.status, read.header("content-type"), content)
+            headers_read = {name.decode("latin-1"): values for name, values in response.headers.getAllRawHeaders()}
+            check_response(method, path, read.status, headers_read, content, data if isinstance(data, bytes) else None)
         return read
 
     def get(self, path: str, **options: Any):

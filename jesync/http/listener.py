@@ -18,7 +18,10 @@ listener's are, by the wrapper the metrics endpoint uses too
  - B{a request body is at most L{MAX_BODY} bytes} (L{CappedRequest}): a
    C{Content-Length} over it is refused before the body is read, a chunked
    body once it passes it: C{413 request_too_large}, and the connection
-   closes (what the client is still sending is not read).
+   closes: its write side at once (the reply, then a FIN), the rest when
+   the client has closed, or L{REFUSED_LINGER} seconds later; what the
+   client sends meanwhile is read and thrown away, never kept (a socket
+   closed with bytes unread is reset, which could lose the reply).
 
 The site logs no line per request (a client polling would flood the log)
 unless the server is verbose.
@@ -29,7 +32,8 @@ from __future__ import annotations
 from typing import Any, Optional
 
 from twisted.application import service
-from twisted.internet.interfaces import IProtocolFactory, IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IProtocolFactory, IReactorTime
+from twisted.python.failure import Failure
 from twisted.web import http
 from twisted.web.server import Request, Site
 
@@ -42,6 +46,9 @@ from jesync.sessions import SessionTable
 
 # The largest request body read, in bytes: every API request is a small JSON object.
 MAX_BODY = 64 * 1024
+# Seconds a client refused for its body's size is given to take the reply
+# and close before its connection is aborted.
+REFUSED_LINGER = 2.0
 
 PROTECTED_REFUSAL = Refusal(
     b"403 Forbidden",
@@ -85,6 +92,7 @@ class CappedRequest(Request):
 
     refused = False
     _received = 0
+    _linger: Optional[IDelayedCall] = None
 
     def gotLength(self, length: Optional[int]) -> None:
         if length is not None and length > MAX_BODY:
@@ -108,12 +116,20 @@ class CappedRequest(Request):
             return
         super().requestReceived(command, path, version)
 
+    def connectionLost(self, reason: Failure) -> None:
+        if self._linger is not None and self._linger.active():
+            self._linger.cancel()
+        self._linger = None
+        super().connectionLost(reason)
+
     def _refuse(self) -> None:
         self.refused = True
         self.content = _Discard()
         transport: Any = self.channel.transport
         transport.write(refusal_response(TOO_LARGE_REFUSAL))
-        self.channel.loseConnection()
+        # (reading on, so that the reply is not lost to a reset)
+        getattr(transport, "loseWriteConnection", transport.loseConnection)()
+        self._linger = self.channel.callLater(REFUSED_LINGER, transport.abortConnection)
 
 
 class ApiSite(Site):

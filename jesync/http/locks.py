@@ -37,6 +37,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional, Sequence
 from weakref import WeakKeyDictionary
 
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall
 
 from jesync.connections.listings import ROW_BYTES, SnapshotRead
@@ -95,7 +96,7 @@ def keep_alive(call: Call) -> Dict[str, Any]:
 def end_session(call: Call) -> Dict[str, Any]:
     """The session ends now, and its locks are released."""
     session = call.session()
-    released = call.context.locks.owned(session)
+    released = len(call.context.locks.grants_of(session))
     session.end()
     return {"session": session.id, "released": released}
 
@@ -135,22 +136,16 @@ def list_sessions(call: Call) -> Dict[str, Any]:
 # -- locks ------------------------------------------------------------------
 
 
-def _expires(call: Call, required: bool = False) -> float:
+def _renewed(call: Call, session: Any, keys: List[str]) -> None:
     """
-    C{expires}: seconds, 0 for none (the default: the session is the
-    failsafe).  In cluster mode only 0: a session's grants are kept in etcd
-    by their tokens, not their expiry, so an expiry would not survive a
-    failover; refused rather than lost there.
+    Tell cluster mode's journal of the session's grants renewed (their
+    expiry, their value: the lock table tells it of grants, not of
+    renewals), before the durable reply.
     """
-    expires: float = call.number("expires", minimum=0) if required else call.number("expires", 0, minimum=0)
-    if expires and call.context.policy.durability is not None:
-        raise ApiError(
-            400,
-            "invalid_parameter",
-            "expires must be 0 in cluster mode (a failover would not keep an expiry): the session's ttl is the failsafe",
-            parameter="expires",
-        )
-    return expires
+    changes = _owner_changes(call)
+    if changes is not None:
+        for key in keys:
+            changes.held_changed(session, key)
 
 
 def _mode(call: Call) -> str:
@@ -167,7 +162,7 @@ def acquire(call: Call) -> Any:
     session = call.session()
     keys = call.keys()
     wait = call.wait()
-    expires = _expires(call)
+    expires = call.number("expires", 0, minimum=0)
     max_concurrent = call.integer("max_concurrent", 1, minimum=1)
     mode = _mode(call)
     value = call.value()
@@ -188,6 +183,7 @@ def acquire(call: Call) -> Any:
     def granted(grants: Any) -> Reply:
         grants = grants if isinstance(grants, list) else [grants]
         new = [grant for grant in grants if grant.key not in held_before]
+        _renewed(call, session, [grant.key for grant in grants if grant.key in held_before])
 
         def undo() -> None:
             for grant in new:
@@ -196,9 +192,9 @@ def acquire(call: Call) -> Any:
         now = call.context.clock.seconds()
         return Reply({"grants": [grant_document(grant, now) for grant in grants]}, undo=undo)
 
-    if isinstance(result, (list, tuple)) or not hasattr(result, "addCallback"):
-        return granted(result)
-    return result.addCallback(granted)
+    if isinstance(result, Deferred):
+        return result.addCallback(granted)
+    return granted(result)
 
 
 @route(ROUTES, "POST", "/v1/release", changes=True)
@@ -222,7 +218,7 @@ def renew(call: Call) -> Dict[str, Any]:
     """
     session = call.session()
     key = call.key()
-    expires = _expires(call, required=True)
+    expires = call.number("expires", minimum=0)
     value = call.value()
     locks = call.context.locks
     grant = locks.grant_of(key, session)
@@ -230,6 +226,7 @@ def renew(call: Call) -> Dict[str, Any]:
         raise ApiError(409, "not_held", f"the session does not hold {key}")
     # (asking again for a key held in the same mode renews its grant)
     renewed = locks.request(key, session, grant.max_concurrent, 0, expires, grant.mode, value)
+    _renewed(call, session, [key])
     return {"grants": [grant_document(renewed, call.context.clock.seconds())]}
 
 

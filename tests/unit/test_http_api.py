@@ -11,18 +11,30 @@ import json
 
 from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
+from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
+from zope.interface import directlyProvides
 
 from jesync.connections.policy import ConnectionPolicy, Connections
 from jesync.http import locks as http_locks
 from jesync.http.api import ApiContext, HttpApi
-from jesync.http.listener import MAX_BODY, authorized, http_factory
+from jesync.http.listener import MAX_BODY, REFUSED_LINGER, authorized, http_factory
+from jesync.interfaces import IOwnerChanges
 from jesync.service import LockService
 from jesync.sessions import SessionTable
 from tests.support import connect_unit
 
 LOCAL = IPv4Address("TCP", "127.0.0.1", 40001)
 REMOTE = IPv4Address("TCP", "192.0.2.1", 40001)
+
+
+class HalfClosingTransport(StringTransport):
+    """A StringTransport whose write side can be closed alone (as TCP's)."""
+
+    write_closed = False
+
+    def loseWriteConnection(self) -> None:
+        self.write_closed = True
 
 
 def http_request(method: bytes, path: bytes, body: bytes = b"", headers: bytes = b"") -> bytes:
@@ -60,7 +72,7 @@ class ApiCase(SynchronousTestCase):
         self.addCleanup(self.factory.doStop)
 
     def connect(self, peer=LOCAL):
-        return connect_unit(self.factory, peer)
+        return connect_unit(self.factory, peer, HalfClosingTransport())
 
     def call(self, client, method: bytes, path: bytes, document=None, headers: bytes = b"") -> tuple:
         body = json.dumps(document).encode() if document is not None else b""
@@ -81,15 +93,31 @@ class ListenerTests(ApiCase):
         self.assertEqual(self.call(local, b"GET", b"/v1/sessions")[0], 200)
 
     def test_content_length_over_the_cap(self) -> None:
-        """A Content-Length over 64 KiB: 413 at once, before the body is sent, and the connection closes."""
+        """
+        A Content-Length over 64 KiB: 413 at once, before the body is sent;
+        the write side closes (a FIN after the reply), what the client still
+        sends is thrown away, and the connection is aborted a little later
+        if the client has not closed it.
+        """
         self.serve()
         client = self.connect()
         client.send(b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (MAX_BODY + 1))
         status, headers, document = parse_response(client.take())
-        self.assertEqual((status, document["code"]), (413, "request_too_large"))
-        self.assertTrue(client.closing)
-        client.send(b"{" * 1000)  # (the rest is not read)
+        self.assertEqual((status, headers["connection"], document["code"]), (413, "close", "request_too_large"))
+        self.assertEqual((client.transport.write_closed, client.closing), (True, False))
+        client.send(b"{" * (MAX_BODY + 1))
         self.assertEqual((client.take(), len(self.sessions)), (b"", 0))
+        self.clock.advance(REFUSED_LINGER)
+        self.assertTrue(client.closing)
+
+    def test_refused_client_that_closes(self) -> None:
+        """A refused client that closes first: nothing is left to abort."""
+        self.serve()
+        client = self.connect()
+        client.send(b"POST /v1/sessions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % (MAX_BODY + 1))
+        client.lose()
+        self.assertNotIn(REFUSED_LINGER, [call.getTime() for call in self.clock.getDelayedCalls()])  # (no abort due)
+        self.assertEqual(len(self.connections), 0)
 
     def test_expect_continue_over_the_cap(self) -> None:
         """A client that asks to continue a body over the cap is not told to."""
@@ -111,6 +139,7 @@ class ListenerTests(ApiCase):
         client.send(b"%x\r\n%s\r\n0\r\n\r\n" % (len(piece), piece))
         status, _, document = parse_response(client.take())
         self.assertEqual((status, document["code"]), (413, "request_too_large"))
+        self.assertTrue(client.transport.write_closed)
         self.assertEqual(len(self.sessions), 0)
 
     def test_body_at_the_cap_is_read(self) -> None:
@@ -246,27 +275,60 @@ class WaitersTests(SynchronousTestCase):
         self.assertEqual([each.owner for each in locks.waiters("j")], ["both"])
 
 
-class AlreadyDurable:
-    """Cluster mode's journal, as the API sees it: everything is durable already."""
+class RecordingJournal:
+    """Cluster mode's journal, as the API sees it: everything durable already, the changes it is told recorded."""
+
+    def __init__(self) -> None:
+        self.told: list = []
 
     def durable(self):
         return None
 
+    def session_changed(self, session) -> None:
+        self.told.append(("session", session.id))
+
+    def held_changed(self, session, key: str) -> None:
+        self.told.append(("held", session.id, key))
+
+    def timed_changed(self, key: str) -> None:
+        self.told.append(("timed", key))
+
+    # (the lock table's events: the journal records a grant's owner from them)
+    def granted(self, grant, waited: float) -> None:
+        pass
+
+    def released(self, grant) -> None:
+        pass
+
+    def expired(self, grant) -> None:
+        pass
+
+    def timed_out(self, key: str) -> None:
+        pass
+
 
 class ClusterModeTests(ApiCase):
-    def test_no_expiry_on_session_grants(self) -> None:
-        """In cluster mode a session's grant takes no expiry (a failover would not keep it): 400, nothing granted."""
-        self.serve(durability=AlreadyDurable())
+    def test_journal_told_of_sessions_and_renewals(self) -> None:
+        """
+        In cluster mode the journal (the lock table's observer) is told of a
+        session opened, and of its grants renewed (by renew, or by acquiring
+        a key it holds), with their expiry and value: the lock table tells it
+        of grants, not renewals.
+        """
+        journal = RecordingJournal()
+        directlyProvides(journal, IOwnerChanges)
+        self.locks.observer = journal
+        self.serve(durability=journal)
         client = self.connect()
         _, _, created = self.call(client, b"POST", b"/v1/sessions", {"ttl": 30})
         session = created["session"]
-        status, _, refused = self.call(client, b"POST", b"/v1/acquire", {"session": session, "key": "k", "expires": 5})
-        self.assertEqual((status, refused["code"], refused["parameter"]), (400, "invalid_parameter", "expires"))
-        self.assertEqual(self.locks.status("k").granted, 0)
-        self.assertEqual(self.call(client, b"POST", b"/v1/acquire", {"session": session, "key": "k"})[0], 200)
-        status, _, refused = self.call(client, b"POST", b"/v1/renew", {"session": session, "key": "k", "expires": 5})
-        self.assertEqual((status, refused["parameter"]), (400, "expires"))
-        self.assertEqual(self.call(client, b"POST", b"/v1/renew", {"session": session, "key": "k", "expires": 0})[0], 200)
+        self.assertEqual(journal.told, [("session", session)])
+        self.assertEqual(self.call(client, b"POST", b"/v1/acquire", {"session": session, "key": "k", "expires": 5})[0], 200)
+        self.assertEqual(len(journal.told), 1)  # (a grant: the lock table tells the observer itself)
+        self.call(client, b"POST", b"/v1/renew", {"session": session, "key": "k", "expires": 9, "value": "v"})
+        self.call(client, b"POST", b"/v1/acquire", {"session": session, "keys": ["k", "j"], "expires": 9})
+        self.assertEqual(journal.told[1:], [("held", session, "k"), ("held", session, "k")])
+        self.assertEqual(self.locks.grant_of("k", self.sessions.find(session)).value, b"v")
 
 
 class WiringTests(SynchronousTestCase):

@@ -126,6 +126,15 @@ class _CountedConnection(ProtocolWrapper):
         transport.loseConnection()
         self.refused = True
 
+    @property
+    def answers_when_deposed(self) -> bool:
+        """
+        Whether it may be closed gracefully when its cluster term ends (the
+        HTTP API's: every reply it wrote was durable, and its last words are
+        not-granted replies), rather than aborted.
+        """
+        return bool(self.factory.answers_when_deposed)
+
     def close(self) -> None:
         self.loseConnection()
 
@@ -148,7 +157,8 @@ class CountedFactory(WrappingFactory):
     C{auth_timeout}: closes a connection not authorized
     (L{scraper_authorized}) within that many seconds of C{clock}; C{policy}:
     the connection policy whose token its requests carry (its connections
-    are closed when the token they were authorized with is rotated out).
+    are closed when the token they were authorized with is rotated out);
+    C{answers_when_deposed}: see L{_CountedConnection.answers_when_deposed}.
     """
 
     protocol = _CountedConnection
@@ -164,8 +174,10 @@ class CountedFactory(WrappingFactory):
         policy: Optional[ConnectionPolicy] = None,
         protected_refusal: Refusal = PROTECTED_REFUSAL,
         full_refusal: Refusal = FULL_REFUSAL,
+        answers_when_deposed: bool = False,
     ) -> None:
         super().__init__(factory)
+        self.answers_when_deposed = answers_when_deposed
         self.connections = connections
         self.protected = protected
         self.policy = policy

@@ -737,6 +737,7 @@ def serve_http(
     routes = http_locks.ROUTES + coordination.ROUTES + streams.ROUTES + status.ROUTES
     api = HttpApi(context, routes, on_authorized=http_authorized)
     ApiClosing(api, sessions).setServiceParent(server)
+    server.term_ending.append(lambda: api.close("the leader stepped down"))
     factory = http_factory(api, policy, reactor, policy.connections, verbose=settings.verbose)
     for description in settings.http_ports:
         server.listen(description, factory)

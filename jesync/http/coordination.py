@@ -27,8 +27,7 @@ lease (0: the membership lasts as long as the session), the
 C{capabilities} as the member's value.  The table's errors are answered
 with the codes of L{jesync.http.api.error_of}.
 
-Every route that changes something is declared so (C{changes=True}): in
-cluster mode its reply waits for the journal.
+In cluster mode every reply waits for the journal (L{jesync.http.api}).
 """
 
 from __future__ import annotations
@@ -70,7 +69,7 @@ def _election(call: Call) -> Tuple[str, str]:
     return election, call.key("name", election_key(election))
 
 
-@route(ROUTES, "POST", "/v1/elections/{name}/campaign", changes=True)
+@route(ROUTES, "POST", "/v1/elections/{name}/campaign")
 def campaign(call: Call) -> Any:
     election, key = _election(call)
     session = call.session()
@@ -94,7 +93,7 @@ def campaign(call: Call) -> Any:
     return elected(result)
 
 
-@route(ROUTES, "POST", "/v1/elections/{name}/resign", changes=True)
+@route(ROUTES, "POST", "/v1/elections/{name}/resign")
 def resign(call: Call) -> Dict[str, Any]:
     election, key = _election(call)
     if not call.context.locks.release(key, call.session()):
@@ -102,7 +101,7 @@ def resign(call: Call) -> Dict[str, Any]:
     return {"resigned": True}
 
 
-@route(ROUTES, "POST", "/v1/elections/{name}/proclaim", changes=True)
+@route(ROUTES, "POST", "/v1/elections/{name}/proclaim")
 def proclaim(call: Call) -> Dict[str, Any]:
     election, key = _election(call)
     session = call.session()
@@ -150,14 +149,14 @@ def groups(call: Call) -> Dict[str, Any]:
     return {"groups": call.context.groups.groups()}
 
 
-@route(ROUTES, "POST", "/v1/groups/{name}", changes=True)
+@route(ROUTES, "POST", "/v1/groups/{name}")
 def create_group(call: Call) -> Reply:
     name = _group(call)
     call.context.groups.create(name)
     return Reply({"group": name}, status=201)
 
 
-@route(ROUTES, "DELETE", "/v1/groups/{name}", changes=True)
+@route(ROUTES, "DELETE", "/v1/groups/{name}")
 def delete_group(call: Call) -> Dict[str, Any]:
     name = _group(call)
     call.context.groups.delete(name)
@@ -181,7 +180,7 @@ def group(call: Call) -> Dict[str, Any]:
     return {"group": name, "members": members}
 
 
-@route(ROUTES, "POST", "/v1/groups/{name}/join", changes=True)
+@route(ROUTES, "POST", "/v1/groups/{name}/join")
 def join(call: Call) -> Dict[str, Any]:
     name = _group(call)
     session = call.session()
@@ -191,7 +190,7 @@ def join(call: Call) -> Dict[str, Any]:
     return {"group": name, "member": member, "token": grant.token}
 
 
-@route(ROUTES, "POST", "/v1/groups/{name}/leave", changes=True)
+@route(ROUTES, "POST", "/v1/groups/{name}/leave")
 def leave(call: Call) -> Dict[str, Any]:
     name = _group(call)
     session = call.session()
@@ -200,7 +199,7 @@ def leave(call: Call) -> Dict[str, Any]:
     return {"group": name, "member": member, "left": True}
 
 
-@route(ROUTES, "POST", "/v1/groups/{name}/update", changes=True)
+@route(ROUTES, "POST", "/v1/groups/{name}/update")
 def update(call: Call) -> Dict[str, Any]:
     name = _group(call)
     session = call.session()

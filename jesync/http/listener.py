@@ -169,6 +169,7 @@ def http_factory(
         clock=clock,
         policy=policy,
         protected_refusal=PROTECTED_REFUSAL,
+        answers_when_deposed=True,
     )
 
 

@@ -68,7 +68,7 @@ def _grants(call: Call, session: Any) -> List[Dict[str, Any]]:
 # -- sessions -------------------------------------------------------------
 
 
-@route(ROUTES, "POST", "/v1/sessions", changes=True)
+@route(ROUTES, "POST", "/v1/sessions")
 def create_session(call: Call) -> Reply:
     """
     A new session whose TTL is C{ttl} seconds (default L{DEFAULT_TTL}; a
@@ -84,7 +84,7 @@ def create_session(call: Call) -> Reply:
     return Reply({"session": session.id, "ttl": _ttl_of(session)}, status=201)
 
 
-@route(ROUTES, "POST", "/v1/sessions/keepalive", changes=True)
+@route(ROUTES, "POST", "/v1/sessions/keepalive")
 def keep_alive(call: Call) -> Dict[str, Any]:
     """The session's TTL starts again (attached to an elock connection: nothing runs, nothing to do)."""
     session = call.session()
@@ -92,7 +92,7 @@ def keep_alive(call: Call) -> Dict[str, Any]:
     return {"session": session.id, "ttl": _ttl_of(session), "expires_in": session.seconds_left()}
 
 
-@route(ROUTES, "POST", "/v1/sessions/end", changes=True)
+@route(ROUTES, "POST", "/v1/sessions/end")
 def end_session(call: Call) -> Dict[str, Any]:
     """The session ends now, and its locks are released."""
     session = call.session()
@@ -152,7 +152,7 @@ def _mode(call: Call) -> str:
     return SHARED if call.boolean("shared", False) else EXCLUSIVE
 
 
-@route(ROUTES, "POST", "/v1/acquire", changes=True)
+@route(ROUTES, "POST", "/v1/acquire")
 def acquire(call: Call) -> Any:
     """
     C{key}, or C{keys} all or nothing, for the session: at once, or within
@@ -197,7 +197,7 @@ def acquire(call: Call) -> Any:
     return granted(result)
 
 
-@route(ROUTES, "POST", "/v1/release", changes=True)
+@route(ROUTES, "POST", "/v1/release")
 def release(call: Call) -> Dict[str, Any]:
     """C{key} or C{keys} the session holds, released; C{409 not_held} if it held none of them."""
     session = call.session()
@@ -209,7 +209,7 @@ def release(call: Call) -> Dict[str, Any]:
     return {"released": released}
 
 
-@route(ROUTES, "POST", "/v1/renew", changes=True)
+@route(ROUTES, "POST", "/v1/renew")
 def renew(call: Call) -> Dict[str, Any]:
     """
     The session's grant of C{key}: its expiry starts again (C{expires}

@@ -4,7 +4,7 @@ process (L{ClusterMember}, as C{twistd jesync --etcd --http-port} runs one)
 on a real etcd.  Only the leader serves C{--http-port}; an HTTP session and
 its grant (expiry, value, token) are durable before they are reported and
 survive a failover, an empty session too; a long poll pending at the
-step-down is dropped with its connection and granted nothing; the status's
+step-down is answered 409 not_granted and granted nothing; the status's
 term is the cluster's and grows with each leader.
 """
 
@@ -16,7 +16,6 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
-from twisted.web.client import ResponseNeverReceived
 
 from jesync.cluster.etcd import EtcdClient
 from jesync.cluster.member import ClusterMember
@@ -80,9 +79,11 @@ class HttpFailoverTests(TestCase):
 
         yield self.stop(first)
         yield wait_until(lambda: bool(outcome))
-        # (a deposed leader sends nothing more: its connection is dropped, and nothing granted)
-        self.assertIsInstance(outcome[0], Failure, outcome)
-        outcome[0].trap(ResponseNeverReceived)
+        # (a deposed leader's last words: not granted, which reports no change)
+        refused = outcome[0]
+        self.assertFalse(isinstance(refused, Failure), outcome)
+        self.assertEqual((refused.status, refused.json["code"]), (409, "not_granted"))
+        self.assertIn("stepped down", refused.json["message"])
         yield second.when_leading().addTimeout(TAKEOVER_WITHIN * 3, reactor)
         http, api = yield self.http_of(second)
         self.assertGreater(api.context.describe()["server"]["term"], first_term["term"])

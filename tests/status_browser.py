@@ -35,7 +35,7 @@ def browser_missing() -> Optional[str]:
         if not os.access(path, os.X_OK):
             missing.append(f"{path} (apt-get install {package})")
     if missing:
-        return "the status page's browser tests need " + ", ".join(missing)
+        return "the status page's browser tests are SKIPPED: they need " + ", ".join(missing) + " (.ci/run installs chromium and chromium-driver when run as root)"
     return None
 
 

@@ -33,9 +33,9 @@ def browser_missing() -> Optional[str]:
         missing.append("selenium (pip install '.[test]')")
     for path, package in ((CHROMIUM, "chromium"), (CHROMEDRIVER, "chromium-driver")):
         if not os.access(path, os.X_OK):
-            missing.append(f"{path} (apt-get install {package})")
+            missing.append(f"{path} (apt-get install {package}; .ci/run does, as root)")
     if missing:
-        return "the status page's browser tests are SKIPPED: they need " + ", ".join(missing) + " (.ci/run installs chromium and chromium-driver when run as root)"
+        return "the status page's browser tests are SKIPPED: they need " + ", ".join(missing)
     return None
 
 

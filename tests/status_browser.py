@@ -25,7 +25,7 @@ WINDOW = (1280, 800)
 def browser_missing() -> Optional[str]:
     """Why no browser test can run here (what is missing, and how to get it), or C{None}."""
     if platform.python_implementation() != "CPython":
-        return f"the browser tests run under CPython only (this is {platform.python_implementation()})"
+        return f"the status page's browser tests are SKIPPED: they run under CPython only (this is {platform.python_implementation()})"
     missing = []
     try:
         import selenium  # noqa: F401

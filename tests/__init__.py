@@ -30,6 +30,8 @@ Protocols and the rest:
    C{--http-port} (C{start_http}); C{http_events}: its event streams read
    as they arrive; C{http_unit}: the HTTP API on a Clock, through
    twisted.web's channel over a StringTransport.
+ - C{status_browser}: headless chromium under chromedriver (selenium), for
+   the status page's tests.
  - C{tls_certificates}, C{tls_server}, C{metrics_server}, C{tooz_case},
    C{doc_pages}: TLS, metrics, tooz and the docs' pages, for their tests.
 """

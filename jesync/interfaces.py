@@ -26,6 +26,18 @@ class Totals(NamedTuple):
     waiting: int
 
 
+class Waiting(NamedTuple):
+    """
+    One request waiting for a key (L{ILockService.waiters}): its C{owner},
+    its C{mode} (C{"exclusive"} or C{"shared"}), its C{max_concurrent}, and
+    C{since}, the clock time it started waiting.
+    """
+
+    owner: Hashable
+    mode: str
+    max_concurrent: int
+    since: float
+
 
 
 class LockEvent(NamedTuple):
@@ -262,6 +274,13 @@ class ILockService(Interface):
     def holders(key: str) -> list:
         """The L{IGrant}s of C{key}, in the order they were granted."""
 
+    def waiters(key: str, limit: Optional[int] = None) -> list:
+        """
+        The requests waiting for C{key} (L{Waiting}s), in queue order: the
+        first C{limit} of them (None: all).  A multi-key request is in the
+        queue of every key it waits for.
+        """
+
     def listing(order: ListingOrder = "key") -> list[KeyStatus]:
         """
         Every key in use, sorted by key, by waiting count ("requests",
@@ -352,4 +371,5 @@ __all__ = [
     "KeyStatus",
     "ListingOrder",
     "Totals",
+    "Waiting",
 ]

@@ -54,6 +54,10 @@ class LockServer(Listeners):
         self.factories: dict[str, Optional[LockServerFactory]] = {}
         # Every registry of connections to close when stopping.
         self.registries = [policy.connections]
+        # Told when its cluster term ends, before its connections are
+        # dropped: what may still be said (the HTTP API answers its long
+        # polls not-granted; see jesync.cluster.member).
+        self.term_ending: list[Callable[[], None]] = []
         self._started = False
 
     def listening_everywhere(self) -> None:

@@ -61,6 +61,11 @@ from jesync.sessions import TimedGrants
 from jesync.wire import EXCLUSIVE
 
 #: Roles, as /health and the metrics report them.
+# Seconds the HTTP API's connections may take, when a term ends, to take
+# their last replies (long polls answered not-granted) before they are
+# aborted.
+HTTP_STEP_DOWN_GRACE = 0.5
+
 LEADER = "leader"
 STANDBY = "standby"
 
@@ -463,7 +468,7 @@ class ClusterMember(Listeners):
             return journal
 
         server = term.server = self.build(
-            self.reactor, self.settings, cluster=Leadership(first_token, term.certain, journal_for)
+            self.reactor, self.settings, cluster=Leadership(first_token, term.certain, journal_for, term.revision)
         )
         journal = term.journal = journal_holder[0]
         restored = restore(server, state, now, journal)
@@ -571,12 +576,22 @@ class ClusterMember(Listeners):
         server = term.server
         if server is not None:
             # At once, not after the listeners close: replies still in
-            # Twisted's buffers must not go out now.
+            # Twisted's buffers must not go out now.  Only the HTTP API's
+            # connections close gracefully, after its long polls are
+            # answered not-granted: it wrote nothing that was not durable
+            # (jesync.http.api), and "not granted" reports no change.
+            for last_words in server.term_ending:
+                last_words()
+            graceful = 0
             for registry in server.registries:
                 for connection in list(registry):
-                    connection.transport.abortConnection()
+                    if getattr(connection, "answers_when_deposed", False):
+                        connection.close()
+                        graceful += 1
+                    else:
+                        connection.transport.abortConnection()
             if server.running:
-                server.grace = 0
+                server.grace = HTTP_STEP_DOWN_GRACE if graceful else 0
                 stopped = server.stopService()
             stopped.addBoth(lambda _: abandon(server))
         # Revoking deletes the election key: a standby need not wait out the lease.
@@ -607,11 +622,14 @@ class Leadership:
     @ivar first_token: every fencing token is above it.
     @ivar serving: whether the member may still answer (checked before every reply).
     @ivar journal_for: the term's journal, for the server's lock table.
+    @ivar term: the term's number as the cluster knows it (its election
+        key's revision in etcd: larger for every later term).
     """
 
     first_token: int
     serving: Callable[[], bool]
     journal_for: Callable[[Any], Journal]
+    term: Optional[int] = None
 
 
 def restore(server: Any, state: DurableState, now: float, journal: Journal) -> tuple:

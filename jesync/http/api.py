@@ -21,10 +21,14 @@ The rules every route shares live here, once:
    it.  When the server stops (or, in cluster mode, its term ends) every
    call still waiting is answered with C{409 not_granted} saying why
    (L{HttpApi.close}).
- - B{In cluster mode a change is reported only once it is durable}: a
-   route declared C{changes=True} replies only once the journal has the
-   change in etcd (L{jesync.connections.policy.IDurability}), and only
-   while this member may still answer; otherwise C{503 unavailable}.
+ - B{In cluster mode a reply is sent only once what it reports is
+   durable}: as elock's replies, every reply waits until everything the
+   lock table changed so far is in etcd
+   (L{jesync.connections.policy.IDurability}), and is sent only while this
+   member may still answer; otherwise C{503 unavailable}.  An HTTP
+   session is the client's failsafe across a failover, so what it was
+   told it holds, it holds on the next leader.  (Event streams are sent
+   as the table changes, as JESync's watch events are.)
 
 Routes are declared by the modules that handle them (L{route}, into their
 module's C{ROUTES}), and handlers are small functions of a L{Call}: its
@@ -201,16 +205,14 @@ class Route:
     """
     One route: C{method} and a path C{template} (C{/v1/locks/{key}}: each
     C{{name}} one percent-encoded path segment), its C{handler}; C{auth}:
-    whether it needs the token; C{changes}: whether its reply reports a
-    change (durable first in cluster mode).
+    whether it needs the token.
     """
 
-    def __init__(self, method: str, template: str, handler: Callable[[Call], Any], auth: bool, changes: bool) -> None:
+    def __init__(self, method: str, template: str, handler: Callable[[Call], Any], auth: bool) -> None:
         self.method = method
         self.template = template
         self.handler = handler
         self.auth = auth
-        self.changes = changes
         self.pattern: Pattern[str] = re.compile(
             "^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", re.escape(template).replace(r"\{", "{").replace(r"\}", "}")) + "$"
         )
@@ -223,12 +225,12 @@ class Route:
 
 
 def route(
-    routes: List[Route], method: str, template: str, auth: bool = True, changes: bool = False
+    routes: List[Route], method: str, template: str, auth: bool = True
 ) -> Callable[[Callable[[Call], Any]], Callable[[Call], Any]]:
     """Declare the decorated function the handler of C{method template}, in C{routes}."""
 
     def declare(handler: Callable[[Call], Any]) -> Callable[[Call], Any]:
-        routes.append(Route(method, template, handler, auth, changes))
+        routes.append(Route(method, template, handler, auth))
         return handler
 
     return declare
@@ -494,19 +496,19 @@ class HttpApi(Resource):
         call._waiting = None
         reply = result if isinstance(result, Reply) else Reply(result)
         durability = self.context.policy.durability
-        durable = durability.durable() if call.route.changes and durability is not None else None
+        durable = durability.durable() if durability is not None else None
         if durable is None:
             self._send(call, reply)
         else:
-            durable.addCallbacks(lambda _: self._send(call, reply), lambda _: self._send(call, reply))
+            durable.addCallbacks(lambda _: self._send(call, reply), lambda _: self._send(call, reply, False))
 
-    def _send(self, call: Call, reply: Reply) -> None:
+    def _send(self, call: Call, reply: Reply, durable: bool = True) -> None:
         self.in_flight.discard(call)
         if call.gone:
             if reply.undo is not None:
                 reply.undo()
             return
-        if call.route.changes and not self._serving():
+        if not (durable and self._serving()):
             # (a deposed leader reports no change: its write may not have landed)
             if reply.undo is not None:
                 reply.undo()
@@ -525,11 +527,11 @@ class HttpApi(Resource):
         policy = self.context.policy
         if policy.auth_token is None or not route.auth:
             return
-        header = request.getHeader(b"authorization") or ""
-        scheme, _, token = header.partition(" ")
+        header = request.getHeader(b"authorization") or b""  # (bytes: twisted.web's headers are)
+        scheme, _, token = header.partition(b" ")
         generation = None
-        if scheme.lower() == "bearer" and token.strip():
-            generation = policy.generation_of(token.strip().encode("utf-8", "replace"), self.context.clock.seconds())
+        if scheme.lower() == b"bearer" and token.strip():
+            generation = policy.generation_of(token.strip(), self.context.clock.seconds())
         if generation is None:
             raise ApiError(
                 401,
@@ -571,7 +573,7 @@ def grant_document(grant: Any, now: float) -> Dict[str, Any]:
         "mode": grant.mode,
         "max_concurrent": grant.max_concurrent,
         "held_for": max(0.0, now - grant.granted_at),
-        "expires_in": grant.seconds_left(),
+        "expires_in": grant.seconds_left,
         "value": value_text(grant.value),
         "peer": getattr(grant.owner, "peer", None) or repr(grant.owner),
     }

@@ -400,7 +400,7 @@ class HttpPageTests(SynchronousTestCase):
         self.assertTrue(steps_of(sections[0][1])[0].starts_server, "the page's first example starts the server")
         for title, text in sections:
             run.run_section(title, text)
-        self.assertEqual(run.problems, [])
+        self.assertEqual(run.problems, [], "\n\n".join(run.problems))
         self.assertGreater(run.ran, 20)
 
     def test_the_address_is_stated_once(self) -> None:
@@ -426,7 +426,7 @@ class ReadmeHttpTests(SynchronousTestCase):
         self.assertIn("(docs/http.md)", text)
         run = PageRun(self)
         run.run_section(title, text)
-        self.assertEqual(run.problems, [])
+        self.assertEqual(run.problems, [], "\n\n".join(run.problems))
 
 
 class ConventionTests(SynchronousTestCase):

@@ -184,7 +184,9 @@ def event_differences(shown: str, printed: List[str]) -> List[str]:
             except ValueError:
                 found.append(f"line {number}: {other!r} is not JSON")
                 continue
-            found.extend(f"line {number}: {difference}" for difference in differences(json.loads(one[6:]), printed_value))
+            found.extend(
+                f"line {number}: {difference}" for difference in differences(json.loads(one[6:]), printed_value)
+            )
         elif one != other:
             found.append(f"line {number}: {other!r}, the page shows {one!r}")
     return found
@@ -434,12 +436,11 @@ class ConventionTests(SynchronousTestCase):
 
     def test_varying_fields_compare_by_type(self) -> None:
         shown = {"session": "a", "ttl": 30.0, "grants": [{"held_for": 0.0, "expires_in": None, "max_concurrent": 1}]}
+        same = {"session": "b", "ttl": 30, "grants": [{"held_for": 1.5, "expires_in": None, "max_concurrent": 1}]}
+        self.assertEqual(differences(shown, same), [])
+        other = {"session": "b", "ttl": 30.0, "grants": [{"held_for": 1.5, "expires_in": 9.0, "max_concurrent": 2}]}
         self.assertEqual(
-            differences(shown, {"session": "b", "ttl": 30, "grants": [{"held_for": 1.5, "expires_in": None, "max_concurrent": 1}]}),
-            [],
-        )
-        self.assertEqual(
-            differences(shown, {"session": "b", "ttl": 30.0, "grants": [{"held_for": 1.5, "expires_in": 9.0, "max_concurrent": 2}]}),
+            differences(shown, other),
             [".grants[0].expires_in: 9.0, the page shows None", ".grants[0].max_concurrent: 2, the page shows 1"],
         )
         self.assertEqual(differences({"a": 1}, {"a": 1, "b": 2}), [".: fields ['a', 'b'], the page shows ['a']"])
@@ -451,14 +452,21 @@ class ConventionTests(SynchronousTestCase):
 
     def test_events_compare_data_as_json(self) -> None:
         shown = 'event: granted\ndata: {"key": "report", "holder": {"peer": "127.0.0.1:40000"}}\n\n'
-        self.assertEqual(event_differences(shown, ["event: granted", 'data: {"key":"report","holder":{"peer":"x"}}', ""]), [])
+        printed = ["event: granted", 'data: {"key":"report","holder":{"peer":"x"}}', ""]
+        self.assertEqual(event_differences(shown, printed), [])
         self.assertEqual(
             event_differences(shown, ["event: released", 'data: {"key":"report","holder":{"peer":"x"}}', ""]),
             ["line 1: 'event: released', the page shows 'event: granted'"],
         )
 
     def test_steps_pair_commands_with_what_they_print(self) -> None:
-        text = "```sh\ntwistd -n --pidfile= jesync --http-port 8080\n```\n```sh\ncurl -s x\n```\n\n```json\n{}\n```\n```sh\ncurl -sN y\n```\n```text\nevent: a\n```\n"
+        text = (
+            "```sh\ntwistd -n --pidfile= jesync --http-port 8080\n```\n"
+            "```sh\ncurl -s x\n```\n\n```json\n{}\n```\n"
+            "```sh\ncurl -sN y\n```\n```text\nevent: a\n```\n"
+        )
         steps = steps_of(text)
-        self.assertEqual([(step.starts_server, step.streams, [block.language for block in step.shown]) for step in steps],
-                         [(True, False, []), (False, False, ["json"]), (False, True, ["text"])])
+        self.assertEqual(
+            [(step.starts_server, step.streams, [block.language for block in step.shown]) for step in steps],
+            [(True, False, []), (False, False, ["json"]), (False, True, ["text"])],
+        )

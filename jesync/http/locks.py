@@ -41,8 +41,7 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall
 
 from jesync.connections.listings import ROW_BYTES, SnapshotRead
-from jesync.http.api import ApiContext, ApiError, Call, Reply, Route, grant_document, route
-from jesync.interfaces import IOwnerChanges
+from jesync.http.api import ApiContext, ApiError, Call, Reply, Route, grant_document, invalid, owner_changes, peer_of, tell_renewed, route
 from jesync.wire import EXCLUSIVE, SHARED, encode_key
 
 ROUTES: List[Route] = []
@@ -53,11 +52,6 @@ DEFAULT_TTL = 30.0
 
 def _ttl_of(session: Any) -> float:
     return session.grace_ms / 1000
-
-
-def _owner_changes(call: Call) -> Optional[Any]:
-    """The lock table's observer if it records sessions (cluster mode: the journal)."""
-    return IOwnerChanges(call.context.locks.observer, None)
 
 
 def _grants(call: Call, session: Any) -> List[Dict[str, Any]]:
@@ -76,9 +70,9 @@ def create_session(call: Call) -> Reply:
     """
     ttl = call.number("ttl", DEFAULT_TTL)
     if ttl <= 0:
-        raise ApiError(400, "invalid_parameter", "ttl must be more than 0 seconds", parameter="ttl")
+        raise invalid("ttl", "must be more than 0 seconds")
     session = call.context.sessions.open(max(1, round(ttl * 1000)), call.peer)
-    changes = _owner_changes(call)
+    changes = owner_changes(call.context)
     if changes is not None:
         changes.session_changed(session)
     return Reply({"session": session.id, "ttl": _ttl_of(session)}, status=201)
@@ -136,18 +130,6 @@ def list_sessions(call: Call) -> Dict[str, Any]:
 # -- locks ------------------------------------------------------------------
 
 
-def _renewed(call: Call, session: Any, keys: List[str]) -> None:
-    """
-    Tell cluster mode's journal of the session's grants renewed (their
-    expiry, their value: the lock table tells it of grants, not of
-    renewals), before the durable reply.
-    """
-    changes = _owner_changes(call)
-    if changes is not None:
-        for key in keys:
-            changes.held_changed(session, key)
-
-
 def _mode(call: Call) -> str:
     return SHARED if call.boolean("shared", False) else EXCLUSIVE
 
@@ -170,12 +152,7 @@ def acquire(call: Call) -> Any:
     held_before = {key for key in keys if locks.grant_of(key, session) is not None}
     if "keys" in call.body:
         if max_concurrent != 1:
-            raise ApiError(
-                400,
-                "invalid_parameter",
-                "max_concurrent must be 1 with keys (several keys are each taken exclusively or shared)",
-                parameter="max_concurrent",
-            )
+            raise invalid("max_concurrent", "must be 1 with keys (several keys are each taken exclusively or shared)")
         result: Any = locks.request_many(keys, session, wait, expires, mode, value)
     else:
         result = locks.request(keys[0], session, max_concurrent, wait, expires, mode, value)
@@ -183,7 +160,7 @@ def acquire(call: Call) -> Any:
     def granted(grants: Any) -> Reply:
         grants = grants if isinstance(grants, list) else [grants]
         new = [grant for grant in grants if grant.key not in held_before]
-        _renewed(call, session, [grant.key for grant in grants if grant.key in held_before])
+        tell_renewed(call, session, [grant.key for grant in grants if grant.key in held_before])
 
         def undo() -> None:
             for grant in new:
@@ -226,12 +203,8 @@ def renew(call: Call) -> Dict[str, Any]:
         raise ApiError(409, "not_held", f"the session does not hold {key}")
     # (asking again for a key held in the same mode renews its grant)
     renewed = locks.request(key, session, grant.max_concurrent, 0, expires, grant.mode, value)
-    _renewed(call, session, [key])
+    tell_renewed(call, session, [key])
     return {"grants": [grant_document(renewed, call.context.clock.seconds())]}
-
-
-def _peer_of(owner: Any) -> str:
-    return getattr(owner, "peer", None) or repr(owner)
 
 
 @route(ROUTES, "GET", "/v1/locks/{key}")
@@ -250,7 +223,7 @@ def lock_detail(call: Call) -> Dict[str, Any]:
         "holders": [grant_document(grant, now) for grant in holders],
         "waiters": [
             {
-                "peer": _peer_of(waiting.owner),
+                "peer": peer_of(waiting.owner),
                 "mode": waiting.mode,
                 "max_concurrent": waiting.max_concurrent,
                 "waited": max(0.0, now - waiting.since),
@@ -362,7 +335,7 @@ def list_locks(call: Call) -> Dict[str, Any]:
     """
     order = call.query("order", "key")
     if order not in _ORDERS:
-        raise ApiError(400, "invalid_parameter", "order must be key or waiters", parameter="order")
+        raise invalid("order", "must be key or waiters")
     prefix = call.query("prefix", "") or ""
     after = call.query("after")
     limit = call.query_integer("limit", 100, 1, 1000)
@@ -388,9 +361,9 @@ def list_locks(call: Call) -> Dict[str, Any]:
         try:
             offset = int(after)
         except ValueError:
-            raise ApiError(400, "invalid_parameter", "after must be a cursor this listing gave", parameter="after")
+            raise invalid("after", "must be a cursor this listing gave")
         if offset < 0:
-            raise ApiError(400, "invalid_parameter", "after must be a cursor this listing gave", parameter="after")
+            raise invalid("after", "must be a cursor this listing gave")
     matching: Callable[[Any], bool] = (lambda row: row[0].startswith(prefix)) if prefix else (lambda row: True)
     page = []
     index = offset

@@ -16,6 +16,7 @@ from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import directlyProvides
 
 from jesync.connections.policy import ConnectionPolicy, Connections
+from jesync.groups import GroupTable
 from jesync.http import locks as http_locks
 from jesync.http.api import ApiContext, HttpApi
 from jesync.http.listener import MAX_BODY, REFUSED_LINGER, authorized, http_factory
@@ -63,10 +64,10 @@ class ApiCase(SynchronousTestCase):
         self.connections = Connections(10)
         self.sessions = SessionTable(self.clock, self.locks)
 
-    def serve(self, **policy_options) -> None:
+    def serve(self, routes=http_locks.ROUTES, **policy_options) -> None:
         self.policy = ConnectionPolicy(connections=self.connections, **policy_options)
-        context = ApiContext(self.locks, self.sessions, None, self.policy, self.clock, max_wait=60)
-        self.api = HttpApi(context, http_locks.ROUTES, on_authorized=authorized)
+        context = ApiContext(self.locks, self.sessions, GroupTable(self.locks), self.policy, self.clock, max_wait=60)
+        self.api = HttpApi(context, routes, on_authorized=authorized)
         self.factory = http_factory(self.api, self.policy, self.clock)
         self.factory.doStart()
         self.addCleanup(self.factory.doStop)
@@ -329,6 +330,34 @@ class ClusterModeTests(ApiCase):
         self.call(client, b"POST", b"/v1/acquire", {"session": session, "keys": ["k", "j"], "expires": 9})
         self.assertEqual(journal.told[1:], [("held", session, "k"), ("held", session, "k")])
         self.assertEqual(self.locks.grant_of("k", self.sessions.find(session)).value, b"v")
+
+    def test_journal_told_of_coordination_renewals(self) -> None:
+        """
+        A proclaim, a campaign by the leader with a new value and a group
+        update renew a grant (its value): the journal is told of each, so
+        that the next leader restores the value the client was told of.
+        """
+        from jesync.http import coordination
+        from jesync.wire import election_key, member_key
+
+        journal = RecordingJournal()
+        directlyProvides(journal, IOwnerChanges)
+        self.locks.observer = journal
+        self.serve(durability=journal, routes=http_locks.ROUTES + coordination.ROUTES)
+        client = self.connect()
+        session = self.call(client, b"POST", b"/v1/sessions", {"ttl": 30})[2]["session"]
+        self.assertEqual(self.call(client, b"POST", b"/v1/elections/e/campaign", {"session": session})[0], 200)
+        self.assertEqual(self.call(client, b"POST", b"/v1/groups/g", {})[0], 201)
+        self.assertEqual(self.call(client, b"POST", b"/v1/groups/g/join", {"session": session, "member": "m"})[0], 200)
+        del journal.told[:]
+        self.assertEqual(self.call(client, b"POST", b"/v1/elections/e/proclaim", {"session": session, "value": "a"})[0], 200)
+        self.assertEqual(self.call(client, b"POST", b"/v1/elections/e/campaign", {"session": session, "value": "b"})[0], 200)
+        update = {"session": session, "member": "m", "capabilities": "c"}
+        self.assertEqual(self.call(client, b"POST", b"/v1/groups/g/update", update)[0], 200)
+        self.assertEqual(
+            journal.told,
+            [("held", session, election_key("e")), ("held", session, election_key("e")), ("held", session, member_key("g", "m"))],
+        )
 
 
 class WiringTests(SynchronousTestCase):

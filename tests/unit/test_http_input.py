@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -168,6 +168,10 @@ class FuzzTests(SynchronousTestCase):
         st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=6),
         st.booleans(),
     )
+    @example("/v1/acquire", {"keys": [1]}, True)
+    @example("/v1/acquire", {"key": "k", "expires": float("inf")}, True)
+    @example("/v1/sessions", {"ttl": 1e308}, False)
+    @example("/v1/acquire", {"key": "k", "max_concurrent": 10**400}, True)
     def test_post_routes(self, path: str, fields: Any, live: bool) -> None:
         server = UnitApi(ROUTES)
         server.ask("POST", "/v1/groups/n")

@@ -39,7 +39,7 @@ C{limit + 1} smallest keys after the cursor, C{heapq.nsmallest}), which at
 where a snapshot takes 1.0 s (CPython) and 1.4 s (PyPy) and 72 MB; in
 waiters order the page is read from a snapshot given back at once (the
 status page's top keys come from the status document, not from this).
-""""""
+"""
 
 from __future__ import annotations
 
@@ -414,7 +414,7 @@ def _scanned_page(call: Call, prefix: str, after: Optional[str], limit: int) -> 
 def _waiters_page(rows: Sequence[Any], prefix: str, offset: int, limit: int) -> Dict[str, Any]:
     """A page of the listing by waiters from C{offset} (only the keys with C{prefix})."""
     matching: Callable[[Any], bool] = (lambda row: row[0].startswith(prefix)) if prefix else (lambda row: True)
-    page = []
+    page: List[Any] = []
     index = offset
     while index < len(rows) and len(page) < limit:
         if matching(rows[index]):

@@ -846,6 +846,35 @@ class LockService:
         rows.sort(key=listing_sort_key(order))
         return rows
 
+    def first_keys(self, count: int, after: bytes | None = None, prefix: bytes = b"") -> tuple[list[tuple], int]:
+        """
+        The first C{count} rows of L{snapshot}C{("key")} whose key (its
+        bytes, L{jesync.wire.encode_key}) is after C{after} and starts with
+        C{prefix}, and how many keys start with C{prefix}: one pass over the
+        table that keeps C{count} rows (C{heapq.nsmallest}), no snapshot of
+        it, for a page of a table too large to snapshot.
+        """
+        matching = 0
+
+        def candidates() -> Iterable[tuple[bytes, str]]:
+            nonlocal matching
+            for key in self._locks:
+                encoded = key.encode("utf-8", "surrogateescape")
+                if encoded.startswith(prefix):
+                    matching += 1
+                    if after is None or encoded > after:
+                        yield encoded, key
+
+        first = heapq.nsmallest(count, candidates())
+        rows: list[tuple] = []
+        for _, key in first:
+            lock = self._locks[key]
+            if lock.holders and lock.holders[0].mode is SHARED:
+                rows.append((key, len(lock.holders), lock.waiting, SHARED))
+            else:
+                rows.append((key, len(lock.holders), lock.waiting))
+        return rows, matching
+
     def busiest(self, count: int) -> list[KeyStatus]:
         """
         The C{count} keys with the most waiters, then the most holders (in

@@ -38,6 +38,7 @@ JSON fields read with typed accessors that answer C{400} for bad input.
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any, Callable, Dict, List, Optional, Pattern, Sequence, Tuple
 from urllib.parse import unquote
@@ -62,7 +63,8 @@ from jesync.errors import (
     MemberNotJoined,
     ModeConflict,
 )
-from jesync.wire import MAX_VALUE, key_problem
+from jesync.interfaces import IOwnerChanges
+from jesync.wire import LARGEST_NUMBER, MAX_VALUE, key_problem
 
 log = Logger()
 
@@ -95,8 +97,9 @@ class ApiError(Exception):
 
 def error_of(failure: Failure, why_cancelled: str = "the request was cancelled") -> ApiError:
     """
-    The error reply for a lock table's exception (None: not one of them: a
-    bug, answered with C{500}).
+    The error reply for a failure: an L{ApiError} itself, or the one for a
+    lock table's exception; anything else is a bug, logged and answered
+    with C{500 internal_error}.
     """
     error = failure.value
     if isinstance(error, ApiError):
@@ -254,7 +257,9 @@ class Call:
         self.params = params
         self.gone = False
         self.why_stopped = "the client went away"
+        self.stopped = False
         self._body: Optional[Dict[str, Any]] = None
+        self._session: Any = None
         self._waiting: Optional[Deferred[Any]] = None
         self._held: Optional[Held] = None
         request.notifyFinish().addBoth(self._finished)
@@ -277,6 +282,8 @@ class Call:
                     parsed = json.loads(raw)
                 except ValueError as error:  # (UnicodeDecodeError is one)
                     raise ApiError(400, "invalid_json", f"the body is not JSON: {error}")
+                except RecursionError:
+                    raise ApiError(400, "invalid_json", "the body is not JSON: it is nested too deeply")
                 if not isinstance(parsed, dict):
                     raise ApiError(400, "invalid_json", "the body must be a JSON object")
                 self._body = parsed
@@ -310,19 +317,32 @@ class Call:
             raise invalid(name, "must be a string")
         return value
 
-    def number(self, name: str, default: Any = _MISSING, minimum: Optional[float] = None) -> Any:
-        """A number field, at least C{minimum}."""
+    def number(
+        self, name: str, default: Any = _MISSING, minimum: Optional[float] = None, maximum: float = LARGEST_NUMBER
+    ) -> Any:
+        """
+        A number field, at least C{minimum}, at most C{maximum} (by default
+        the largest number the line protocols accept: a time in seconds
+        past it is no time a lock server keeps, and an infinite one would
+        wedge the timers): finite, else C{400 invalid_parameter}.
+        """
         value = self._field(name, default)
         if value is default:
             return value
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise invalid(name, "must be a number")
+        if isinstance(value, float) and not math.isfinite(value):
+            raise invalid(name, "must be a finite number")
         if minimum is not None and value < minimum:
             raise invalid(name, f"must be at least {minimum}")
+        if value > maximum:
+            raise invalid(name, f"must be at most {maximum}")
         return value
 
-    def integer(self, name: str, default: Any = _MISSING, minimum: Optional[int] = None) -> Any:
-        """An integer field, at least C{minimum}."""
+    def integer(
+        self, name: str, default: Any = _MISSING, minimum: Optional[int] = None, maximum: int = LARGEST_NUMBER
+    ) -> Any:
+        """An integer field, at least C{minimum}, at most C{maximum} (by default as the line protocols)."""
         value = self._field(name, default)
         if value is default:
             return value
@@ -330,6 +350,8 @@ class Call:
             raise invalid(name, "must be an integer")
         if minimum is not None and value < minimum:
             raise invalid(name, f"must be at least {minimum}")
+        if value > maximum:
+            raise invalid(name, f"must be at most {maximum}")
         return value
 
     def boolean(self, name: str, default: Any = _MISSING) -> Any:
@@ -366,16 +388,27 @@ class Call:
         if "key" in body:
             return [self.key()]
         keys = body["keys"]
-        if not isinstance(keys, list) or not keys:
-            raise invalid("keys", "must be a non-empty list of keys")
+        if not isinstance(keys, list) or not keys or not all(isinstance(key, str) for key in keys):
+            raise invalid("keys", "must be a non-empty list of keys (strings)")
         return [self.key("keys", key) for key in keys]
 
     def session(self) -> Any:
         """The live session named by the C{session} field, else C{404 no_such_session}."""
         session = self.context.sessions.find(self.text("session"))
         if session is None:
-            raise ApiError(404, "no_such_session", "no such session (it ended, or its ttl ran out)")
+            raise no_such_session()
+        self._session = session
         return session
+
+    def session_ended(self, failure: Failure) -> bool:
+        """
+        Whether C{failure} (of this call's long poll) is its session's end:
+        a wait is cancelled by its client going away (nothing is sent then),
+        by the server stopping (L{stop}), or by its session ending (its end,
+        its TTL running out: the lock table withdraws the session's waits
+        as it releases its locks, before the session table forgets it).
+        """
+        return failure.check(CancelledError) is not None and self._session is not None and not self.stopped
 
     def wait(self, name: str = "wait") -> float:
         """A long poll's seconds: 0 by default; -1, or more than the server's C{--http-max-wait}: that."""
@@ -402,6 +435,7 @@ class Call:
     def stop(self, why: str) -> None:
         """The server stops: a wait is answered C{not_granted} saying C{why}; a stream ends."""
         self.why_stopped = why
+        self.stopped = True
         if self._waiting is not None:
             self._waiting.cancel()
         if self._held is not None:
@@ -416,6 +450,10 @@ class Call:
                 self._waiting.cancel()
             if self._held is not None:
                 self._held.stop("the client went away")
+
+
+def no_such_session() -> ApiError:
+    return ApiError(404, "no_such_session", "no such session (it ended, or its ttl ran out)")
 
 
 def invalid(name: str, problem: str) -> ApiError:
@@ -520,8 +558,13 @@ class HttpApi(Resource):
     def _failed(self, failure: Failure, call: Call) -> None:
         self.in_flight.discard(call)
         call._waiting = None
-        if not call.gone:
-            self._write_error(call.request, error_of(failure, call.why_stopped))
+        if call.gone:
+            return
+        if call.session_ended(failure):
+            # (its session ended while it waited: the wait was withdrawn with it)
+            self._write_error(call.request, no_such_session())
+            return
+        self._write_error(call.request, error_of(failure, call.why_stopped))
 
     def _check_token(self, request: Any, route: Route) -> None:
         policy = self.context.policy
@@ -565,6 +608,25 @@ class HttpApi(Resource):
         request.finish()
 
 
+def owner_changes(context: ApiContext) -> Optional[Any]:
+    """The lock table's observer if it records sessions (cluster mode: the journal)."""
+    return IOwnerChanges(context.locks.observer, None)
+
+
+def tell_renewed(call: Call, session: Any, keys: Sequence[str]) -> None:
+    """
+    Tell cluster mode's journal of the session's grants renewed (their
+    expiry, their value: the lock table tells it of grants, not of
+    renewals, nor of a group member's capabilities updated), before the
+    durable reply: every call that renews a grant (acquire, renew,
+    campaign, proclaim, a group update) calls this.
+    """
+    changes = owner_changes(call.context)
+    if changes is not None:
+        for key in keys:
+            changes.held_changed(session, key)
+
+
 def grant_document(grant: Any, now: float) -> Dict[str, Any]:
     """A grant as the API shows it (its holder's peer, never a session id), at clock time C{now}."""
     return {
@@ -575,8 +637,13 @@ def grant_document(grant: Any, now: float) -> Dict[str, Any]:
         "held_for": max(0.0, now - grant.granted_at),
         "expires_in": grant.seconds_left,
         "value": value_text(grant.value),
-        "peer": getattr(grant.owner, "peer", None) or repr(grant.owner),
+        "peer": peer_of(grant.owner),
     }
+
+
+def peer_of(owner: Any) -> str:
+    """An owner's peer as the API shows it (a session's, a connection's; never a session id)."""
+    return getattr(owner, "peer", None) or repr(owner)
 
 
 def value_text(value: Optional[bytes]) -> Optional[str]:
@@ -585,4 +652,7 @@ def value_text(value: Optional[bytes]) -> Optional[str]:
 
 
 def encode_json(document: Any) -> bytes:
-    return json.dumps(document, ensure_ascii=False, separators=(",", ":")).encode("utf-8", "surrogatepass")
+    """C{document} as JSON (never NaN or Infinity, which are not JSON: a ValueError, a bug)."""
+    return json.dumps(document, ensure_ascii=False, allow_nan=False, separators=(",", ":")).encode(
+        "utf-8", "surrogatepass"
+    )

@@ -36,7 +36,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from twisted.internet.defer import Deferred
 
-from jesync.http.api import ApiError, Call, Reply, Route, grant_document, invalid, route, value_text
+from jesync.http.api import ApiError, Call, Reply, Route, grant_document, invalid, peer_of, route, tell_renewed, value_text
 from jesync.http.streams import proclaimed
 from jesync.wire import EXCLUSIVE, election_key, group_key, member_key
 
@@ -81,6 +81,7 @@ def campaign(call: Call) -> Any:
 
     def elected(grant: Any) -> Reply:
         if grant is leading:
+            tell_renewed(call, session, [key])
             if value is not None:
                 proclaimed(context, election)
             undo = None  # (it led already: a client gone is no reason to resign)
@@ -114,6 +115,7 @@ def proclaim(call: Call) -> Dict[str, Any]:
     # A renewal that keeps the grant's expiry (none, as campaign gives it),
     # its token and its mode, with the new value (None: no value).
     locks.request(key, session, grant.max_concurrent, 0, 0 if left is None else max(left, 0.001), grant.mode, value)
+    tell_renewed(call, session, [key])
     proclaimed(call.context, election)
     return {"leader": grant_document(grant, call.context.clock.seconds())}
 
@@ -172,7 +174,7 @@ def group(call: Call) -> Dict[str, Any]:
         members.append(
             {
                 "member": member,
-                "peer": grant_document(grant, now)["peer"],
+                "peer": peer_of(grant.owner),
                 "token": grant.token,
                 "capabilities": value_text(grant.value),
             }
@@ -206,4 +208,5 @@ def update(call: Call) -> Dict[str, Any]:
     member = _member(call, name)
     capabilities = _new_value(call, "capabilities")
     call.context.groups.update(name, member, session, capabilities)
+    tell_renewed(call, session, [member_key(name, member)])
     return {"group": name, "member": member, "capabilities": value_text(capabilities)}

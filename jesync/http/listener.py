@@ -33,16 +33,19 @@ from typing import Any, Optional
 
 from twisted.application import service
 from twisted.internet.interfaces import IDelayedCall, IProtocolFactory, IReactorTime
+from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web import http
 from twisted.web.server import Request, Site
 
-from jesync.connections.policy import ConnectionPolicy, Connections
+from jesync.connections.policy import ConnectionPolicy, Connections, describe_peer
 from jesync.errors import ProtectedMode
 from jesync.http.api import ApiError, HttpApi, encode_json
 from jesync.http.locks import forget_snapshots
 from jesync.metrics_connections import CountedFactory, Refusal, refusal_response, scraper_authorized
 from jesync.sessions import SessionTable
+
+log = Logger()
 
 # The largest request body read, in bytes: every API request is a small JSON object.
 MAX_BODY = 64 * 1024
@@ -133,15 +136,118 @@ class CappedRequest(Request):
         self._linger = self.channel.callLater(REFUSED_LINGER, transport.abortConnection)
 
 
+class ApiChannel(http.HTTPChannel):
+    """
+    An HTTP connection held to the line protocols' rule for a client that
+    does not read its replies (L{jesync.connections.connection}):
+
+     - while the transport is paused (its buffer full), no further
+       pipelined request is processed: the one that finished is done, the
+       next waits, and reading stops, until the transport resumes.
+       (twisted.web's own channel goes on to the next request already
+       received even while paused, so a client that pipelines requests for
+       a large reply and never reads could make the server buffer replies
+       without bound);
+     - once the transport has been paused for a whole reactor turn, what
+       is written counts toward C{max_unsent} (what one turn writes is
+       never counted: a client that reads as fast as it can is never cut
+       off); past it the connection is aborted, logged as "not reading its
+       replies".  (Response heads, written by twisted.web straight to the
+       transport, are not counted: they are small.)
+
+    It relies on these private attributes of twisted.web's HTTPChannel
+    (Twisted 25.5 and 26.10 alike): C{_waitingForTransport} (the transport
+    paused it), C{_networkProducer} (the transport, to stop reading) and
+    C{requestDone}'s replay of the data buffered meanwhile
+    (C{_handlingRequest}, C{_dataBuffer}: left to it, called later).
+    """
+
+    max_unsent: Optional[int] = None
+    _held: Optional[http.Request] = None
+    _paused_long = False
+    _behind = 0
+    _dropped = False
+
+    def requestDone(self, request: http.Request) -> None:
+        if self._waitingForTransport and self.persistent:
+            # (still "handling a request": what arrives is buffered, and
+            # played back when it is done, on resumeProducing)
+            self._held = request
+            if not self._dropped:
+                self._networkProducer.pauseProducing()
+            return
+        super().requestDone(request)
+
+    def pauseProducing(self) -> None:
+        if not self._waitingForTransport:
+            self._behind = 0
+            self.callLater(0, self._pause_lasted)
+        super().pauseProducing()
+
+    def _pause_lasted(self) -> None:
+        if self._waitingForTransport:
+            self._paused_long = True
+
+    def resumeProducing(self) -> None:
+        self._paused_long = False
+        self._behind = 0
+        super().resumeProducing()
+        held, self._held = self._held, None
+        if held is not None and not self._waitingForTransport:
+            super().requestDone(held)
+
+    def write(self, data: bytes) -> None:
+        super().write(data)
+        self._count_behind(len(data))
+
+    def writeSequence(self, iovec: Any) -> None:
+        super().writeSequence(iovec)
+        self._count_behind(sum(len(data) for data in iovec))
+
+    def _count_behind(self, size: int) -> None:
+        if not self._paused_long or self.max_unsent is None or self._dropped:
+            return
+        self._behind += size
+        if self._behind > self.max_unsent:
+            transport: Any = self.transport
+            log.info(
+                "{peer} dropped: not reading its replies ({behind} bytes behind)",
+                peer=describe_peer(transport.getPeer()),
+                behind=self._behind,
+            )
+            self._paused_long = False
+            self._dropped = True
+            transport.abortConnection()
+
+
 class ApiSite(Site):
-    """The API's site: its requests capped (L{CappedRequest}); no access log line per request unless C{verbose}."""
+    """
+    The API's site: its requests capped (L{CappedRequest}), its connections
+    held to C{max_unsent} (L{ApiChannel}); no access log line per request
+    unless C{verbose}.
+    """
 
     noisy = False
     requestFactory = CappedRequest
+    # (the channel itself, not twisted.web's wrapper that would offer HTTP/2
+    # by ALPN: the API speaks HTTP/1.1)
+    protocol = ApiChannel  # type: ignore[assignment]
 
-    def __init__(self, api: HttpApi, verbose: bool = False, reactor: Optional[IReactorTime] = None) -> None:
+    def __init__(
+        self,
+        api: HttpApi,
+        verbose: bool = False,
+        reactor: Optional[IReactorTime] = None,
+        max_unsent: Optional[int] = None,
+    ) -> None:
         super().__init__(api, reactor=reactor)
         self.verbose = verbose
+        self.max_unsent = max_unsent
+
+    def buildProtocol(self, addr: Any) -> Any:
+        channel = super().buildProtocol(addr)
+        channel.max_unsent = self.max_unsent
+        return channel
 
     def log(self, request: http.Request) -> None:
         if self.verbose:
@@ -162,7 +268,7 @@ def http_factory(
     (L{authorized}; give it to the L{HttpApi} as C{on_authorized}).
     """
     return CountedFactory(
-        ApiSite(api, verbose, reactor=clock),
+        ApiSite(api, verbose, reactor=clock, max_unsent=policy.max_unsent),
         policy.connections if registry is None else registry,
         protected=policy.protected,
         auth_timeout=policy.auth_timeout if policy.auth_token is not None else None,

@@ -222,6 +222,41 @@ class StatusPageBrowserTests(StatusPageServer, SynchronousTestCase):
         self.assertTrue(shown["marked"], "the page was loaded again")
         self.assertEqual(console_problems(driver), [])
 
+    def test_key_list_fetched_at_most_every_5_s(self) -> None:
+        """
+        Status events come every 0.5 s while the table changes: the page
+        fetches what it shows on each (the sessions), but the key list's
+        page at most every 5 s (and once more when it is due, so the last
+        change is shown).
+        """
+        base = self.start()
+        holder = JESyncLine(self, self.server.port)
+        driver = self.browser()
+        driver.get(base + "/")
+        driver.execute_script("performance.setResourceTimingBufferSize(100000)")
+        holder.send("lock first")
+        self.assertEqual(holder.read().split()[0], "GRANTED")
+        self.wait_shown(driver, "first", lambda shown: shown["peers"], "the first key")
+        fetched = "return performance.getEntriesByType('resource').filter(e => e.name.includes(arguments[0])).length"
+        lists = driver.execute_script(fetched, "/v1/locks?order=key")
+        started = time.monotonic()
+        for number in range(6):
+            sessions = driver.execute_script(fetched, "/v1/sessions?")
+            holder.send(f"lock k{number}")
+            self.assertEqual(holder.read().split()[0], "GRANTED")
+            deadline = time.monotonic() + SHOWN_WITHIN
+            while driver.execute_script(fetched, "/v1/sessions?") == sessions:  # (a status event's refresh)
+                self.assertLess(time.monotonic(), deadline, "no refresh after a change")
+                time.sleep(0.05)
+        elapsed = time.monotonic() - started
+        listed = driver.execute_script(fetched, "/v1/locks?order=key") - lists
+        self.assertLessEqual(listed, 1 + int(elapsed / 5), f"{listed} key list pages in {elapsed:.1f} s")
+        from selenium.webdriver.support.ui import WebDriverWait
+
+        in_list = "return document.querySelector('#key-list tr.key[data-key=\"k5\"]') !== null"
+        WebDriverWait(driver, SHOWN_WITHIN, poll_frequency=0.05).until(lambda driver: driver.execute_script(in_list))
+        self.assertEqual(console_problems(driver), [])
+
     def test_token_asked_for_then_the_page_works(self) -> None:
         base = self.start("--auth-token-file", write_file(self, TOKEN + b"\n"), auth_token=TOKEN)
         holder = JESyncLine(self, self.server.port)

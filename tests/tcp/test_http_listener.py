@@ -15,7 +15,7 @@ from twisted.internet.endpoints import TCP4ClientEndpoint, connectProtocol
 from jesync.lock_server import TokenFile
 from tests.http_client import HttpClient, base_url, http_listener, start_http
 from tests.server_case import ServerTestCase, listening_port
-from tests.support import TIMEOUT, LineClient, capture_log, write_file
+from tests.support import TIMEOUT, LineClient, capture_log, wait_until, write_file
 
 
 class SessionTests(ServerTestCase):
@@ -109,3 +109,47 @@ class ConnectionTests(ServerTestCase):
         again = yield listening_port(http_listener(server.service))
         created = yield HttpClient(self, base_url(again)).post("/v1/sessions", {})
         self.assertEqual(created.status, 201)
+
+
+class SlowReaderTests(ServerTestCase):
+    @inlineCallbacks
+    def test_pipelined_requests_held_while_not_reading(self):
+        """
+        One connection sends 40 pipelined GETs of a large group (about 3 MB
+        each) and reads nothing: one reply is made, the next request waits
+        while the transport is paused (the server's memory stays bounded:
+        one reply, not 40); closed, nothing more is made.
+        """
+        server, port = yield start_http(self, "--max-unsent", "65536")
+        site = http_listener(server.service).factory.wrappedFactory
+        groups = site.resource.context.groups
+        groups.create("big")
+        for index in range(750):
+            groups.join("big", f"member-{index}", f"owner-{index}", b"c" * 4000, 0)
+        made = []
+        member_grants = groups.member_grants
+
+        def counted(name):
+            made.append(name)
+            return member_grants(name)
+
+        groups.member_grants = counted
+        channels = []
+        build = site.buildProtocol
+
+        def recorded(addr):
+            channels.append(build(addr))
+            return channels[-1]
+
+        site.buildProtocol = recorded
+        client = yield connect_raw(server, port)
+        client.transport.pauseProducing()  # (it reads nothing)
+        client.send(request(b"/v1/groups/big") * 40)
+        yield wait_until(lambda: bool(channels) and channels[0]._held is not None)
+        self.assertEqual(made, ["big"])
+        yield client.abort()
+        yield wait_until(lambda: len(server.policy.connections) == 0)
+        self.assertEqual(made, ["big"])
+        for index in range(750):
+            groups.leave("big", f"member-{index}", f"owner-{index}")
+        groups.delete("big")

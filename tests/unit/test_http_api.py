@@ -15,7 +15,9 @@ from twisted.internet.testing import StringTransport
 from twisted.trial.unittest import SynchronousTestCase
 from zope.interface import directlyProvides
 
+from jesync.connections.listings import ROW_BYTES, ListingBudget
 from jesync.connections.policy import ConnectionPolicy, Connections
+from jesync.groups import GroupTable
 from jesync.http import locks as http_locks
 from jesync.http.api import ApiContext, HttpApi
 from jesync.http.listener import MAX_BODY, REFUSED_LINGER, authorized, http_factory
@@ -63,10 +65,10 @@ class ApiCase(SynchronousTestCase):
         self.connections = Connections(10)
         self.sessions = SessionTable(self.clock, self.locks)
 
-    def serve(self, **policy_options) -> None:
+    def serve(self, routes=http_locks.ROUTES, **policy_options) -> None:
         self.policy = ConnectionPolicy(connections=self.connections, **policy_options)
-        context = ApiContext(self.locks, self.sessions, None, self.policy, self.clock, max_wait=60)
-        self.api = HttpApi(context, http_locks.ROUTES, on_authorized=authorized)
+        context = ApiContext(self.locks, self.sessions, GroupTable(self.locks), self.policy, self.clock, max_wait=60)
+        self.api = HttpApi(context, routes, on_authorized=authorized)
         self.factory = http_factory(self.api, self.policy, self.clock)
         self.factory.doStart()
         self.addCleanup(self.factory.doStop)
@@ -205,6 +207,37 @@ class ListingTests(ApiCase):
     def test_pages_cover_the_table_once(self) -> None:
         """3,000 keys in pages of 1,000 (the most): every key once, in key order; a prefix's pages too."""
         self.serve()
+        self.check_pages()
+
+    def test_table_larger_than_the_budget(self) -> None:
+        """
+        A table whose snapshot would take more than half the listing budget:
+        the same pages in key order, each made by one bounded pass over the
+        table, no snapshot held or kept (none to keep the line protocols'
+        listing from the budget); a page by waiters reads one and gives it back.
+        """
+        self.serve(listings=ListingBudget(limit=3000 * ROW_BYTES * 2 - 1))
+        self.check_pages()
+        self.assertEqual((self.policy.listings.held, http_locks._snapshots(self.api.context).kept), (0, {}))
+        _, _, page = self.call(self.connect(), b"GET", b"/v1/locks?order=waiters&limit=2&prefix=c/")
+        self.assertEqual(([row["key"] for row in page["locks"]], page["keys"]), (["c/00000", "c/00001"], 1000))
+        self.assertEqual((self.policy.listings.held, http_locks._snapshots(self.api.context).kept), (0, {}))
+
+    def test_kept_snapshot_leaves_room(self) -> None:
+        """
+        A snapshot is kept between pages only if at most half the budget: a
+        line protocol's listing of the table (once it has changed) still fits.
+        """
+        for limit, kept in ((10 * ROW_BYTES * 2, 10 * ROW_BYTES), (10 * ROW_BYTES * 2 - 1, 0)):
+            self.serve(listings=ListingBudget(limit=limit))
+            for number in range(10):
+                self.locks.request(f"k{number}", "owner", 1, 0, 0)
+            self.call(self.connect(), b"GET", b"/v1/locks?order=waiters&limit=2")
+            self.assertEqual(self.policy.listings.held, kept)
+            self.policy.listings.charge(10 * ROW_BYTES).release()
+            http_locks.forget_snapshots(self.api.context)
+
+    def check_pages(self) -> None:
         keys = [f"{group}/{number:05d}" for group in ("a", "b", "c") for number in range(1000)]
         for key in keys:
             self.locks.request(key, "owner", 1, 0, 0)
@@ -223,6 +256,9 @@ class ListingTests(ApiCase):
         _, _, prefixed = self.call(client, b"GET", b"/v1/locks?prefix=b/&limit=10&after=b/00995")
         self.assertEqual([row["key"] for row in prefixed["locks"]], [f"b/{n:05d}" for n in range(996, 1000)])
         self.assertEqual((prefixed["keys"], prefixed["next"]), (1000, None))
+        _, _, prefixed = self.call(client, b"GET", b"/v1/locks?prefix=b/&limit=3&after=a/5")
+        self.assertEqual([row["key"] for row in prefixed["locks"]], ["b/00000", "b/00001", "b/00002"])
+        self.assertEqual(prefixed["next"], "b/00002")
         self.assertEqual(self.call(client, b"GET", b"/v1/locks?limit=1001")[0], 400)
 
     def test_snapshot_kept_while_unchanged_and_charged(self) -> None:
@@ -329,6 +365,34 @@ class ClusterModeTests(ApiCase):
         self.call(client, b"POST", b"/v1/acquire", {"session": session, "keys": ["k", "j"], "expires": 9})
         self.assertEqual(journal.told[1:], [("held", session, "k"), ("held", session, "k")])
         self.assertEqual(self.locks.grant_of("k", self.sessions.find(session)).value, b"v")
+
+    def test_journal_told_of_coordination_renewals(self) -> None:
+        """
+        A proclaim, a campaign by the leader with a new value and a group
+        update renew a grant (its value): the journal is told of each, so
+        that the next leader restores the value the client was told of.
+        """
+        from jesync.http import coordination
+        from jesync.wire import election_key, member_key
+
+        journal = RecordingJournal()
+        directlyProvides(journal, IOwnerChanges)
+        self.locks.observer = journal
+        self.serve(durability=journal, routes=http_locks.ROUTES + coordination.ROUTES)
+        client = self.connect()
+        session = self.call(client, b"POST", b"/v1/sessions", {"ttl": 30})[2]["session"]
+        self.assertEqual(self.call(client, b"POST", b"/v1/elections/e/campaign", {"session": session})[0], 200)
+        self.assertEqual(self.call(client, b"POST", b"/v1/groups/g", {})[0], 201)
+        self.assertEqual(self.call(client, b"POST", b"/v1/groups/g/join", {"session": session, "member": "m"})[0], 200)
+        del journal.told[:]
+        self.assertEqual(self.call(client, b"POST", b"/v1/elections/e/proclaim", {"session": session, "value": "a"})[0], 200)
+        self.assertEqual(self.call(client, b"POST", b"/v1/elections/e/campaign", {"session": session, "value": "b"})[0], 200)
+        update = {"session": session, "member": "m", "capabilities": "c"}
+        self.assertEqual(self.call(client, b"POST", b"/v1/groups/g/update", update)[0], 200)
+        self.assertEqual(
+            journal.told,
+            [("held", session, election_key("e")), ("held", session, election_key("e")), ("held", session, member_key("g", "m"))],
+        )
 
 
 class WiringTests(SynchronousTestCase):

@@ -217,7 +217,7 @@ class Route:
         self.handler = handler
         self.auth = auth
         self.pattern: Pattern[str] = re.compile(
-            "^" + re.sub(r"\{(\w+)\}", r"(?P<\1>[^/]+)", re.escape(template).replace(r"\{", "{").replace(r"\}", "}")) + "$"
+            "^" + re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(template)) + "$"
         )
 
     def match(self, path: str) -> Optional[Dict[str, str]]:

@@ -36,7 +36,18 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from twisted.internet.defer import Deferred
 
-from jesync.http.api import ApiError, Call, Reply, Route, grant_document, invalid, peer_of, route, tell_renewed, value_text
+from jesync.http.api import (
+    ApiError,
+    Call,
+    Reply,
+    Route,
+    grant_document,
+    invalid,
+    peer_of,
+    route,
+    tell_renewed,
+    value_text,
+)
 from jesync.http.streams import proclaimed
 from jesync.wire import EXCLUSIVE, election_key, group_key, member_key
 

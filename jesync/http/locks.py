@@ -50,7 +50,19 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall
 
 from jesync.connections.listings import ROW_BYTES, SnapshotRead
-from jesync.http.api import ApiContext, ApiError, Call, Reply, Route, grant_document, invalid, owner_changes, peer_of, tell_renewed, route
+from jesync.http.api import (
+    ApiContext,
+    ApiError,
+    Call,
+    Reply,
+    Route,
+    grant_document,
+    invalid,
+    owner_changes,
+    peer_of,
+    route,
+    tell_renewed,
+)
 from jesync.wire import EXCLUSIVE, SHARED, encode_key
 
 ROUTES: List[Route] = []

@@ -26,6 +26,18 @@ class Totals(NamedTuple):
     waiting: int
 
 
+class Waiting(NamedTuple):
+    """
+    One request waiting for a key (L{ILockService.waiters}): its C{owner},
+    its C{mode} (C{"exclusive"} or C{"shared"}), its C{max_concurrent}, and
+    C{since}, the clock time it started waiting.
+    """
+
+    owner: Hashable
+    mode: str
+    max_concurrent: int
+    since: float
+
 
 
 class LockEvent(NamedTuple):
@@ -262,6 +274,13 @@ class ILockService(Interface):
     def holders(key: str) -> list:
         """The L{IGrant}s of C{key}, in the order they were granted."""
 
+    def waiters(key: str, limit: Optional[int] = None) -> list:
+        """
+        The requests waiting for C{key} (L{Waiting}s), in queue order: the
+        first C{limit} of them (None: all).  A multi-key request is in the
+        queue of every key it waits for.
+        """
+
     def listing(order: ListingOrder = "key") -> list[KeyStatus]:
         """
         Every key in use, sorted by key, by waiting count ("requests",
@@ -313,11 +332,12 @@ class ILockObserver(Interface):
 class IOwnerChanges(Interface):
     """
     Told when an owner whose grants outlive its connection changes in a way
-    that is no grant event: a session's grace period, a timed grant begun,
-    renewed or switched to or from a time (L{jesync.sessions}).  A lock
-    service's observer that provides it (cluster mode: the journal, which
-    writes such owners to etcd) hears of them from the grammars that make
-    these changes; the grammars know it only as the service's observer.
+    that is no grant event: a session's grace period or a grant of it
+    renewed, a timed grant begun, renewed or switched to or from a time
+    (L{jesync.sessions}).  A lock service's observer that provides it
+    (cluster mode: the journal, which writes such owners to etcd) hears of
+    them from the grammars that make these changes; the grammars know it
+    only as the service's observer.
     """
 
     def session_changed(session) -> None:  # (untyped: jesync.sessions imports this module)
@@ -325,6 +345,14 @@ class IOwnerChanges(Interface):
 
     def timed_changed(key: str) -> None:
         """C{key}'s timed grant (a L{jesync.sessions.TimedGrants}) may have begun, been renewed or ended."""
+
+    def held_changed(session, key: str) -> None:
+        """
+        C{session}'s grant of C{key} was renewed with an expiry or a value
+        (the lock service tells its observer of grants, releases and
+        expiries, not of renewals): whoever renews one tells this before
+        its durable reply.
+        """
 
 
 __all__ = [
@@ -343,4 +371,5 @@ __all__ = [
     "KeyStatus",
     "ListingOrder",
     "Totals",
+    "Waiting",
 ]

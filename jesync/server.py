@@ -9,17 +9,21 @@ L{LockServer} (L{build_lock_server}) or, with etcd, a cluster member
 (L{build_member}).
 
 This is the one module that knows every other: the lock service, the
-connection policy, each protocol's factory, the metrics and the cluster.
+connection policy, each protocol's factory, the HTTP API, the metrics and
+the cluster.
 So nothing imports it but its callers (L{jesync.tap}, C{etc/jesync.tac},
 embedders); the parts it builds live below it (L{jesync.listening},
-L{jesync.lock_server}, L{jesync.metrics_connections}, L{jesync.process}).
+L{jesync.lock_server}, L{jesync.metrics_connections}, L{jesync.process},
+L{jesync.http}).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import partial
-from typing import TYPE_CHECKING, Any, List, Optional, Union
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
+
+from jesync import __version__ as jesync_version
 
 from jesync.connections.listings import DEFAULT_LIMIT as DEFAULT_LISTING_LIMIT
 from jesync.connections.listings import ListingBudget
@@ -27,6 +31,11 @@ from jesync.connections.policy import ConnectionPolicy, Connections
 from jesync.errors import show_number
 from jesync.fencing import TokenMark, TokenMarkService
 from jesync.groups import DEFAULT_MAX_GROUPS, DEFAULT_MAX_MEMBERS, GroupTable
+from jesync.http import coordination, status, streams
+from jesync.http import locks as http_locks
+from jesync.http.api import ApiContext, HttpApi
+from jesync.http.listener import ApiClosing, http_factory
+from jesync.http.listener import authorized as http_authorized
 from jesync.listening import DEFAULT_TLS_CIPHERS, ListenFailed, TLSPolicy, public_endpoint
 from jesync.lock_server import LockServer, MemberTokens, TokenFile
 from jesync.metrics_connections import CountedFactory, scraper_authorized
@@ -58,7 +67,7 @@ from jesync.protocols.elock import ELockFactory
 from jesync.protocols.jesync import JESyncFactory
 from jesync.protocols.memcache import MemcacheFactory
 from jesync.service import LockService
-from jesync.sessions import DEFAULT_MAX_SESSIONS
+from jesync.sessions import DEFAULT_MAX_SESSIONS, SessionTable
 from jesync.store import ObjectStore, SweepService
 
 if TYPE_CHECKING:
@@ -143,6 +152,16 @@ class ServerSettings:
         "Serve Prometheus metrics (/metrics) and a health check (/health) over HTTP, unauthenticated: "
         "a port number or an endpoint description, as for --port (e.g. tcp:9400:interface=127.0.0.1). "
         "Off unless given. Needs pip install 'jesync[metrics]'.",
+        kind=MANY,
+        parser=listen_endpoint,
+    )
+    http_ports: List[str] = option(
+        "http-port",
+        "Listeners",
+        "Where to serve the HTTP/JSON API and the status page (GET /): a port number or an endpoint "
+        "description, as for --port (ssl: for HTTPS); may be given more than once. Off unless given; "
+        "11480 is suggested. Its connections count toward --max-connections; --auth-token-file's token "
+        "is sent as 'Authorization: Bearer <token>'.",
         kind=MANY,
         parser=listen_endpoint,
     )
@@ -271,6 +290,15 @@ class ServerSettings:
         shown=seconds_text,
         setting=none_if_zero,
         logged=12,
+    )
+    http_max_wait: float = option(
+        "http-max-wait",
+        "Limits",
+        "Longest an HTTP request may wait for a lock or an election (a long poll), in seconds; "
+        "a request asking for longer, or for -1, waits this long.",
+        parser=seconds,
+        default=60.0,
+        shown=seconds_text,
     )
     dlock_max_message: int = option(
         "dlock-max-message",
@@ -464,6 +492,7 @@ class ServerSettings:
             + (f"; memcached on {shown(self.memcache_ports)}" if self.memcache_ports else "")
             + (f"; metrics on {shown(self.metrics_ports)}" if self.metrics_ports else "")
             + (f"; admin on {shown(self.admin_ports)}" if self.admin_ports else "")
+            + (f"; HTTP on {shown(self.http_ports)}" if self.http_ports else "")
             + "; limits: "
             + ", ".join(f"{name}={show_number(value) if value else 'none'}" for name, value in limits.items())
             + f"; keepalive {self.keepalive or 'system'}"
@@ -633,6 +662,8 @@ def build_lock_server(
         ).setServiceParent(server)
     if mark is not None:
         TokenMarkService(mark, locks, reactor, every=mark_every).setServiceParent(server)
+    if settings.http_ports:
+        serve_http(server, settings, elock.sessions, groups, cluster)
     if settings.metrics_ports and cluster is None:
         from jesync.metrics import LockMetrics, metrics_site  # (the metrics extra: prometheus_client)
 
@@ -653,6 +684,63 @@ def build_lock_server(
         for description in settings.metrics_ports:
             server.listen(description, counted)
     return server
+
+
+def serve_http(
+    server: LockServer, settings: ServerSettings, sessions: SessionTable, groups: GroupTable, cluster: Any
+) -> HttpApi:
+    """
+    The HTTP API (L{jesync.http}) of C{server}, served at every
+    C{--http-port}: its sessions are elock's (C{sessions}: one id space, one
+    C{--max-sessions}), its connections are counted with every other, and
+    when the server stops (in cluster mode: its term ends) every call still
+    waiting is answered C{409 not_granted} before the connections close.
+    """
+    reactor = server.clock
+    policy = server.policy
+    started = reactor.seconds()
+
+    def describe() -> Dict[str, Any]:
+        return {
+            "server": {
+                "version": jesync_version,
+                "role": "standalone" if cluster is None else "leader",
+                "term": None if cluster is None else cluster.term,
+                "uptime": max(0.0, reactor.seconds() - started),
+                "listeners": [
+                    public_endpoint(description)
+                    for listener in listeners(options_of(ServerSettings))
+                    for description in getattr(settings, str(listener.field))
+                ],
+            },
+            "limits": {
+                "max_connections": settings.max_connections,
+                "max_keys": settings.max_keys,
+                "max_waiters": settings.max_waiters,
+                "max_held": settings.max_held,
+                "max_total_waits": settings.max_total_waits,
+                "max_watches": settings.max_watches,
+                "max_total_watches": settings.max_total_watches,
+                "max_sessions": settings.max_sessions,
+                "max_session_grace": settings.max_session_grace,
+                "max_groups": settings.max_groups,
+                "max_members": settings.max_members,
+                "max_key_length": settings.max_key_length,
+                "max_unsent": settings.max_unsent,
+                "http_max_wait": settings.http_max_wait,
+            },
+        }
+
+    context = ApiContext(
+        server.locks, sessions, groups, policy, reactor, max_wait=settings.http_max_wait, describe=describe
+    )
+    routes = http_locks.ROUTES + coordination.ROUTES + streams.ROUTES + status.ROUTES
+    api = HttpApi(context, routes, on_authorized=http_authorized)
+    ApiClosing(api, sessions).setServiceParent(server)
+    factory = http_factory(api, policy, reactor, policy.connections, verbose=settings.verbose)
+    for description in settings.http_ports:
+        server.listen(description, factory)
+    return api
 
 
 def admin_listener_policy(policy: ConnectionPolicy, settings: ServerSettings) -> ConnectionPolicy:

@@ -12,6 +12,19 @@ quits, ends and its locks are released.
         +-----------resume------------+
     attached --end (quit, or gone holding nothing)--> ended
     detached --end (server stopping, an operator's end-session)--> ended
+    detached --keep_alive--> detached (its grace period starts again)
+
+B{An HTTP session} (L{SessionTable.open}) is the same kind of session,
+started detached: HTTP requests do not own a connection, so its grace
+period is its TTL, which only C{keep_alive} starts again; it ends when the
+TTL runs out (its locks released), when ended, or when the server stops.
+It shares the elock sessions' ids and their C{--max-sessions} cap (it is
+counted while detached, as every detached session is).  An elock
+connection may attach to it with C{conn_id <id>}: it is then that
+connection's session under elock's rules (no TTL running while attached),
+except that when that connection goes it detaches for its grace period even
+holding nothing: an HTTP session ends when its client says so, or its TTL
+runs out, never because some connection went.
 
 Two rules bound what a session keeps after its client has gone, since the
 sessions in their grace period are capped (C{--max-sessions}) and a full cap
@@ -36,7 +49,7 @@ grammar's: the cluster's journal records them, and restores them.
 from __future__ import annotations
 
 import secrets
-from typing import Callable, Dict, Iterable, List, Optional
+from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from automat import MethodicalMachine
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
@@ -56,8 +69,8 @@ def new_session_id() -> str:
     return secrets.token_urlsafe(16)
 
 
-def _last_output(outputs: Iterable[bool]) -> bool:
-    """What an input returns: its last output's result (whether a resume was accepted)."""
+def _last_output(outputs: Iterable[Any]) -> Any:
+    """What an input returns: its last output's result (whether a resume was accepted; the grace in force)."""
     return list(outputs)[-1]
 
 
@@ -83,6 +96,9 @@ class Session:
         self._service = service
         self._table = table
         self._grace_timer: IDelayedCall | None = None
+        # Where it was opened from over HTTP, as listings show it while
+        # detached (None: an elock session, shown as "detached-session").
+        self.opened_by: str | None = None
 
     def __repr__(self) -> str:
         return f"<Session {self.id}>"
@@ -95,7 +111,7 @@ class Session:
     @property
     def peer(self) -> str:
         """Where its client is, for listings (never its id: that would let anyone take it over)."""
-        return getattr(self.connection, "peer", None) or "detached-session"
+        return getattr(self.connection, "peer", None) or self.opened_by or "detached-session"
 
     def set_grace(self, milliseconds: int) -> int:
         """Ask for a grace period of C{milliseconds}; returns the one in force (at most the table's bound)."""
@@ -115,7 +131,7 @@ class Session:
         reconnect, and a session kept for nothing would count toward
         C{--max-sessions}.
         """
-        if self._service.owned(self):
+        if self._service.owned(self) or self.opened_by is not None:
             self.connection_lost()
         else:
             self.end()
@@ -152,6 +168,10 @@ class Session:
     def end(self) -> None:
         "The client quit: an explicit end, so nothing should survive."
 
+    @_machine.input()
+    def keep_alive(self) -> Any:
+        "An HTTP client says it is still there: a grace period starts again (returns it, in milliseconds)."
+
     # -- outputs ---------------------------------------------------------
 
     @_machine.output()
@@ -168,6 +188,10 @@ class Session:
         assert self._grace_timer is not None
         self._grace_timer.cancel()
         self._grace_timer = None
+
+    @_machine.output()
+    def _grace_in_force(self) -> int:
+        return self.grace_ms
 
     @_machine.output()
     def _attach(self, connection: object) -> bool:
@@ -195,6 +219,14 @@ class Session:
     detached.upon(grace_over, enter=ended, outputs=[_release_locks])
     detached.upon(end, enter=ended, outputs=[_stop_grace_timer, _release_locks])
     ended.upon(resume, enter=ended, outputs=[_refuse], collector=_last_output)
+    detached.upon(
+        keep_alive,
+        enter=detached,
+        outputs=[_stop_grace_timer, _start_grace_timer, _grace_in_force],
+        collector=_last_output,
+    )
+    attached.upon(keep_alive, enter=attached, outputs=[_grace_in_force], collector=_last_output)
+    ended.upon(keep_alive, enter=ended, outputs=[_grace_in_force], collector=_last_output)
 
 
 def _peer_of(connection: object) -> str:
@@ -259,6 +291,10 @@ class SessionTable:
         """Every live session (attached or in its grace period), in the order they started."""
         return list(self._sessions.values())
 
+    def find(self, session_id: str) -> Session | None:
+        """The live session C{session_id}, if there is one."""
+        return self._sessions.get(session_id)
+
     def detached_count(self) -> int:
         """Sessions in their grace period (elock's "monitoring")."""
         return len(self._detached)
@@ -277,6 +313,20 @@ class SessionTable:
                 session_id = new_session_id()
         session = Session(session_id, connection, self._clock, self._service, self)
         self._sessions[session_id] = session
+        return session
+
+    def open(self, ttl_ms: int, peer: str) -> Session:
+        """
+        An HTTP session for a client at C{peer}: started detached, its grace
+        period (its TTL) C{ttl_ms} (at most L{max_grace_ms}) running from now.
+
+        @raise LimitReached: if C{limit} sessions are in their grace period.
+        """
+        session = self.start(None)
+        session.opened_by = f"{peer} (http)"
+        session.last_peer = session.opened_by
+        session.set_grace(ttl_ms)
+        session.connection_lost()
         return session
 
     def restore(self, session_id: str, grace_ms: int) -> Session:

@@ -23,6 +23,13 @@ Protocols and the rest:
  - C{model}: the base of the model-based tests;
  - C{dlock_messages}, C{memcache_messages}, C{fuzz_streams},
    C{auth_listeners}: requests and replies as the tests build and read them;
+ - C{openapi_check}: every HTTP reply checked against the API's OpenAPI
+   document (C{check_response}).
+ - C{http_client}: the HTTP API called over real HTTP with treq, every
+   reply checked by C{openapi_check}, and the real server with
+   C{--http-port} (C{start_http}); C{http_events}: its event streams read
+   as they arrive; C{http_unit}: the HTTP API on a Clock, through
+   twisted.web's channel over a StringTransport.
  - C{tls_certificates}, C{tls_server}, C{metrics_server}, C{tooz_case},
    C{doc_pages}: TLS, metrics, tooz and the docs' pages, for their tests.
 """

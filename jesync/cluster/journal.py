@@ -5,13 +5,20 @@ that depend on it, in group commits.
 What is durable (everything else ends with a failover, exactly as with a
 disconnect), under C{/jesync/<cluster>/state/}:
 
- - B{elock sessions}: C{sessions/<id>} = the session's grace period,
-   written when it first holds a key and deleted when it ends; and one
-   C{held/<id>/<key>} = its fencing token per key held (so a lock or an
-   unlock writes one small value, however many keys the session holds).
-   Ids are written base64url, so any id fits.  A session that never held a
-   key has no record: C{conn_id <id>} on the new leader starts it again
-   under the same id.
+ - B{Sessions} (elock's, and the HTTP API's, which are the same):
+   C{sessions/<id>} = the session's grace period, written when it first
+   holds a key and deleted when it ends; and one C{held/<id>/<key>} per key
+   held (so a lock or an unlock writes one small value, however many keys
+   the session holds), in one of two forms (L{HeldRecord}): the fencing
+   token alone, as a decimal integer, for a grant with the defaults
+   (exclusive, C{max_concurrent} 1, no expiry, no value: every elock
+   grant, and every record written before grants had more); or a JSON
+   object with the token and whatever is not a default (mode,
+   C{max_concurrent}, the value in base64, the expiry as wall time in
+   microseconds, as C{timed/<key>} has it).  So a session grant's expiry,
+   mode and value survive a failover.  Ids are written base64url, so any
+   id fits.  A session that never held a key has no record: C{conn_id
+   <id>} on the new leader starts it again under the same id.
  - B{dlock grants with C{release_micro}}: C{timed/<key>} = when the grant
    ends (wall time, microseconds) and its token.
  - B{The fencing-token high-water mark}: C{fencing-mark}, reserved a few
@@ -20,8 +27,10 @@ disconnect), under C{/jesync/<cluster>/state/}:
 
 The rule: a change marks its record I{dirty} (the lock service tells this
 journal of every grant, release and expiry, as its observer; the grammars
-tell it of renewals, switches and grace periods).  Once per reactor turn the
-dirty records are read from the lock table as they are then, and written in
+tell it of renewals, switches and grace periods, as L{IOwnerChanges}: a
+session grant renewed with an expiry or a value is C{held_changed}).  Once
+per reactor turn the dirty records are read from the lock table as they
+are then, and written in
 as few etcd transactions as etcd's limits allow (L{MAX_OPS} operations,
 L{MAX_BYTES} bytes each): a turn's hundred lock requests cost one round
 trip, not a hundred.  One transaction is in flight at a time, so they
@@ -55,6 +64,7 @@ from jesync.connections.policy import IDurability
 from jesync.fencing import IDurableMark
 from jesync.interfaces import IGrant, ILockObserver, ILockService, IOwnerChanges
 from jesync.sessions import DEFAULT_GRACE_MS, Session, TimedGrants
+from jesync.wire import EXCLUSIVE, SHARED
 
 #: etcd's default --max-txn-ops, less the write of C{commit} every transaction carries.
 MAX_OPS = 127
@@ -87,12 +97,108 @@ def decode_id(raw: bytes) -> str:
 
 
 @dataclass
+class HeldRecord:
+    """
+    A session's grant of one key, as C{held/<id>/<key>} keeps it.
+
+    Two forms.  A grant with the defaults (exclusive, C{max_concurrent} 1,
+    no expiry, no value) is its token alone, C{b"1700000000000001"}: what
+    every elock grant writes, as before, so records written before grants
+    had more still load.  Any other is a JSON object: C{token} always, then
+    only what is not a default: C{mode} (C{"shared"}), C{max_concurrent},
+    C{value} (the bytes in standard base64: a value is any bytes, not
+    text) and C{expires_at_us} (when its failsafe releases it: wall time in
+    microseconds, as C{timed/<key>}'s C{release_us}).  A reader ignores
+    fields it does not know.
+    """
+
+    token: int
+    mode: str = EXCLUSIVE
+    max_concurrent: int = 1
+    value: Optional[bytes] = None
+    expires_at_us: Optional[int] = None
+
+    @classmethod
+    def of(cls, grant: IGrant) -> HeldRecord:
+        """The record of C{grant} as the lock table has it now."""
+        expires_at = grant.expires_at
+        return cls(
+            grant.token,
+            SHARED if grant.mode == SHARED else EXCLUSIVE,
+            grant.max_concurrent,
+            grant.value,
+            None if expires_at is None else int(expires_at * 1e6),
+        )
+
+    @property
+    def plain(self) -> bool:
+        """Whether it has the defaults (and is written as its token alone)."""
+        return (
+            self.mode == EXCLUSIVE and self.max_concurrent == 1 and self.value is None and self.expires_at_us is None
+        )
+
+    def encode(self) -> bytes:
+        if self.plain:
+            return b"%d" % self.token
+        data: Dict[str, Any] = {"token": self.token}
+        if self.mode != EXCLUSIVE:
+            data["mode"] = self.mode
+        if self.max_concurrent != 1:
+            data["max_concurrent"] = self.max_concurrent
+        if self.value is not None:
+            data["value"] = base64.b64encode(self.value).decode("ascii")
+        if self.expires_at_us is not None:
+            data["expires_at_us"] = self.expires_at_us
+        return json.dumps(data, separators=(",", ":")).encode("utf-8")
+
+    @classmethod
+    def decode(cls, raw: bytes) -> HeldRecord:
+        """
+        Either form.
+
+        @raise ValueError: (or KeyError, TypeError) if it is neither, or
+            names an unknown mode.
+        """
+        if not raw.lstrip().startswith(b"{"):
+            return cls(int(raw))
+        data = json.loads(raw)
+        mode = data.get("mode", EXCLUSIVE)
+        if mode not in (EXCLUSIVE, SHARED):
+            raise ValueError(f"unknown mode {mode!r}")
+        value = data.get("value")
+        expires_at_us = data.get("expires_at_us")
+        return cls(
+            _integer(data["token"]),
+            SHARED if mode == SHARED else EXCLUSIVE,
+            _integer(data.get("max_concurrent", 1)),
+            None if value is None else base64.b64decode(value.encode("ascii"), validate=True),
+            None if expires_at_us is None else _integer(expires_at_us),
+        )
+
+
+def _integer(value: Any) -> int:
+    """A JSON integer (not a bool, a float or a string)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"not an integer: {value!r}")
+    return value
+
+
+@dataclass
 class SessionRecord:
-    """A session as the next leader reads it: its grace period and its keys with their tokens."""
+    """
+    A session as the next leader reads it: its grace period and its keys
+    with their tokens (C{keys}); C{grants} has the full record of every key
+    that has one (a key only in C{keys} has the defaults).
+    """
 
     session_id: str
     grace_ms: int
     keys: Dict[str, int]
+    grants: Dict[str, HeldRecord] = field(default_factory=dict)
+
+    def grant(self, key: str) -> HeldRecord:
+        """The record of C{key}'s grant (one of C{keys})."""
+        return self.grants.get(key) or HeldRecord(self.keys[key])
 
 
 @dataclass
@@ -161,7 +267,7 @@ class Layout:
         """
         state = DurableState()
         grace: Dict[str, int] = {}
-        held: Dict[str, Dict[str, int]] = {}
+        held: Dict[str, Dict[str, HeldRecord]] = {}
         for kv in kvs:
             raw, value = kv.key, kv.value
             try:
@@ -175,7 +281,7 @@ class Layout:
                     encoded, slash, key = raw[len(self.held) :].partition(b"/")
                     if not slash:
                         raise ValueError("no key")
-                    held.setdefault(decode_id(encoded), {})[decode_key(key)] = int(value)
+                    held.setdefault(decode_id(encoded), {})[decode_key(key)] = HeldRecord.decode(value)
                 elif raw.startswith(self.timed):
                     state.timed.append(TimedRecord.decode(decode_key(raw[len(self.timed) :]), value))
                 else:
@@ -183,8 +289,11 @@ class Layout:
             except (ValueError, KeyError, TypeError, AttributeError):
                 state.unreadable.append(raw)
         for session_id in {**grace, **held}:
-            keys = held.get(session_id, {})
-            state.sessions.append(SessionRecord(session_id, grace.get(session_id, DEFAULT_GRACE_MS), keys))
+            grants = held.get(session_id, {})
+            keys = {key: record.token for key, record in grants.items()}
+            state.sessions.append(
+                SessionRecord(session_id, grace.get(session_id, DEFAULT_GRACE_MS), keys, grants)
+            )
         return state
 
 
@@ -264,7 +373,10 @@ class Journal:
             self.session_changed(session)
 
     def held_changed(self, session: Session, key: str) -> None:
-        """C{session} took or gave back C{key}; its first key writes its record too."""
+        """
+        C{session} took or gave back C{key}, or renewed it (a new expiry or
+        value: L{IOwnerChanges}); its first key writes its record too.
+        """
         self._held[(session.id, key)] = session
         if session.id not in self._recorded:
             self._sessions[session.id] = session
@@ -374,7 +486,7 @@ class Journal:
                 continue
             grant = self.service.grant_of(key, session)
             if grant is not None:
-                operations.append(Put(layout.held_key(session_id, key), b"%d" % grant.token))
+                operations.append(Put(layout.held_key(session_id, key), HeldRecord.of(grant).encode()))
             else:
                 operations.append(Delete(layout.held_key(session_id, key)))
         timed, self._timed = self._timed, set()

@@ -58,6 +58,7 @@ from jesync.interfaces import ILockObserver
 from jesync.listening import Listeners, public_endpoint
 from jesync.process import exit_cleanly, ignore_further_stop_signals
 from jesync.sessions import TimedGrants
+from jesync.wire import EXCLUSIVE
 
 #: Roles, as /health and the metrics report them.
 LEADER = "leader"
@@ -462,7 +463,7 @@ class ClusterMember(Listeners):
             return journal
 
         server = term.server = self.build(
-            self.reactor, self.settings, cluster=Leadership(first_token, term.certain, journal_for)
+            self.reactor, self.settings, cluster=Leadership(first_token, term.certain, journal_for, term.revision)
         )
         journal = term.journal = journal_holder[0]
         restored = restore(server, state, now, journal)
@@ -606,11 +607,14 @@ class Leadership:
     @ivar first_token: every fencing token is above it.
     @ivar serving: whether the member may still answer (checked before every reply).
     @ivar journal_for: the term's journal, for the server's lock table.
+    @ivar term: the term's number as the cluster knows it (its election
+        key's revision in etcd: larger for every later term).
     """
 
     first_token: int
     serving: Callable[[], bool]
     journal_for: Callable[[Any], Journal]
+    term: Optional[int] = None
 
 
 def restore(server: Any, state: DurableState, now: float, journal: Journal) -> tuple:
@@ -618,8 +622,14 @@ def restore(server: Any, state: DurableState, now: float, journal: Journal) -> t
     Put the durable state into a new term's server: each elock session
     detached (its grace period starting now) with its keys, and each dlock
     timed grant until its release time; every grant keeps its token.  A
-    record that cannot be restored (a timed grant past its time) is
-    deleted.  Returns (sessions, their keys, timed grants) restored.
+    session's grant keeps its mode, C{max_concurrent} and value too, and
+    its expiry (the time left of it: the wall time it was due, less now).
+    A grant past its time is not restored and its record is deleted: a
+    timed grant's, and by the same rule a session grant whose expiry
+    passed during the takeover (restored only to expire at once, it would
+    tell the new leader's watchers of the expiry of a grant they never saw
+    granted; either way its key is free).  Returns (sessions, their keys,
+    timed grants) restored.
 
     The lock table's last token is left as it was before (the term's first
     token) or, if a restored token is larger, that one: a restored grant is
@@ -635,10 +645,17 @@ def restore(server: Any, state: DurableState, now: float, journal: Journal) -> t
     keys = 0
     for record in state.sessions:
         session = sessions.restore(record.session_id, record.grace_ms)
-        for key, token in record.keys.items():
-            if _restore_grant(locks, key, session, 0, token):
+        for key in record.keys:
+            held = record.grant(key)
+            expires = 0.0
+            if held.expires_at_us is not None:
+                expires = held.expires_at_us / 1e6 - now
+                if expires <= 0:
+                    journal.held_changed(session, key)  # (not restored: its record goes)
+                    continue
+            if _restore_grant(locks, key, session, expires, held.token, held.mode, held.max_concurrent, held.value):
                 keys += 1
-                last_token = max(last_token, token)
+                last_token = max(last_token, held.token)
         journal.session_changed(session)
     timed = 0
     for timed_record in state.timed:
@@ -653,9 +670,22 @@ def restore(server: Any, state: DurableState, now: float, journal: Journal) -> t
     return len(state.sessions), keys, timed
 
 
-def _restore_grant(locks: Any, key: str, owner: object, expires: float, token: int) -> bool:
+def _restore_grant(
+    locks: Any,
+    key: str,
+    owner: object,
+    expires: float,
+    token: int,
+    mode: str = EXCLUSIVE,
+    max_concurrent: int = 1,
+    value: Optional[bytes] = None,
+) -> bool:
+    """
+    Grant C{key} to C{owner} again, with C{token} (C{expires}: seconds
+    left, 0 never); False (logged) if the table refuses it.
+    """
     try:
-        grant = locks.request(key, owner, 1, 0, expires)
+        grant = locks.request(key, owner, max_concurrent, 0, expires, mode, value)
     except Exception as error:  # a limit the settings set lower now
         Logger().warn("cluster: could not restore {key!r}: {error}", key=key, error=error)
         return False

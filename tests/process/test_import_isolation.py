@@ -29,6 +29,7 @@ SERVER_MODULES = (
     "jesync.metrics_connections",
     "jesync.process",
     "jesync.options",
+    "jesync.http",
     "twisted.internet.reactor",
 )
 

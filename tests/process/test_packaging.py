@@ -1,9 +1,10 @@
 """
 What C{pip install .} gives a user: the wheel built from this checkout holds
-every module, the package data (the dlock C{.proto} and stub, C{py.typed}),
-the twistd dropin, the licence, and metadata that says what the suite runs
-under; C{jesync.__version__} is the distribution's version; and C{import
-jesync} still imports nothing from Twisted.
+every module, the package data (the dlock C{.proto} and stub, C{py.typed},
+the HTTP API's OpenAPI document), the twistd dropin, the licence, and
+metadata that says what the suite runs under; C{jesync.__version__} is the
+distribution's version; and C{import jesync} still imports nothing from
+Twisted.
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ class WheelTests(SynchronousTestCase):
         self.assertEqual(modules - names, set())
         for name in (
             "jesync/py.typed",
+            "jesync/http/openapi.json",
             "jesync/protocols/dlock.proto",
             "jesync/protocols/dlock_pb2.pyi",
             "twisted/plugins/jesync_plugin.py",

@@ -131,7 +131,8 @@ class HelpTests(SynchronousTestCase):
         groups = dict(sections)
         self.assertEqual(list(groups["Listeners"])[0], "port")
         self.assertEqual(
-            list(groups["Listeners"]), ["port", "elock-port", "dlock-port", "memcache-port", "admin-port", "metrics"]
+            list(groups["Listeners"]),
+            ["port", "elock-port", "dlock-port", "memcache-port", "admin-port", "metrics", "http-port"],
         )
         self.assertIn("max-keys", groups["Limits"])
         self.assertIn("memcache-memory", groups["Limits"])

@@ -22,7 +22,7 @@ from twisted.trial.unittest import SynchronousTestCase
 ROOT = Path(__file__).resolve().parents[2]
 
 
-UPPER_LAYERS = ("jesync.protocols", "jesync.cluster", "jesync.server", "jesync.tap", "jesync.client", "jesync.testing")
+UPPER_LAYERS = ("jesync.protocols", "jesync.cluster", "jesync.http", "jesync.server", "jesync.tap", "jesync.client", "jesync.testing")
 #: The lowest serving layers.
 LOWER_LAYERS = ("jesync.connections", "jesync.service", "jesync.sessions")
 

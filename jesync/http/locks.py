@@ -1,0 +1,408 @@
+"""
+The HTTP API's sessions, locks, holders and listings.
+
+B{The owner of an HTTP lock is a session}, because an HTTP request cannot
+own a lock the way a connection does: C{POST /v1/sessions} opens one
+(L{jesync.sessions.SessionTable.open}: the elock session table's, so one
+id space and one C{--max-sessions}), whose TTL runs until a keep-alive
+starts it again; when it runs out, the session ends and its locks are
+released, as an elock session's grace period's end releases them.  Session
+ids travel only in request bodies, never in URLs (which end up in logs),
+and no listing shows them: a session's id is what lets its holder act for
+it.
+
+B{Locks}: a grant is the session's, so one session asking again for a key
+it holds renews its grant (its token kept), as on every protocol.  A long
+poll (C{wait}) that its client leaves is withdrawn from the queue, and a
+grant made in the turn its client went is released (the L{Reply}'s
+C{undo}): a client that has gone is granted nothing.  Only what a request
+newly granted is undone, never a grant the session held before it.
+
+B{Listings} never send the whole table: C{GET /v1/locks} is a page of at
+most 1,000 keys, read from a snapshot of the table in that order taken
+under the server's C{--max-listing-memory} (L{jesync.connections.listings}),
+as the line protocols' listings are.  The last snapshot of each order is
+kept while the table does not change (at most L{SNAPSHOT_KEPT} seconds
+after its last page: a table larger than the budget admits one snapshot at
+a time, and the line protocols' listings must not wait long), so that
+paging through a large, quiet table sorts it once; a table that changes
+between pages is sorted again for the next one.  In key order the
+page starts after the cursor (a binary search: the cursor is the last key
+shown); in waiters order (most waiters first, then key order) the cursor is
+an offset into the listing as it is at the time of each page.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional, Sequence
+from weakref import WeakKeyDictionary
+
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IDelayedCall
+
+from jesync.connections.listings import ROW_BYTES, SnapshotRead
+from jesync.http.api import ApiContext, ApiError, Call, Reply, Route, grant_document, route
+from jesync.interfaces import IOwnerChanges
+from jesync.wire import EXCLUSIVE, SHARED, encode_key
+
+ROUTES: List[Route] = []
+
+# A session's TTL when the client names none, in seconds.
+DEFAULT_TTL = 30.0
+
+
+def _ttl_of(session: Any) -> float:
+    return session.grace_ms / 1000
+
+
+def _owner_changes(call: Call) -> Optional[Any]:
+    """The lock table's observer if it records sessions (cluster mode: the journal)."""
+    return IOwnerChanges(call.context.locks.observer, None)
+
+
+def _grants(call: Call, session: Any) -> List[Dict[str, Any]]:
+    now = call.context.clock.seconds()
+    return [grant_document(grant, now) for grant in call.context.locks.grants_of(session)]
+
+
+# -- sessions -------------------------------------------------------------
+
+
+@route(ROUTES, "POST", "/v1/sessions", changes=True)
+def create_session(call: Call) -> Reply:
+    """
+    A new session whose TTL is C{ttl} seconds (default L{DEFAULT_TTL}; a
+    longer one than C{--max-session-grace} is cut to it).
+    """
+    ttl = call.number("ttl", DEFAULT_TTL)
+    if ttl <= 0:
+        raise ApiError(400, "invalid_parameter", "ttl must be more than 0 seconds", parameter="ttl")
+    session = call.context.sessions.open(max(1, round(ttl * 1000)), call.peer)
+    changes = _owner_changes(call)
+    if changes is not None:
+        changes.session_changed(session)
+    return Reply({"session": session.id, "ttl": _ttl_of(session)}, status=201)
+
+
+@route(ROUTES, "POST", "/v1/sessions/keepalive", changes=True)
+def keep_alive(call: Call) -> Dict[str, Any]:
+    """The session's TTL starts again (attached to an elock connection: nothing runs, nothing to do)."""
+    session = call.session()
+    session.keep_alive()
+    return {"session": session.id, "ttl": _ttl_of(session), "expires_in": session.seconds_left()}
+
+
+@route(ROUTES, "POST", "/v1/sessions/end", changes=True)
+def end_session(call: Call) -> Dict[str, Any]:
+    """The session ends now, and its locks are released."""
+    session = call.session()
+    released = len(call.context.locks.grants_of(session))
+    session.end()
+    return {"session": session.id, "released": released}
+
+
+@route(ROUTES, "POST", "/v1/sessions/info")
+def session_info(call: Call) -> Dict[str, Any]:
+    session = call.session()
+    return {
+        "session": session.id,
+        "ttl": _ttl_of(session),
+        "expires_in": session.seconds_left(),
+        "attached": session.connection is not None,
+        "peer": session.peer,
+        "grants": _grants(call, session),
+    }
+
+
+@route(ROUTES, "GET", "/v1/sessions")
+def list_sessions(call: Call) -> Dict[str, Any]:
+    """The first C{limit} sessions in the order they started (never their ids)."""
+    limit = call.query_integer("limit", 100, 1, 1000)
+    table = call.context.sessions
+    shown = []
+    for session in table.sessions()[:limit]:
+        shown.append(
+            {
+                "peer": session.peer,
+                "attached": session.connection is not None,
+                "ttl": _ttl_of(session),
+                "expires_in": session.seconds_left(),
+                "locks": call.context.locks.owned(session),
+            }
+        )
+    return {"sessions": shown, "total": len(table), "detached": table.detached_count()}
+
+
+# -- locks ------------------------------------------------------------------
+
+
+def _renewed(call: Call, session: Any, keys: List[str]) -> None:
+    """
+    Tell cluster mode's journal of the session's grants renewed (their
+    expiry, their value: the lock table tells it of grants, not of
+    renewals), before the durable reply.
+    """
+    changes = _owner_changes(call)
+    if changes is not None:
+        for key in keys:
+            changes.held_changed(session, key)
+
+
+def _mode(call: Call) -> str:
+    return SHARED if call.boolean("shared", False) else EXCLUSIVE
+
+
+@route(ROUTES, "POST", "/v1/acquire", changes=True)
+def acquire(call: Call) -> Any:
+    """
+    C{key}, or C{keys} all or nothing, for the session: at once, or within
+    C{wait} seconds (a long poll); C{409 not_granted} with the keys in the
+    way otherwise.
+    """
+    session = call.session()
+    keys = call.keys()
+    wait = call.wait()
+    expires = call.number("expires", 0, minimum=0)
+    max_concurrent = call.integer("max_concurrent", 1, minimum=1)
+    mode = _mode(call)
+    value = call.value()
+    locks = call.context.locks
+    held_before = {key for key in keys if locks.grant_of(key, session) is not None}
+    if "keys" in call.body:
+        if max_concurrent != 1:
+            raise ApiError(
+                400,
+                "invalid_parameter",
+                "max_concurrent must be 1 with keys (several keys are each taken exclusively or shared)",
+                parameter="max_concurrent",
+            )
+        result: Any = locks.request_many(keys, session, wait, expires, mode, value)
+    else:
+        result = locks.request(keys[0], session, max_concurrent, wait, expires, mode, value)
+
+    def granted(grants: Any) -> Reply:
+        grants = grants if isinstance(grants, list) else [grants]
+        new = [grant for grant in grants if grant.key not in held_before]
+        _renewed(call, session, [grant.key for grant in grants if grant.key in held_before])
+
+        def undo() -> None:
+            for grant in new:
+                grant.release()
+
+        now = call.context.clock.seconds()
+        return Reply({"grants": [grant_document(grant, now) for grant in grants]}, undo=undo)
+
+    if isinstance(result, Deferred):
+        return result.addCallback(granted)
+    return granted(result)
+
+
+@route(ROUTES, "POST", "/v1/release", changes=True)
+def release(call: Call) -> Dict[str, Any]:
+    """C{key} or C{keys} the session holds, released; C{409 not_held} if it held none of them."""
+    session = call.session()
+    keys = call.keys()
+    locks = call.context.locks
+    released = [key for key in dict.fromkeys(keys) if locks.release(key, session)]
+    if not released:
+        raise ApiError(409, "not_held", "the session holds none of these keys")
+    return {"released": released}
+
+
+@route(ROUTES, "POST", "/v1/renew", changes=True)
+def renew(call: Call) -> Dict[str, Any]:
+    """
+    The session's grant of C{key}: its expiry starts again (C{expires}
+    seconds; 0: none), its value replaced if one is given; never a new
+    grant (C{409 not_held}).
+    """
+    session = call.session()
+    key = call.key()
+    expires = call.number("expires", minimum=0)
+    value = call.value()
+    locks = call.context.locks
+    grant = locks.grant_of(key, session)
+    if grant is None:
+        raise ApiError(409, "not_held", f"the session does not hold {key}")
+    # (asking again for a key held in the same mode renews its grant)
+    renewed = locks.request(key, session, grant.max_concurrent, 0, expires, grant.mode, value)
+    _renewed(call, session, [key])
+    return {"grants": [grant_document(renewed, call.context.clock.seconds())]}
+
+
+def _peer_of(owner: Any) -> str:
+    return getattr(owner, "peer", None) or repr(owner)
+
+
+@route(ROUTES, "GET", "/v1/locks/{key}")
+def lock_detail(call: Call) -> Dict[str, Any]:
+    """One key: its holders (with their tokens) and the first C{limit} of its waiters, in queue order."""
+    key = call.key("key", call.params["key"])
+    limit = call.query_integer("limit", 100, 1, 1000)
+    locks = call.context.locks
+    now = call.context.clock.seconds()
+    holders = locks.holders(key)
+    waiters = locks.waiters(key, limit)
+    return {
+        "key": key,
+        "held": bool(holders),
+        "mode": holders[0].mode if holders else None,
+        "holders": [grant_document(grant, now) for grant in holders],
+        "waiters": [
+            {
+                "peer": _peer_of(waiting.owner),
+                "mode": waiting.mode,
+                "max_concurrent": waiting.max_concurrent,
+                "waited": max(0.0, now - waiting.since),
+            }
+            for waiting in waiters
+        ],
+        "waiters_total": locks.status(key).waiting,
+    }
+
+
+# How long the snapshot a listing page was read from is kept for the next
+# page while the table does not change, in seconds.
+SNAPSHOT_KEPT = 5.0
+
+_ORDERS = {"key": "key", "waiters": "requests"}
+
+
+class _KeptSnapshots:
+    """The last listing snapshot of each order, kept while the table has not changed (released after a while)."""
+
+    def __init__(self, context: ApiContext) -> None:
+        self.context = context
+        self.kept: Dict[str, SnapshotRead] = {}
+        self.versions: Dict[str, object] = {}
+        self.timers: Dict[str, IDelayedCall] = {}
+
+    def rows(self, order: str) -> Sequence[Any]:
+        locks = self.context.locks
+        version = locks.version
+        kept = self.kept.get(order)
+        if kept is not None and self.versions[order] == version:
+            self.timers[order].reset(SNAPSHOT_KEPT)
+            return kept.rows
+        self.drop(order)
+        size = locks.totals().keys * ROW_BYTES
+        read = self.context.policy.listings.share(
+            ("status", order), version, size, lambda: locks.snapshot(order)
+        )
+        self.kept[order] = read
+        self.versions[order] = version
+        self.timers[order] = self.context.clock.callLater(SNAPSHOT_KEPT, self.drop, order)
+        return read.rows
+
+    def drop(self, order: str) -> None:
+        read = self.kept.pop(order, None)
+        if read is not None:
+            read.release()
+        timer = self.timers.pop(order, None)
+        if timer is not None and timer.active():
+            timer.cancel()
+
+
+_kept: "WeakKeyDictionary[ApiContext, _KeptSnapshots]" = WeakKeyDictionary()
+
+
+def _snapshots(context: ApiContext) -> _KeptSnapshots:
+    kept = _kept.get(context)
+    if kept is None:
+        kept = _kept[context] = _KeptSnapshots(context)
+    return kept
+
+
+def forget_snapshots(context: ApiContext) -> None:
+    """Release the listing snapshots kept for C{context}'s next pages (the server stops)."""
+    kept = _kept.pop(context, None)
+    if kept is not None:
+        for order in list(kept.kept):
+            kept.drop(order)
+
+
+def _first_at_or_after(rows: Sequence[Any], encoded: bytes, strictly_after: bool) -> int:
+    """The index of the first row (sorted by encoded key) whose key is after (or at) C{encoded}."""
+    low, high = 0, len(rows)
+    while low < high:
+        middle = (low + high) // 2
+        key = encode_key(rows[middle][0])
+        if key < encoded or (strictly_after and key == encoded):
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+def _prefix_end(rows: Sequence[Any], start: int, encoded_prefix: bytes) -> int:
+    """The index after the last row from C{start} on whose key starts with the prefix (they are contiguous)."""
+    low, high = start, len(rows)
+    while low < high:
+        middle = (low + high) // 2
+        if encode_key(rows[middle][0]).startswith(encoded_prefix):
+            low = middle + 1
+        else:
+            high = middle
+    return low
+
+
+def _summary(row: Any) -> Dict[str, Any]:
+    held = row[1]
+    mode = (SHARED if len(row) > 3 else EXCLUSIVE) if held else None
+    return {"key": row[0], "mode": mode, "holders": held, "waiters": row[2]}
+
+
+@route(ROUTES, "GET", "/v1/locks")
+def list_locks(call: Call) -> Dict[str, Any]:
+    """
+    A page of the keys in use (C{limit}, at most 1,000): in key order after
+    the cursor C{after}, or most waiters first (C{order=waiters}); only keys
+    with C{prefix} if one is given.  C{next}: the cursor of the next page
+    (null: this one is the last); C{keys}: how many keys the listing has.
+    """
+    order = call.query("order", "key")
+    if order not in _ORDERS:
+        raise ApiError(400, "invalid_parameter", "order must be key or waiters", parameter="order")
+    prefix = call.query("prefix", "") or ""
+    after = call.query("after")
+    limit = call.query_integer("limit", 100, 1, 1000)
+    rows = _snapshots(call.context).rows(_ORDERS[order])
+    if order == "key":
+        encoded_prefix = encode_key(prefix)
+        start = _first_at_or_after(rows, encoded_prefix, False)
+        end = len(rows)
+        if prefix:
+            end = _prefix_end(rows, start, encoded_prefix)
+        first = start
+        if after is not None:
+            first = max(start, _first_at_or_after(rows, encode_key(after), True))
+        page = rows[first : min(end, first + limit)]
+        more = first + limit < end
+        return {
+            "locks": [_summary(row) for row in page],
+            "next": page[-1][0] if more and page else None,
+            "keys": end - start,
+        }
+    offset = 0
+    if after is not None:
+        try:
+            offset = int(after)
+        except ValueError:
+            raise ApiError(400, "invalid_parameter", "after must be a cursor this listing gave", parameter="after")
+        if offset < 0:
+            raise ApiError(400, "invalid_parameter", "after must be a cursor this listing gave", parameter="after")
+    matching: Callable[[Any], bool] = (lambda row: row[0].startswith(prefix)) if prefix else (lambda row: True)
+    page = []
+    index = offset
+    while index < len(rows) and len(page) < limit:
+        if matching(rows[index]):
+            page.append(rows[index])
+        index += 1
+    while index < len(rows) and not matching(rows[index]):
+        index += 1
+    total = sum(1 for row in rows if matching(row)) if prefix else len(rows)
+    return {
+        "locks": [_summary(row) for row in page],
+        "next": str(index) if index < len(rows) else None,
+        "keys": total,
+    }

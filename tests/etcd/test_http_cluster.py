@@ -1,0 +1,100 @@
+"""
+The HTTP API in cluster mode, over real HTTP: two cluster members in this
+process (L{ClusterMember}, as C{twistd jesync --etcd --http-port} runs one)
+on a real etcd.  Only the leader serves C{--http-port}; an HTTP session and
+its grant (expiry, value, token) are durable before they are reported and
+survive a failover, an empty session too; a long poll pending at the
+step-down is dropped with its connection and granted nothing; the status's
+term is the cluster's and grows with each leader.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+from twisted.internet import reactor
+from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.python.failure import Failure
+from twisted.trial.unittest import TestCase
+from twisted.web.client import ResponseNeverReceived
+
+from jesync.cluster.etcd import EtcdClient
+from jesync.cluster.member import ClusterMember
+from jesync.server import ServerSettings, build_lock_server
+from tests.cluster import TAKEOVER_WITHIN, TTL
+from tests.etcd_server import shared_etcd
+from tests.http_client import HttpClient, base_url, http_listener
+from tests.server_case import listening_port
+from tests.support import LOCAL, wait_until
+
+
+class HttpFailoverTests(TestCase):
+    timeout = 60
+
+    def setUp(self) -> None:
+        self.stopped: List[ClusterMember] = []
+
+    def member(self, name: str) -> ClusterMember:
+        etcd = EtcdClient(reactor, [shared_etcd().endpoint], 2.0)
+        self.addCleanup(etcd.close)
+        settings = ServerSettings(ports=[], http_ports=[LOCAL])
+        member = ClusterMember(reactor, settings, etcd, self.id(), TTL, build_lock_server, name=name)
+        member.startService()
+        self.addCleanup(self.stop, member)
+        return member
+
+    def stop(self, member: ClusterMember) -> Deferred[None]:
+        """Resign if leading, without exiting the process (once: a cleanup too)."""
+        if member in self.stopped:
+            return member.stop_listening()
+        self.stopped.append(member)
+        return member.stop().addBoth(lambda _: member.stop_listening())
+
+    @inlineCallbacks
+    def http_of(self, member: ClusterMember):
+        """The leader's API: a client of its --http-port, and the API itself."""
+        child = http_listener(member.server)
+        port = yield listening_port(child)
+        return HttpClient(self, base_url(port)), child.factory.wrappedFactory.resource
+
+    @inlineCallbacks
+    def test_sessions_and_grants_survive_a_failover(self):
+        first = self.member("first")
+        yield first.when_leading().addTimeout(TAKEOVER_WITHIN * 3, reactor)
+        second = self.member("second")
+        http, api = yield self.http_of(first)
+        first_term = api.context.describe()["server"]
+        self.assertEqual(first_term["role"], "leader")
+        self.assertIsInstance(first_term["term"], int)
+
+        holding = (yield http.post("/v1/sessions", {"ttl": 20})).json["session"]
+        empty = (yield http.post("/v1/sessions", {"ttl": 20})).json["session"]
+        waiting = (yield http.post("/v1/sessions", {"ttl": 20})).json["session"]
+        granted = yield http.post("/v1/acquire", {"session": holding, "key": "k", "expires": 30, "value": "v1"})
+        (grant,) = granted.json["grants"]
+        self.assertIsNone(first.term.journal.durable())  # (reported only once durable)
+        poll = HttpClient(self, http.base).post("/v1/acquire", {"session": waiting, "key": "k", "wait": 30})
+        outcome: List[object] = []
+        poll.addBoth(outcome.append)
+        yield wait_until(lambda: first.server.locks.status("k").waiting == 1)
+
+        yield self.stop(first)
+        yield wait_until(lambda: bool(outcome))
+        # (a deposed leader sends nothing more: its connection is dropped, and nothing granted)
+        self.assertIsInstance(outcome[0], Failure, outcome)
+        outcome[0].trap(ResponseNeverReceived)
+        yield second.when_leading().addTimeout(TAKEOVER_WITHIN * 3, reactor)
+        http, api = yield self.http_of(second)
+        self.assertGreater(api.context.describe()["server"]["term"], first_term["term"])
+
+        detail = yield http.get("/v1/locks/k")
+        (holder,) = detail.json["holders"]
+        self.assertEqual((holder["token"], holder["value"]), (grant["token"], "v1"))
+        self.assertTrue(0 < holder["expires_in"] <= 30)
+        self.assertEqual(detail.json["waiters"], [])
+        info = yield http.post("/v1/sessions/info", {"session": holding})
+        self.assertEqual([each["key"] for each in info.json["grants"]], ["k"])
+        kept = yield http.post("/v1/sessions/keepalive", {"session": empty})
+        self.assertEqual(kept.status, 200)
+        ended = yield http.post("/v1/sessions/end", {"session": holding})
+        self.assertEqual(ended.json["released"], 1)

@@ -56,7 +56,8 @@ directory on /dev/shm by default, a tmpfs, so its Raft log costs no fsync:
 ``--etcd-dir`` to put it on a disk), whose gRPC gateway serves the JSON
 API on its client port.
 
-    python benchmarks/http_api.py --quick                 # ~30 s
+    python benchmarks/http_api.py --quick                 # ~11 s
+    python benchmarks/http_api.py                         # ~1.2 min: 3 rounds of 3 s
     python benchmarks/http_api.py --pypy /path/to/pypy-venv/bin/python --max-noise 0.2
     python benchmarks/http_api.py --scenario 64 --repeat 5 --no-etcd
 

@@ -98,6 +98,10 @@ class CappedRequest(Request):
     _received = 0
     _linger: Optional[IDelayedCall] = None
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._parsePOSTFormSubmission = False
+
     def gotLength(self, length: Optional[int]) -> None:
         if length is not None and length > MAX_BODY:
             # (no "100 Continue" for a body that will not be read)

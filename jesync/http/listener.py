@@ -227,8 +227,10 @@ class ApiChannel(http.HTTPChannel):
 class ApiSite(Site):
     """
     The API's site: its requests capped (L{CappedRequest}), its connections
-    held to C{max_unsent} (L{ApiChannel}); no access log line per request
-    unless C{verbose}.
+    held to C{max_unsent} (L{ApiChannel}) and closed after C{idle_timeout}
+    seconds between requests (C{--idle-timeout}, as every listener's: none
+    while a request is answered, a long poll or an event stream included;
+    None: never); no access log line per request unless C{verbose}.
     """
 
     noisy = False
@@ -243,8 +245,9 @@ class ApiSite(Site):
         verbose: bool = False,
         reactor: Optional[IReactorTime] = None,
         max_unsent: Optional[int] = None,
+        idle_timeout: Optional[float] = None,
     ) -> None:
-        super().__init__(api, reactor=reactor)
+        super().__init__(api, reactor=reactor, timeout=idle_timeout)
         self.verbose = verbose
         self.max_unsent = max_unsent
 
@@ -272,7 +275,7 @@ def http_factory(
     (L{authorized}; give it to the L{HttpApi} as C{on_authorized}).
     """
     return CountedFactory(
-        ApiSite(api, verbose, reactor=clock, max_unsent=policy.max_unsent),
+        ApiSite(api, verbose, reactor=clock, max_unsent=policy.max_unsent, idle_timeout=policy.idle_timeout),
         policy.connections if registry is None else registry,
         protected=policy.protected,
         auth_timeout=policy.auth_timeout if policy.auth_token is not None else None,

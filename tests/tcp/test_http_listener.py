@@ -62,6 +62,18 @@ class ConnectionTests(ServerTestCase):
         self.assertEqual(len(server.policy.connections), 1)
 
     @inlineCallbacks
+    def test_idle_timeout(self):
+        """--idle-timeout closes a keep-alive connection idle between requests, never one whose request is answered."""
+        server, port = yield start_http(self, "--idle-timeout", "0.3")
+        watching = yield connect_raw(server, port)
+        self.assertEqual((yield watching.ask(request(b"/v1/watch?key=k"))), b"HTTP/1.1 200 OK\r\n")
+        idle = yield connect_raw(server, port)  # (after the stream began: it would close first)
+        self.assertEqual((yield idle.ask(request(b"/v1/sessions"))), b"HTTP/1.1 200 OK\r\n")
+        yield idle.wait_closed()
+        self.assertIsNone(watching.lost_reason)
+        self.assertEqual(len(server.policy.connections), 1)
+
+    @inlineCallbacks
     def test_auth_deadline(self):
         """With a token: a connection that sent no request with it is closed after --auth-timeout; one that did stays."""
         path = write_file(self, b"sesame\n")

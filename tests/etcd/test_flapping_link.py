@@ -207,7 +207,8 @@ class Member:
             if self.process.poll() is not None or not etcd.running():
                 raise AssertionError(f"the member or etcd exited:\n{self.log()}\n--- etcd:\n{etcd.log()}")
             if time.monotonic() > deadline:
-                raise AssertionError(f"the member did not lead within {WITHIN} s:\n{self.log()}\n--- etcd:\n{etcd.log()}")
+                logs = f"{self.log()}\n--- etcd:\n{etcd.log()}"
+                raise AssertionError(f"the member did not lead within {WITHIN} s:\n{logs}")
             time.sleep(0.05)
 
     def step_downs(self) -> List[str]:
@@ -334,9 +335,8 @@ class FlappingLinkTests(unittest.TestCase):
         details = "\n".join(
             f"{episode}\n  " + "\n  ".join(episode.step_downs + episode.client.wrong) for episode in failed
         )
-        self.assertEqual(
-            failed, [], f"{len(failed)} of {len(episodes)} episodes went wrong:\n{details}\n--- member:\n{self.member.log()}"
-        )
+        summary = f"{len(failed)} of {len(episodes)} episodes went wrong:\n{details}"
+        self.assertEqual(failed, [], f"{summary}\n--- member:\n{self.member.log()}")
         self.assertEqual(self.member.health(), "leader")
         for episode in episodes:
             self.assertGreater(episode.client.cycles, 0, str(episode))

@@ -54,6 +54,11 @@ WITHIN = 30.0
 ELOCK_PORT, JESYNC_PORT, METRICS_PORT = 11401, 11400, 9400
 
 
+def tool(name: str) -> Optional[str]:
+    """C{name}'s path: on the PATH, or in /usr/sbin or /sbin (often not on a user's PATH)."""
+    return shutil.which(name) or shutil.which(name, path="/usr/sbin:/sbin")
+
+
 def _run(*command: str) -> None:
     subprocess.run(command, check=True, stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
 
@@ -64,9 +69,9 @@ def _why_not() -> Optional[str]:
         return "network namespaces are Linux's"
     if os.geteuid() != 0:
         return "it needs root (ip netns, iptables)"
-    for tool in ("ip", "iptables"):
-        if shutil.which(tool) is None:
-            return f"`{tool}` is not installed (Debian: apt-get install iproute2 iptables)"
+    for name in ("ip", "iptables"):
+        if tool(name) is None:
+            return f"`{name}` is not installed (Debian: apt-get install iproute2 iptables)"
     return None
 
 
@@ -88,37 +93,38 @@ class Network:
         self.etcd_address, self.member_etcd_address = f"{net}.1", f"{net}.2"
         self.root_address, self.member_address = f"{net}.5", f"{net}.6"
         self._made: List[List[str]] = []
+        self.ip, self.iptables_path = tool("ip") or "ip", tool("iptables") or "iptables"
 
     def make(self) -> None:
         """Build it (a failure leaves what was made to L{close})."""
         for namespace in (self.etcd_ns, self.member_ns):
-            _run("ip", "netns", "add", namespace)
-            self._made.append(["ip", "netns", "del", namespace])
-            _run("ip", "-n", namespace, "link", "set", "lo", "up")
+            _run(self.ip, "netns", "add", namespace)
+            self._made.append([self.ip, "netns", "del", namespace])
+            _run(self.ip, "-n", namespace, "link", "set", "lo", "up")
         # (a veth pair goes with either end: deleting the namespaces removes both pairs)
-        _run("ip", "link", "add", self.etcd_link, "type", "veth", "peer", "name", self.member_link)
-        self._made.append(["ip", "link", "del", self.etcd_link])
-        _run("ip", "link", "set", self.etcd_link, "netns", self.etcd_ns)
-        _run("ip", "link", "set", self.member_link, "netns", self.member_ns)
-        _run("ip", "link", "add", self.root_link, "type", "veth", "peer", "name", self.client_link)
-        self._made.append(["ip", "link", "del", self.root_link])
-        _run("ip", "link", "set", self.client_link, "netns", self.member_ns)
+        _run(self.ip, "link", "add", self.etcd_link, "type", "veth", "peer", "name", self.member_link)
+        self._made.append([self.ip, "link", "del", self.etcd_link])
+        _run(self.ip, "link", "set", self.etcd_link, "netns", self.etcd_ns)
+        _run(self.ip, "link", "set", self.member_link, "netns", self.member_ns)
+        _run(self.ip, "link", "add", self.root_link, "type", "veth", "peer", "name", self.client_link)
+        self._made.append([self.ip, "link", "del", self.root_link])
+        _run(self.ip, "link", "set", self.client_link, "netns", self.member_ns)
         for namespace, link, address in [
             (self.etcd_ns, self.etcd_link, self.etcd_address),
             (self.member_ns, self.member_link, self.member_etcd_address),
             (self.member_ns, self.client_link, self.member_address),
         ]:
-            _run("ip", "-n", namespace, "addr", "add", f"{address}/30", "dev", link)
-            _run("ip", "-n", namespace, "link", "set", link, "up")
-        _run("ip", "addr", "add", f"{self.root_address}/30", "dev", self.root_link)
-        _run("ip", "link", "set", self.root_link, "up")
+            _run(self.ip, "-n", namespace, "addr", "add", f"{address}/30", "dev", link)
+            _run(self.ip, "-n", namespace, "link", "set", link, "up")
+        _run(self.ip, "addr", "add", f"{self.root_address}/30", "dev", self.root_link)
+        _run(self.ip, "link", "set", self.root_link, "up")
         # The member's side of the etcd link, both ways, through a chain that is empty (healed) or drops (cut).
         self.iptables("-N", "FLAP")
         self.iptables("-A", "INPUT", "-i", self.member_link, "-j", "FLAP")
         self.iptables("-A", "OUTPUT", "-o", self.member_link, "-j", "FLAP")
 
     def iptables(self, *arguments: str) -> None:
-        _run("ip", "netns", "exec", self.member_ns, "iptables", *arguments)
+        _run(self.ip, "netns", "exec", self.member_ns, self.iptables_path, *arguments)
 
     def cut(self) -> None:
         self.iptables("-A", "FLAP", "-j", "DROP")
@@ -127,7 +133,7 @@ class Network:
         self.iptables("-F", "FLAP")
 
     def in_namespace(self, namespace: str) -> List[str]:
-        return ["ip", "netns", "exec", namespace]
+        return [self.ip, "netns", "exec", namespace]
 
     def close(self) -> None:
         for command in reversed(self._made):

@@ -14,17 +14,30 @@ The rules:
  - Every request has a deadline, the client's C{timeout}.  Within it, a
    request that does not get through -- connection refused or lost, no
    answer in time, or etcd's "unavailable" (what a member without a leader
-   answers) -- is tried on the next endpoint, in turn, starting from the one
-   that answered last.  Each attempt gets C{timeout / len(endpoints)} (or
-   what is left of the deadline), so that a hung member leaves time for the
-   others.  When the deadline passes: L{EtcdUnavailable}.
+   answers) -- is tried again on the next endpoint, in turn, starting from
+   the one that answered last (with one endpoint: on that one again).
+   When the deadline passes: L{EtcdUnavailable}.
+ - Each attempt gets at most C{attempt_timeout} (L{ATTEMPT_TIMEOUT}, 0.4
+   s: etcd answers in about a millisecond) and its share of the timeout
+   among the endpoints, or, the last one, what is left.  An attempt with
+   no answer by then is abandoned I{with its connection}, and the next
+   goes at once, on another (a new one, or an idle one from the pool).
+   Why: on a link that drops and heals, a request on a connection whose
+   packets were lost waits for TCP's retransmissions, which back off
+   (0.2, 0.4, 0.8 s ...), and can miss every moment the link is up until
+   the deadline; a new connection sends its first packet at once.  Only
+   failures that came fast (refused, or etcd "unavailable") wait a little
+   before the next round, so as not to spin.
  - Any other error etcd answers (C{{"error": ..., "code": ...}}) is
    L{EtcdError} with etcd's message, at once, with no retry.
- - B{A transaction may apply twice}: one whose answer was lost (the member
-   died or answered too late) may have been applied all the same, and its
-   retry on another member applies it again.  So callers write transactions
-   that are idempotent or guarded by compares (on the mod revision of what
-   they last read, or on a lease), as etcd's own clients must too.
+ - B{A request may apply twice}: one whose answer was lost (the link
+   dropped it, the member died or answered too late) may have been applied
+   all the same, and its retry applies it again -- after it, or, the lost
+   copy arriving late, before it.  So callers write transactions that are
+   idempotent or guarded by compares (on the mod revision of what they
+   last read, or on a lease), as etcd's own clients must too; jesync's
+   (the journal's, the campaign's, leases') are, and docs/cluster.md ("Why
+   a retried request is safe") says why, one by one.
  - Connections are pooled: HTTP/1.1 keep-alive, at most
    L{MAX_IDLE_CONNECTIONS} idle ones per member.  A watch holds a connection
    of its own for as long as it lasts.  Every response is bounded
@@ -40,15 +53,17 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple, Union, cast
 
 from treq.client import HTTPClient
-from twisted.internet.defer import CancelledError, Deferred, gatherResults, inlineCallbacks
-from twisted.internet.interfaces import IPushProducer, IReactorTime
+from twisted.internet.defer import CancelledError, Deferred, gatherResults, inlineCallbacks, succeed
+from twisted.internet.interfaces import IConsumer, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol
 from twisted.internet.task import deferLater
 from twisted.logger import Logger
 from twisted.python.failure import Failure
 from twisted.web.client import Agent, HTTPConnectionPool, ResponseDone, _HTTP11ClientFactory
 from twisted.web.http import PotentialDataLoss
-from twisted.web.iweb import IResponse
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IBodyProducer, IResponse
+from zope.interface import implementer
 
 # Idle keep-alive connections kept per etcd member.
 MAX_IDLE_CONNECTIONS = 4
@@ -58,6 +73,11 @@ MAX_RESPONSE = 64 * 1024 * 1024
 # the next round, doubling up to RETRY_DELAY_MAX: no busy loop.
 RETRY_DELAY = 0.05
 RETRY_DELAY_MAX = 0.5
+# The longest one attempt of a request waits for its answer (see the module
+# docstring): 400 times etcd's usual 1 ms round trip, under the shortest
+# time a flapping link stays up (0.5 s), and at least three of them fit in
+# the shortest certainty window (1.5 s, a lease TTL of 2 s).
+ATTEMPT_TIMEOUT = 0.4
 
 # gRPC status codes that etcd's gateway puts in its error bodies.
 _GRPC_NOT_FOUND = 5
@@ -327,6 +347,32 @@ def _drop_connection(body: Protocol) -> None:
         cast(IPushProducer, body.transport).stopProducing()
 
 
+@implementer(IBodyProducer)
+class _Body:
+    """
+    A request's body, written in the turn the request is (treq's own
+    producer of bytes writes it a reactor turn later, through Twisted's
+    cooperator, which runs on the global reactor whatever the client's is).
+    """
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self.length = len(data)
+
+    def startProducing(self, consumer: IConsumer) -> Deferred[None]:
+        consumer.write(self._data)
+        return succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
 def _read_body(response: IResponse) -> Deferred[bytes]:
     reader = _BodyReader()
     response.deliverBody(reader)
@@ -473,6 +519,9 @@ class EtcdClient:
     etcd's KV, lease and watch APIs over the members at C{endpoints} (URLs
     such as C{"http://127.0.0.1:2379"}, members of one etcd cluster).
 
+    C{timeout} is what a request may take in all, C{attempt_timeout} what
+    one attempt of it may (see the module docstring).
+
     C{observer(operation, seconds)}, if given, is called after every round
     trip that etcd answered successfully (operations: C{"get"}, C{"put"},
     C{"delete"}, C{"txn"}, C{"grant"}, C{"keepalive"}, C{"revoke"}, and
@@ -488,6 +537,7 @@ class EtcdClient:
         endpoints: Sequence[str],
         timeout: float = 2.0,
         observer: Optional[Callable[[str, float], None]] = None,
+        attempt_timeout: float = ATTEMPT_TIMEOUT,
     ) -> None:
         if not endpoints:
             raise ValueError("EtcdClient needs at least one endpoint")
@@ -496,9 +546,12 @@ class EtcdClient:
                 raise ValueError(f"an etcd endpoint is a URL such as http://127.0.0.1:2379, not {endpoint!r}")
         if timeout <= 0:
             raise ValueError(f"the etcd timeout must be positive, not {timeout!r}")
+        if attempt_timeout <= 0:
+            raise ValueError(f"the etcd attempt timeout must be positive, not {attempt_timeout!r}")
         self._reactor = reactor
         self._endpoints = [endpoint.rstrip("/") for endpoint in endpoints]
         self._timeout = timeout
+        self._attempt_timeout = attempt_timeout
         self._observer = observer
         self._preferred = 0
         self._pool = HTTPConnectionPool(reactor, persistent=True)
@@ -653,23 +706,32 @@ class EtcdClient:
     @inlineCallbacks
     def _call(self, operation: str, path: str, request: JSON, stream: bool = False) -> _Steps:
         """
-        POST C{request} to C{/v3}C{path}, trying the endpoints in turn until
-        one answers or the timeout is up (see the module docstring).  The
-        answer as JSON, or for a C{stream} the response, its body unread.
+        POST C{request} to C{/v3}C{path}, trying again (the endpoints in
+        turn, each attempt on a connection of its own if the one before got
+        no answer) until one answers or the timeout is up (see the module
+        docstring).  The answer as JSON, or for a C{stream} the response,
+        its body unread.
         """
         now = self._reactor.seconds
         deadline = now() + self._timeout
-        share = self._timeout / len(self._endpoints)
+        # What an attempt may take: a member's share of the timeout, and at most attempt_timeout.
+        bound = min(self._attempt_timeout, self._timeout / len(self._endpoints))
+        attempts = 0
         failures = 0
         delay = RETRY_DELAY
         last: Optional[str] = None
         while True:
             remaining = deadline - now()
             if remaining <= 0:
-                raise EtcdUnavailable(f"no etcd endpoint answered {operation} within {self._timeout} s (last: {last})")
+                raise EtcdUnavailable(
+                    f"no etcd endpoint answered {operation} within {self._timeout} s "
+                    f"({attempts} attempt{'s' if attempts != 1 else ''}; last: {last})"
+                )
             index = self._preferred
             url = self._endpoints[index] + "/v3" + path
-            allowed = min(share, remaining)
+            # The last attempt takes what is left, rather than leave too little for another.
+            allowed = remaining if remaining < bound * 1.5 else bound
+            attempts += 1
             started = now()
             try:
                 response, body = yield self._attempt(url, request, allowed, stream)
@@ -679,8 +741,9 @@ class EtcdClient:
             except Exception as e:
                 if isinstance(e, EtcdError) and not isinstance(e, EtcdUnavailable):
                     raise  # etcd answered: no retry
+                unanswered = isinstance(e, _NoAnswer)
                 # An attempt cut short by the deadline says less than the failure before it.
-                if last is None or not (isinstance(e, _NoAnswer) and allowed < share):
+                if last is None or not (unanswered and allowed < bound):
                     last = f"{self._endpoints[index]}: {_describe(e)}"
             else:
                 self._preferred = index
@@ -688,6 +751,10 @@ class EtcdClient:
                     self._observe(operation, now() - started)
                 return response if answer is None else answer
             self._preferred = (index + 1) % len(self._endpoints)
+            if unanswered:
+                # It waited out its time already, and its connection is
+                # closed: the next attempt goes at once, on another.
+                continue
             failures += 1
             if failures % len(self._endpoints) == 0:
                 yield deferLater(self._reactor, min(delay, max(0.0, deadline - now())))
@@ -723,7 +790,10 @@ class EtcdClient:
 
         http = self._watch_http if stream else self._http
         attempt: Deferred[Any] = Deferred(cancel)
-        posted = http.post(url, json=request, unbuffered=True, allow_redirects=False).addCallback(read)
+        body = _Body(json.dumps(request, separators=(",", ":")).encode("utf-8"))
+        headers = Headers({b"Content-Type": [b"application/json"]})
+        posted = http.post(url, data=body, headers=headers, unbuffered=True, allow_redirects=False)
+        posted.addCallback(read)
         timer = self._reactor.callLater(timeout, posted.cancel)
         posted.addBoth(settled)
         return attempt

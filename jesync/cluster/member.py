@@ -411,12 +411,19 @@ class ClusterMember(Listeners):
         )
 
         def decided(result: Any) -> None:
+            revision = result.revision
             if not result.succeeded:
-                self.etcd.revoke(lease_id).addErrback(lambda _: None)
-                if self.running:
-                    self._schedule(self.timing.poll)
-                return
-            term = Term(lease_id, ttl, result.revision, sent + Timing(ttl).certainty, self.monotonic)
+                [found] = result.responses
+                if not (found and found[0].lease == lease_id and found[0].value == entry):
+                    self.etcd.revoke(lease_id).addErrback(lambda _: None)
+                    if self.running:
+                        self._schedule(self.timing.poll)
+                    return
+                # The key is bound to this lease, which only this claim
+                # wrote: a copy of this request, sent before the client
+                # tried again, created it.  Won, at that key's revision.
+                revision = found[0].create_revision
+            term = Term(lease_id, ttl, revision, sent + Timing(ttl).certainty, self.monotonic)
             self.won(term)
 
         return claim.addCallback(decided)

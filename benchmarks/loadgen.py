@@ -35,7 +35,10 @@ with its own virtualenv against this working tree::
 (PYTHONPATH), with the ``twistd`` next to PYTHON (default: this Python);
 ``--server [NAME=]HOST:PORT`` uses a running one.  Both are repeatable.  The
 ratios are then given for each jesync target against Redis, and against the
-first jesync target.
+first jesync target.  ``--reactor NAME=REACTOR`` runs the target NAME under
+``twistd --reactor REACTOR`` (two targets from one checkout compare
+reactors: ``--jesync epoll=. --jesync jesync-epoll=. --reactor
+epoll=epoll --reactor jesync-epoll=jesync-epoll``).
 
 On a machine shared with other work, ``--max-noise 0.1`` waits for a quiet
 second before each round, leaves out every run during which the rest of the
@@ -316,14 +319,18 @@ def start_jesync(
     checkout: Path = REPO,
     python: str = sys.executable,
     options: tuple[str, ...] = (),
+    reactor: str | None = None,
 ) -> Server:
     """
     C{twistd -n jesync} from C{checkout} (default: this one), on a free
-    loopback port, with C{options} added to jesync's own.
+    loopback port, with C{options} added to jesync's own, under twistd's
+    C{--reactor reactor} if one is given.
     """
     port = free_port()
     twistd = Path(python).with_name("twistd")
     command = [str(twistd), "-n", "--pidfile="]
+    if reactor:
+        command += ["--reactor", reactor]
     if profile:
         command += [f"--profile={profile}", "--profiler=cprofile", "--savestats"]
     # Twisted's default listen backlog is 50: a load generator opening thousands of
@@ -493,6 +500,14 @@ def jesync_target(text: str) -> tuple[str, Path, str]:
     if not Path(python).with_name("twistd").exists():
         raise argparse.ArgumentTypeError(f"{text}: no twistd next to {python}")
     return check_name(name), checkout_path, python
+
+
+def reactor_choice(text: str) -> tuple[str, str]:
+    """C{[NAME=]REACTOR} for --reactor (NAME: a --jesync target; default: the jesync started by default)."""
+    name, sep, reactor = text.rpartition("=")
+    if not reactor:
+        raise argparse.ArgumentTypeError(f"{text}: expected [NAME=]REACTOR")
+    return (check_name(name) if sep else "jesync"), reactor
 
 
 def check_name(name: str) -> str:
@@ -880,6 +895,15 @@ def main(argv: list[str] | None = None) -> None:
         "(default: this Python); repeatable.  Every round runs all targets back to back",
     )
     parser.add_argument(
+        "--reactor",
+        type=reactor_choice,
+        action="append",
+        default=[],
+        metavar="[NAME=]REACTOR",
+        help="run the jesync started as --jesync NAME (without NAME=: the one started by default) under "
+        "twistd's --reactor REACTOR (e.g. jesync-epoll); repeatable, one per target",
+    )
+    parser.add_argument(
         "--max-noise",
         type=float,
         metavar="CORES",
@@ -943,6 +967,10 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"target names must be distinct: {', '.join(target_names)}")
     if args.profile_server and (args.server or args.jesync):
         parser.error("--profile-server profiles the one jesync started by default; not with --server or --jesync")
+    reactors = dict(args.reactor)
+    started = [name for name, _, _ in args.jesync] or ([] if args.server else ["jesync"])
+    if len(reactors) != len(args.reactor) or not set(reactors) <= set(started):
+        parser.error(f"--reactor: one per started jesync ({', '.join(started) or 'none'}), by its name")
     if args.scenario:
         scenarios = list(dict.fromkeys(args.scenario))
     elif args.connections:
@@ -964,7 +992,9 @@ def main(argv: list[str] | None = None) -> None:
                 servers.append(Server(name, address))
             for name, checkout, python in args.jesync:
                 servers.append(
-                    start_jesync(Path(tmp), None, args.server_cpus, name, checkout, python, jesync_options)
+                    start_jesync(
+                        Path(tmp), None, args.server_cpus, name, checkout, python, jesync_options, reactors.get(name)
+                    )
                 )
             if not servers:
                 servers.append(
@@ -973,6 +1003,7 @@ def main(argv: list[str] | None = None) -> None:
                         args.profile_server and os.path.abspath(args.profile_server),
                         args.server_cpus,
                         options=jesync_options,
+                        reactor=reactors.get("jesync"),
                     )
                 )
             if args.no_redis:
@@ -1005,7 +1036,8 @@ def main(argv: list[str] | None = None) -> None:
                 servers.append(start_elock(Path(tmp), args.elock.resolve(), args.server_cpus))
             print()
             for name, checkout, python in args.jesync:
-                print(f"  {name}: {checkout} at {describe_checkout(checkout)}, {python}")
+                print(f"  {name}: {checkout} at {describe_checkout(checkout)}, {python}", end="")
+                print(f", --reactor {reactors[name]}" if name in reactors else "")
             results: dict[tuple[str, int], list[dict[str, Result]]] = {}
             names = [server.name for server in servers]
             for kind, n in scenarios:

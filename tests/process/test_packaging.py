@@ -135,11 +135,15 @@ class WheelTests(SynchronousTestCase):
             "jesync/protocols/dlock.proto",
             "jesync/protocols/dlock_pb2.pyi",
             "twisted/plugins/jesync_plugin.py",
+            "twisted/plugins/jesync_reactor.py",
         ):
             self.assertIn(name, names)
-        # The dropin only: installing must not make twisted/ or
+        # The dropins only: installing must not make twisted/ or
         # twisted/plugins/ a package of jesync's, nor ship a plugin cache.
-        self.assertEqual({name for name in names if name.startswith("twisted/")}, {"twisted/plugins/jesync_plugin.py"})
+        self.assertEqual(
+            {name for name in names if name.startswith("twisted/")},
+            {"twisted/plugins/jesync_plugin.py", "twisted/plugins/jesync_reactor.py"},
+        )
         self.assertEqual([name for name in names if "__pycache__" in name or name.endswith(".pyc")], [])
 
         # The licence.

@@ -1,12 +1,14 @@
 """
-The reactor the suite runs on.  pytest-twisted installs Twisted's default
-reactor when pytest configures itself, unless one is installed already and
-is of the default's type (on Linux L{EPollReactor}, or a subclass).  With
-C{JESYNC_REACTOR=NAME} in the environment this file, read before that,
-installs the reactor twistd knows as NAME (C{twistd --help-reactors}), so
-that the in-process tiers run on it:
+The reactor the suite runs on: the one the README recommends,
+C{jesync-epoll} (L{jesync.reactor}), on Linux.  pytest-twisted installs
+Twisted's default reactor when pytest configures itself, unless one is
+installed already and is of the default's type (on Linux L{EPollReactor},
+or a subclass); this file, read before that, installs the recommended one,
+or with C{JESYNC_REACTOR=NAME} in the environment the reactor twistd knows
+as NAME (C{twistd --help-reactors}; C{default}: Twisted's own), so that the
+in-process tiers run on it:
 
-    JESYNC_REACTOR=jesync-epoll python -m pytest tests
+    JESYNC_REACTOR=default python -m pytest tests
 
 (pytest-xdist's workers inherit the variable.)  A reactor that is not the
 default's type is refused by pytest-twisted, loudly.  The servers the
@@ -17,9 +19,10 @@ unit's), whatever the variable.
 from __future__ import annotations
 
 import os
+import sys
 
 from twisted.application.reactors import installReactor
 
-_REACTOR = os.environ.get("JESYNC_REACTOR")
-if _REACTOR:
+_REACTOR = os.environ.get("JESYNC_REACTOR") or ("jesync-epoll" if sys.platform.startswith("linux") else "default")
+if _REACTOR != "default":
     installReactor(_REACTOR)

@@ -26,7 +26,7 @@ PAGES = ["README.md"] + sorted(str(path.relative_to(ROOT)) for path in (ROOT / "
 #: The two commands, as CI runs them (.ci/run): install-and-test, then
 #: install-and-run, which stays in the foreground, so each is a block of its own.
 INSTALL_AND_TEST = "pip install '.[test]' && python -m pytest"
-INSTALL_AND_RUN = "pip install . && twistd -n --pidfile= jesync"
+INSTALL_AND_RUN = "pip install . && twistd -n --pidfile= --reactor jesync-epoll jesync"
 
 # The examples the tests below (and those in the files named) run, as
 # (page, "## section" title, language, a text the block holds or None for

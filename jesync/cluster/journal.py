@@ -96,7 +96,7 @@ class _Link:
     batch is in etcd.
     """
 
-    __slots__ = ("position", "tag", "guard", "operations", "last", "state")
+    __slots__ = ("position", "tag", "guard", "operations", "last", "state", "floor")
 
     def __init__(self, position: Tuple[int, int], tag: bytes, guard: Compare, operations: List[Operation]) -> None:
         self.position = position
@@ -105,6 +105,8 @@ class _Link:
         self.operations = operations
         self.last: Optional[Tuple[float, int, Optional[int]]] = None
         self.state = _NEW
+        # The last position known to be in etcd when it was sent.
+        self.floor = (0, 0)
 
 
 class Deposed(Exception):
@@ -614,6 +616,7 @@ class Journal:
         else:
             self.resent += 1
         link.state = _OUT
+        link.floor = self._applied
         self._outstanding += 1
         guards = [Compare(self.layout.leader, "CREATE", self.revision), link.guard]
         success = [*link.operations, Put(self.layout.commit, link.tag)]
@@ -699,7 +702,8 @@ class Journal:
         if not leader or leader[0].create_revision != self.revision:
             return "the election key is gone or another member's"
         position = self._position(commit)
-        if position is None:
+        # Before what was known to be in etcd when it was sent: moved back.
+        if position is None or position < link.floor:
             return "the durable state was written by someone else"
         if position >= link.position:
             return None

@@ -590,8 +590,8 @@ class Journal:
     def _pump(self) -> None:
         """
         Send what may go now, in chain order: the first transaction again if
-        it came back early, then new ones, up to L{MAX_IN_FLIGHT} awaiting
-        an answer.  (Not re-entered: an answer given at once, within a send,
+        it came back early (with every later one that did), then new ones,
+        up to L{MAX_IN_FLIGHT} awaiting an answer.  (Not re-entered: an answer given at once, within a send,
         is taken in by the loop.)
         """
         if self._pumping:
@@ -601,7 +601,11 @@ class Journal:
             chain, unsent = self._chain, self._unsent
             while self.failed is None and self._outstanding < MAX_IN_FLIGHT:
                 if chain and chain[0].state is _EARLY:
-                    self._send(chain[0])
+                    # Its predecessor is in etcd: it goes again, and every
+                    # other one that came back early after it, in order.
+                    for link in [link for link in chain if link.state is _EARLY]:
+                        if link.position > self._applied and link.state is _EARLY and self.failed is None:
+                            self._send(link)
                 elif unsent:
                     self._send(unsent.popleft())
                 else:
@@ -629,7 +633,7 @@ class Journal:
             # the client, which tries every endpoint (a copy that lands late
             # is harmless: the chain lets each apply only once, in order).
             sent.addErrback(self._again, guards, success, failure)
-        sent.addCallbacks(self._answered, self._lost, (link,), None, (link,))
+        sent.addCallbacks(self._answered, self._lost, callbackArgs=(link,), errbackArgs=(link,))
         sent.addErrback(self._broken)
 
     def _again(self, reason: Failure, guards: List[Compare], success: List[Any], failure: List[Get]) -> Any:
@@ -648,7 +652,7 @@ class Journal:
         if verdict is _EARLY:
             if link.position > self._applied:
                 link.state = _EARLY  # sent again once its predecessor is in etcd
-        elif verdict is not None:
+        elif isinstance(verdict, str):
             self.fail(verdict)
             return
         elif link.position > self._applied:

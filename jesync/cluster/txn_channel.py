@@ -14,10 +14,14 @@ transaction repeats are encoded once) and one C{json.loads} of the answer.
 
 The rules:
 
- - Up to C{connections} connections to one endpoint, each carrying one
-   request at a time (no HTTP pipelining: etcd would serve a connection's
-   requests one after another, which orders them but also serializes
-   them); requests beyond that wait their turn.
+ - B{One connection, requests pipelined}: each is written as it comes,
+   without waiting for the answers before it, and etcd (Go's HTTP server)
+   reads a connection's requests one after another, answering each before
+   it reads the next.  So transactions reach etcd in the order they were
+   sent, each after the one before it has applied, and none waits for the
+   round trip of the one before it.  (Over several connections they race:
+   measured at 8 in flight, nine in ten journal transactions reached etcd
+   before their predecessor.)
  - B{It never retries.}  An answer not in time (C{timeout}), a connection
    refused or lost, or anything but a well-formed HTTP answer fails the
    request with L{ChannelError} (and drops its connection; new ones go to
@@ -35,7 +39,8 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any, Callable, Dict, List, Optional, Sequence, Set, Tuple, cast
+from collections import deque
+from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, cast
 from urllib.parse import urlsplit
 
 from twisted.internet.defer import Deferred
@@ -47,6 +52,7 @@ from twisted.python.failure import Failure
 
 from jesync.cluster.etcd import (
     Compare,
+    Delete,
     EtcdClient,
     EtcdError,
     Get,
@@ -83,11 +89,16 @@ class _Answer:
 
 
 class _Connection(Protocol):
-    """One keep-alive connection: a request written, its answer parsed (Content-Length or chunked)."""
+    """
+    The keep-alive connection: requests written as they come (pipelined),
+    answers parsed in turn (Content-Length or chunked) and matched to them
+    in order.
+    """
 
     def __init__(self, channel: TxnChannel) -> None:
         self.channel = channel
-        self.waiting: Optional[Deferred[_Answer]] = None
+        # The requests written and not yet answered, oldest first, each with its deadline.
+        self.waiting: Deque[Tuple[Deferred[_Answer], float]] = deque()
         self.timer: Optional[IDelayedCall] = None
         self.buffer = b""
         self.status = 0
@@ -96,35 +107,46 @@ class _Connection(Protocol):
         self.close_after = False
         self.lost = False
 
-    def send(self, request: bytes, answer: Deferred[_Answer], timeout: float) -> None:
-        self.waiting = answer
-        self.timer = self.channel.reactor.callLater(timeout, self._late, timeout)
+    def connectionMade(self) -> None:
+        self.transport.setTcpNoDelay(True)  # type: ignore[union-attr]  # (a request is one write)
+
+    def send(self, request: bytes, answer: Deferred[_Answer]) -> None:
+        self.waiting.append((answer, self.channel.reactor.seconds() + self.channel.timeout))
+        if self.timer is None:
+            self._watch()
         assert self.transport is not None
         self.transport.write(request)
 
-    def _late(self, timeout: float) -> None:
+    def _watch(self) -> None:
+        """A timer for the oldest request's deadline (none if nothing is waiting)."""
+        if self.timer is not None and self.timer.active():
+            self.timer.cancel()
         self.timer = None
-        self._fail(ChannelError(f"no answer within {timeout:.3g} s"))
+        if self.waiting:
+            delay = max(0.0, self.waiting[0][1] - self.channel.reactor.seconds())
+            self.timer = self.channel.reactor.callLater(delay, self._late)
+
+    def _late(self) -> None:
+        self.timer = None
+        self._fail(ChannelError(f"no answer within {self.channel.timeout:.3g} s"))
 
     def dataReceived(self, data: bytes) -> None:
-        if self.waiting is None:
-            self._fail(ChannelError("etcd sent data that answers no request"))
-            return
         self.buffer += data
-        try:
-            answer = self._parse()
-        except ChannelError as error:
-            self._fail(error)
-            return
-        if answer is not None:
-            waiting, self.waiting = self.waiting, None
-            if self.timer is not None:
-                self.timer.cancel()
-                self.timer = None
-            if self.buffer or self.close_after:
-                self._drop()
-            else:
-                self.channel._idle(self)
+        while self.buffer and not self.lost:
+            if not self.waiting:
+                self._fail(ChannelError("etcd sent data that answers no request"))
+                return
+            try:
+                answer = self._parse()
+            except ChannelError as error:
+                self._fail(error)
+                return
+            if answer is None:
+                return
+            waiting, _ = self.waiting.popleft()
+            self._watch()
+            if self.close_after:
+                self._fail(ChannelError("etcd closed the connection"))
             waiting.callback(answer)
 
     def _parse(self) -> Optional[_Answer]:
@@ -195,14 +217,14 @@ class _Connection(Protocol):
         return answer
 
     def _fail(self, error: Exception) -> None:
-        """Fail the waiting request with C{error} and drop the connection."""
-        waiting, self.waiting = self.waiting, None
-        if self.timer is not None:
+        """Fail every waiting request with C{error} and drop the connection."""
+        waiting, self.waiting = self.waiting, deque()
+        if self.timer is not None and self.timer.active():
             self.timer.cancel()
-            self.timer = None
+        self.timer = None
         self._drop()
-        if waiting is not None:
-            waiting.errback(Failure(error))
+        for answer, _ in waiting:
+            answer.errback(Failure(error))
 
     def _drop(self) -> None:
         if not self.lost:
@@ -219,8 +241,8 @@ class _Connection(Protocol):
 class TxnChannel:
     """
     Transactions to etcd at C{endpoints} (C{http://host:port} URLs), as
-    L{jesync.cluster.etcd.EtcdClient.txn} takes and answers them, over at
-    most C{connections} connections of its own.
+    L{jesync.cluster.etcd.EtcdClient.txn} takes and answers them, over one
+    connection of its own (requests pipelined: each answered in turn).
     """
 
     def __init__(
@@ -228,18 +250,16 @@ class TxnChannel:
         reactor: Any,
         endpoints: Sequence[Tuple[str, int]],
         timeout: float,
-        connections: int = 8,
         observer: Optional[Callable[[str, float], None]] = None,
     ) -> None:
         self.reactor = reactor
         self.endpoints = list(endpoints)
         self.timeout = timeout
-        self.connections = connections
         self.observer = observer
-        self._all: Set[_Connection] = set()
         self._endpoint = 0
-        self._free: List[_Connection] = []
-        self._open = 0  # connections open or being opened
+        self._connection: Optional[_Connection] = None
+        self._connecting = False
+        # Requests waiting for the connection to open.
         self._queue: List[Tuple[bytes, Deferred[_Answer]]] = []
         self._closed = False
         self._heads: Dict[int, bytes] = {}
@@ -251,7 +271,6 @@ class TxnChannel:
         reactor: IReactorTime,
         urls: Sequence[str],
         timeout: float,
-        connections: int = 8,
         observer: Optional[Callable[[str, float], None]] = None,
     ) -> Optional[TxnChannel]:
         """A channel to the etcd at C{urls} (as given to L{EtcdClient}), or None if one is not C{http://}."""
@@ -261,10 +280,10 @@ class TxnChannel:
             if parts.scheme != "http" or not parts.hostname:
                 return None
             endpoints.append((parts.hostname, parts.port or 80))
-        return cls(reactor, endpoints, timeout, connections, observer)
+        return cls(reactor, endpoints, timeout, observer)
 
     @classmethod
-    def beside(cls, etcd: Any, connections: int = 8) -> Optional[TxnChannel]:
+    def beside(cls, etcd: Any) -> Optional[TxnChannel]:
         """
         A channel to the etcd that C{etcd} (an L{EtcdClient}) talks to, with
         its observer, each attempt given at most a quarter of its timeout
@@ -278,7 +297,7 @@ class TxnChannel:
         reactor = getattr(etcd, "_reactor", None)
         if not urls or not isinstance(timeout, (int, float)) or reactor is None:
             return None
-        return cls.for_endpoints(reactor, urls, min(0.5, timeout / 4), connections, getattr(etcd, "_observer", None))
+        return cls.for_endpoints(reactor, urls, min(0.5, timeout / 4), getattr(etcd, "_observer", None))
 
     # -- transactions --
 
@@ -298,8 +317,7 @@ class TxnChannel:
             )
         )
         answered = self._post(self._head(len(body)) + body)
-        answered.addCallback(self._result, success, failure, self.reactor.seconds())
-        return answered
+        return answered.addCallback(self._result, success, failure, self.reactor.seconds())
 
     def _piece(self, item: Any) -> bytes:
         """A compare or read (the same few in every transaction), encoded once."""
@@ -322,6 +340,8 @@ class TxnChannel:
                 base64.b64encode(operation.key),
                 base64.b64encode(operation.value),
             )
+        if isinstance(operation, Delete) and not operation.prefix:
+            return b'{"request_delete_range":{"key":"%s"}}' % base64.b64encode(operation.key)
         return json.dumps(_encode_operation(operation), separators=(",", ":")).encode("ascii")
 
     def _head(self, length: int) -> bytes:
@@ -368,16 +388,16 @@ class TxnChannel:
         answer: Deferred[_Answer] = Deferred()
         if self._closed:
             answer.errback(Failure(ChannelError("the channel is closed")))
-        elif self._free:
-            self._free.pop().send(request, answer, self.timeout)
+        elif self._connection is not None:
+            self._connection.send(request, answer)
         else:
             self._queue.append((request, answer))
-            if self._open < self.connections:
+            if not self._connecting:
                 self._connect()
         return answer
 
     def _connect(self) -> None:
-        self._open += 1
+        self._connecting = True
         host, port = self.endpoints[self._endpoint]
         endpoint = HostnameEndpoint(cast(IReactorTCP, self.reactor), host, port, timeout=self.timeout)
         connecting = endpoint.connect(Factory.forProtocol(lambda: _Connection(self)))
@@ -386,50 +406,41 @@ class TxnChannel:
         def connected(connection: _Connection) -> None:
             if timer.active():
                 timer.cancel()
-            self._all.add(connection)
+            self._connecting = False
             if self._closed:
                 connection._drop()
-            else:
-                self._idle(connection)
+                return
+            self._connection = connection
+            queue, self._queue = self._queue, []
+            for request, answer in queue:
+                connection.send(request, answer)
 
         def refused(reason: Failure) -> None:
             if timer.active():
                 timer.cancel()
-            self._open -= 1
+            self._connecting = False
             self._next_endpoint()
-            # A request waits for a connection; one that cannot be had fails them all.
             queue, self._queue = self._queue, []
             for _, answer in queue:
                 answer.errback(Failure(ChannelError(f"could not connect: {reason.getErrorMessage()}")))
 
         connecting.addCallbacks(connected, refused)
 
-    def _idle(self, connection: _Connection) -> None:
-        """C{connection} is free: the next waiting request goes on it."""
-        if self._queue:
-            request, answer = self._queue.pop(0)
-            connection.send(request, answer, self.timeout)
-        else:
-            self._free.append(connection)
-
     def _gone(self, connection: _Connection) -> None:
-        self._open -= 1
-        self._all.discard(connection)
-        if connection in self._free:
-            self._free.remove(connection)
-        if not self._closed:
-            self._next_endpoint()
-            if self._queue and self._open < self.connections:
-                self._connect()
+        """C{connection} is closed (the next request opens another, to the next endpoint)."""
+        if connection is self._connection:
+            self._connection = None
+            if not self._closed:
+                self._next_endpoint()
 
     def _next_endpoint(self) -> None:
         self._endpoint = (self._endpoint + 1) % len(self.endpoints)
 
     def close(self) -> None:
-        """Drop every connection; requests still waiting fail with L{ChannelError}."""
+        """Drop the connection; requests still waiting fail with L{ChannelError}."""
         self._closed = True
         queue, self._queue = self._queue, []
         for _, answer in queue:
             answer.errback(Failure(ChannelError("the channel is closed")))
-        for connection in list(self._all):
-            connection._fail(ChannelError("the channel is closed"))
+        if self._connection is not None:
+            self._connection._fail(ChannelError("the channel is closed"))

@@ -247,7 +247,7 @@ class ChainTests(SynchronousTestCase):
         self.assertEqual(self.etcd.kvs, state)
 
     def test_a_write_refused_as_deposed_ends_the_term_and_fails_every_waiting_reply(self) -> None:
-        (waiting_a, one), (waiting_b, two) = self.turn("a"), self.turn("b")
+        (_, one), (_, two) = self.turn("a"), self.turn("b")
         self.etcd.put(self.layout.leader + b"x", b"")  # (unrelated)
         del self.etcd.kvs[self.layout.leader]
         self.etcd.put(self.layout.leader, b"another member")  # a new election key

@@ -108,7 +108,9 @@ class _Connection(Protocol):
         self.lost = False
 
     def connectionMade(self) -> None:
-        self.transport.setTcpNoDelay(True)  # type: ignore[union-attr]  # (a request is one write)
+        no_delay = getattr(self.transport, "setTcpNoDelay", None)  # (a request is one write)
+        if no_delay is not None:
+            no_delay(True)
 
     def send(self, request: bytes, answer: Deferred[_Answer]) -> None:
         self.waiting.append((answer, self.channel.reactor.seconds() + self.channel.timeout))

@@ -33,18 +33,30 @@ per reactor turn the dirty records are read from the lock table as they
 are then, and written in
 as few etcd transactions as etcd's limits allow (L{MAX_OPS} operations,
 L{MAX_BYTES} bytes each): a turn's hundred lock requests cost one round
-trip, not a hundred.  One transaction is in flight at a time, so they
-commit in the order they were cut.  A reply that depends on durable state
-is sent once L{Journal.durable} fires: everything dirtied before it is then
-in etcd.
+trip, not a hundred.  A reply that depends on durable state is sent once
+L{Journal.durable} fires: everything dirtied before it is then in etcd.
 
-Every transaction is guarded twice: by the election key's revision (a
-deposed leader's late write fails instead of landing after its successor
-has read the state) and by the revision of C{commit}, which each
-transaction rewrites (so each applies only right after the one before it:
-a copy of an older transaction that etcd applies late, after the client
-retried it elsewhere, cannot overwrite newer state).  A failed or refused
-write ends the leadership (C{on_failure}).
+The transactions of a term are a chain, and up to L{MAX_IN_FLIGHT} are in
+flight at once (a turn does not wait for the round trip of the one
+before).  Every transaction is guarded twice: by the election key's
+create revision (a deposed leader's late write fails instead of landing
+after its successor has read the state), and by the commit key's value,
+which must be the tag of the transaction before it (the term's first: the
+commit key's mod revision when the term began); it writes its own tag
+there (C{<election revision>:<batch>:<chunk>}, written once).  So each
+applies only right after its predecessor: what is in etcd is always a
+prefix of the chain, an answer that one is in etcd says that every one
+before it is, and batches are released in order.  A copy of an older
+transaction that etcd applies late (after the client retried it) finds a
+later tag and fails.  A refused transaction whose commit key held an
+earlier tag of this chain reached etcd before its predecessor: it is sent
+again once that one is in etcd (no refusal); one that held its own tag or
+a later one was applied already (a copy).  Anything else -- the election
+key gone or another member's, the commit key written by anyone else, no
+answer -- ends the leadership (C{on_failure}).  docs/cluster.md has the
+argument.  Transactions go through L{jesync.cluster.txn_channel} (one
+connection, pipelined, so they reach etcd in order), and through the
+L{EtcdClient} when it gets no answer.
 """
 
 from __future__ import annotations

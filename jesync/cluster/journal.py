@@ -603,8 +603,8 @@ class Journal:
         """
         Send what may go now, in chain order: the first transaction again if
         it came back early (with every later one that did), then new ones,
-        up to L{MAX_IN_FLIGHT} awaiting an answer.  (Not re-entered: an answer given at once, within a send,
-        is taken in by the loop.)
+        up to L{MAX_IN_FLIGHT} awaiting an answer.  (Not re-entered: an
+        answer given at once, within a send, is taken in by the loop.)
         """
         if self._pumping:
             return

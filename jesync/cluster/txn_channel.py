@@ -44,7 +44,8 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Sequence, Tuple, 
 from urllib.parse import urlsplit
 
 from twisted.internet.defer import Deferred
-from twisted.internet.endpoints import HostnameEndpoint
+from twisted.internet.abstract import isIPAddress, isIPv6Address
+from twisted.internet.endpoints import HostnameEndpoint, TCP4ClientEndpoint, TCP6ClientEndpoint
 from twisted.internet.interfaces import IDelayedCall, IReactorTCP, IReactorTime
 from twisted.internet.protocol import Factory, Protocol
 from twisted.logger import Logger
@@ -401,8 +402,16 @@ class TxnChannel:
     def _connect(self) -> None:
         self._connecting = True
         host, port = self.endpoints[self._endpoint]
-        endpoint = HostnameEndpoint(cast(IReactorTCP, self.reactor), host, port, timeout=self.timeout)
-        connecting = endpoint.connect(Factory.forProtocol(lambda: _Connection(self)))
+        endpoint: Any
+        if isIPAddress(host):  # (no name to resolve: no thread)
+            endpoint = TCP4ClientEndpoint(self.reactor, host, port, timeout=self.timeout)
+        elif isIPv6Address(host):
+            endpoint = TCP6ClientEndpoint(self.reactor, host, port, timeout=self.timeout)
+        else:
+            endpoint = HostnameEndpoint(cast(IReactorTCP, self.reactor), host, port, timeout=self.timeout)
+        factory = Factory.forProtocol(lambda: _Connection(self))
+        factory.noisy = False  # (no log line for every connection)
+        connecting = endpoint.connect(factory)
         timer = self.reactor.callLater(self.timeout, connecting.cancel)
 
         def connected(connection: _Connection) -> None:

@@ -219,6 +219,33 @@ class JournalTests(TestCase):
         _, [commit] = yield self.etcd.get(self.layout.commit)
         self.assertEqual(commit.value, b"%d:%d:0" % (self.revision, self.journal.transactions))
 
+    @inlineCallbacks
+    def test_transactions_whose_lean_connection_drops_go_through_the_client_in_order(self):
+        """
+        The lean path's connection drops with six transactions written and
+        unanswered: each goes again through the etcd client (over
+        connections of its own, in any order), and still every reply is
+        released in order and nothing ends the term.
+        """
+        self.locks.request("first", self.sessions.start(object()), 1, 0, 0)
+        yield self.journal.durable()  # (the lean path's connection is open)
+        connection = self.journal.channel._connection
+        order: List[int] = []
+        waits = []
+        for index in range(6):
+            self.locks.request(f"k{index}", self.sessions.start(object()), 1, 0, 0)
+            waiting = self.journal.durable()
+            waiting.addCallback(lambda _, index=index: order.append(index))
+            waits.append(waiting)
+            self.journal._flush()  # (this turn's batch, cut now: none is answered before the drop)
+        self.assertEqual(len(connection.waiting), 6)
+        connection.transport.abortConnection()
+        yield gatherResults(waits)
+        self.assertEqual((order, self.failures), (list(range(6)), []))
+        state = yield self.read_back()
+        keys = sorted(k for r in state.sessions for k in r.keys)
+        self.assertEqual(keys, ["first"] + [f"k{i}" for i in range(6)])
+
     def test_session_ids_of_any_bytes_round_trip(self):
         from jesync.cluster.etcd import KeyValue
 

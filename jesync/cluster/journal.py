@@ -97,6 +97,8 @@ Operation = Union[Put, Delete]
 _NEW = "new"
 _OUT = "out"
 _EARLY = "early"
+# L{Journal._refused}'s verdict on a transaction that reached etcd before its predecessor.
+_SEND_AGAIN = object()
 
 
 class _Link:
@@ -661,7 +663,7 @@ class Journal:
         if result.succeeded:
             self.commit_revision = max(self.commit_revision, result.revision)
         verdict = self._refused(result, link)
-        if verdict is _EARLY:
+        if verdict is _SEND_AGAIN:
             if link.position > self._applied:
                 link.state = _EARLY  # sent again once its predecessor is in etcd
         elif isinstance(verdict, str):
@@ -708,7 +710,7 @@ class Journal:
     def _refused(self, result: TxnResult, link: _Link) -> Union[None, str, object]:
         """
         None if the transaction C{link} is in etcd (now, or already: a copy
-        sent before, applied first); L{_EARLY} if it reached etcd before its
+        sent before, applied first); L{_SEND_AGAIN} if it reached etcd before its
         predecessor (it is sent again once that one is in etcd); otherwise
         why it never will be.
         """
@@ -723,7 +725,7 @@ class Journal:
             return "the durable state was written by someone else"
         if position >= link.position:
             return None
-        return _EARLY
+        return _SEND_AGAIN
 
     def _position(self, commit: List[KeyValue]) -> Optional[Tuple[int, int]]:
         """

@@ -17,7 +17,13 @@ stopped by the script:
    record, and the reply waits for the group commit of its reactor turn;
    the leader's ``/metrics`` (``jesync_durable_transactions_total``,
    ``jesync_durable_writes_total``) are read before and after each run, so
-   the grouping (writes per transaction) shows.
+   the grouping (writes per transaction) shows; and right after each run,
+   the median round trip of 300 etcd transactions shaped like the
+   journal's, sent one at a time by the script (Python's http.client, one
+   keep-alive connection): what one durable reply is compared with.
+   With ``--cluster-checkout NAME=DIR`` (repeatable) there is a cluster of
+   each checkout, each run in every round (before and after a change in one
+   run).
  - ``failover``: ``kill -9`` of the leader, then a client that tries every
    member's JESync port in turn (refused: next one; 10 ms between passes)
    until one grants a fresh key: the time from the kill to that grant, over
@@ -305,12 +311,64 @@ class DurableCount:
         self.writes = writes
         self.seconds = seconds
         self.etcd_cpu = etcd_cpu
+        # elock: the median round trip of the benchmark's own etcd transactions right after the run.
+        self.txn_us: Optional[float] = None
+
+
+def txn_round_trip(endpoint: str, count: int = 300) -> float:
+    """
+    The median round trip, in µs, of C{count} etcd transactions shaped like
+    a journal's (two guards; a held record and the commit key written; two
+    reads if refused), one at a time on one keep-alive connection from this
+    process (Python's http.client), on keys of its own.
+    """
+    import base64
+    import json
+
+    def b64(data: bytes) -> str:
+        return base64.b64encode(data).decode()
+
+    host, _, port = endpoint.split("//", 1)[1].partition(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=10)
+    prefix = b"/bench-txn/%d/%d/" % (os.getpid(), time.monotonic_ns())
+    times: List[float] = []
+    previous = b""
+    try:
+        for index in range(count + 20):
+            tag = b"%d" % index
+            guard = {"key": b64(prefix + b"commit"), "target": "VALUE", "result": "EQUAL", "value": b64(previous)}
+            if not previous:
+                guard = {"key": b64(prefix + b"commit"), "target": "VERSION", "result": "EQUAL", "version": "0"}
+            body = json.dumps({
+                "compare": [{"key": b64(prefix + b"leader"), "target": "CREATE", "result": "EQUAL",
+                             "create_revision": "0"}, guard],
+                "success": [{"request_put": {"key": b64(prefix + b"held/s/k"), "value": b64(b"1700000000000001")}},
+                            {"request_put": {"key": b64(prefix + b"commit"), "value": b64(tag)}}],
+                "failure": [{"request_range": {"key": b64(prefix + b"leader")}},
+                            {"request_range": {"key": b64(prefix + b"commit")}}],
+            })  # fmt: skip
+            started = time.perf_counter()
+            connection.request("POST", "/v3/kv/txn", body, {"Content-Type": "application/json"})
+            answer = json.loads(connection.getresponse().read())
+            if index >= 20:  # (the first ones warm the connection up)
+                times.append((time.perf_counter() - started) * 1e6)
+            if not answer.get("succeeded"):
+                raise SystemExit(f"the benchmark's own etcd transaction was refused: {answer}")
+            previous = tag
+    finally:
+        connection.close()
+    return median(times)
+
+
+def cluster_name(checkout: Optional[str]) -> str:
+    return CLUSTER if checkout is None else f"{CLUSTER}-{checkout}"
 
 
 def throughput(args, workloads: List[str], tmp: Path, etcd: Etcd) -> Tuple[dict, dict]:
     """
-    Rounds of single/cluster runs of each workload at each connection count;
-    returns (run_rounds' results, {(label, n, attempt): DurableCount}).
+    Rounds of single/cluster runs of each workload at each connection count
+    (a cluster of each C{--cluster-checkout}, on the same etcd); returns
+    (run_rounds' results, {(label, n, attempt): DurableCount}).
     """
     elock_port = free_port()
     listen = f"tcp:{elock_port}:interface=127.0.0.1"
@@ -320,10 +378,17 @@ def throughput(args, workloads: List[str], tmp: Path, etcd: Etcd) -> Tuple[dict,
     single = start_jesync(
         tmp, None, args.server_cpus, SINGLE, REPO, args.python, ("--elock-port", listen, "--metrics", metrics)
     )
-    cluster = Cluster(args.python, etcd.endpoint, args.members, args.lease_ttl, tmp, args.server_cpus)
+    checkouts = args.cluster_checkout or [(None, REPO)]
+    clusters = {
+        cluster_name(name): Cluster(args.python, etcd.endpoint, args.members, args.lease_ttl, tmp / (name or "."), args.server_cpus, repo)
+        for name, repo in checkouts
+    }  # fmt: skip
     try:
-        cluster.start()
-        leader = cluster.settled()
+        leaders = {}
+        for name, cluster in clusters.items():
+            cluster.members[0].log.parent.mkdir(exist_ok=True)
+            cluster.start()
+            leaders[name] = cluster.settled()
         servers = {}
         for workload in workloads:
             servers[SINGLE, workload] = (
@@ -331,21 +396,28 @@ def throughput(args, workloads: List[str], tmp: Path, etcd: Etcd) -> Tuple[dict,
                 if workload == "jesync"
                 else Server(SINGLE, ("127.0.0.1", elock_port), single.process, single.log, "elock")
             )
-            servers[CLUSTER, workload] = leader.server(workload)
-        print(f"  single pid {single.pid}, leader pid {leader.server('jesync').pid}, etcd pid {etcd.pid()}", flush=True)
+            for name, leader in leaders.items():
+                server = leader.server(workload)
+                servers[name, workload] = Server(name, server.address, server.process, server.log, server.protocol)
+        pids = ", ".join(f"{name} leader pid {leader.server('jesync').pid}" for name, leader in leaders.items())
+        print(f"  single pid {single.pid}, {pids}, etcd pid {etcd.pid()}", flush=True)
         durable: Dict[tuple, DurableCount] = {}
 
         def measure(name: str, workload: str, n: int, attempt: int) -> Result:
-            if name == CLUSTER and leader.health() != "leader":
+            leader = leaders.get(name)
+            if leader is not None and leader.health() != "leader":
                 raise SystemExit("the leader stepped down during the run (see its log): the machine is too busy")
-            before, etcd_before, started = leader.durable(), cpu_seconds(etcd.pid()), time.monotonic()
+            before = leader.durable() if leader else (0.0, 0.0)
+            etcd_before, started = cpu_seconds(etcd.pid()), time.monotonic()
             result = run_scenario(servers[name, workload], "uncontended", n, args, tag=f"{name}-{workload}-{attempt}")
-            after, etcd_after, elapsed = leader.durable(), cpu_seconds(etcd.pid()), time.monotonic() - started
+            etcd_after, elapsed = cpu_seconds(etcd.pid()), time.monotonic() - started
             etcd_cpu = None if etcd_before is None or etcd_after is None else (etcd_after - etcd_before) / elapsed
-            if name == CLUSTER:
-                durable[label(name, workload), n, attempt] = DurableCount(
-                    after[0] - before[0], after[1] - before[1], elapsed, etcd_cpu
-                )
+            if leader is not None:
+                after = leader.durable()
+                count = DurableCount(after[0] - before[0], after[1] - before[1], elapsed, etcd_cpu)
+                if workload == "elock":
+                    count.txn_us = txn_round_trip(etcd.endpoint)
+                durable[label(name, workload), n, attempt] = count
             # etcd works for the run: it is not noise (its share over the whole run, warm-up included).
             return replace(result, other_cpu=max(0.0, result.other_cpu - (etcd_cpu or 0.0)))
 
@@ -355,14 +427,16 @@ def throughput(args, workloads: List[str], tmp: Path, etcd: Etcd) -> Tuple[dict,
             for (name, workload), server in servers.items():
                 run_scenario(server, "uncontended", max(args.connections), primed, tag=f"prime-{name}-{workload}")
             print(f"  (primed: {args.prime:g} s of each workload against each server)", flush=True)
-        runs = [(name, workload) for workload in workloads for name in (SINGLE, CLUSTER)]
-        pairs = [(label(CLUSTER, workload), label(SINGLE, workload)) for workload in workloads]
+        runs = [(name, workload) for workload in workloads for name in (SINGLE, *leaders)]
+        pairs = [(label(name, workload), label(SINGLE, workload)) for workload in workloads for name in leaders]
         results = run_rounds(
             args.connections, runs, pairs, measure, lambda name, workload: f"{name} {WORKLOADS[workload]}", args
         )
+        args.cluster_names = list(leaders)
         return results, durable
     finally:
-        cluster.stop()
+        for cluster in clusters.values():
+            cluster.stop()
         single.stop()
 
 
@@ -390,50 +464,62 @@ def throughput_report(results: dict, durable: dict, workloads: List[str], args) 
     )
     print()
     heads = [
-        "workload", "conns", "single cycles/s", "cluster cycles/s", "single p50 µs", "cluster p50 µs",
+        "workload", "cluster", "conns", "single cycles/s", "cluster cycles/s", "single p50 µs", "cluster p50 µs",
         "single CPU µs/cycle", "cluster CPU µs/cycle", "cycles/s ratio", "p50 ratio", "CPU/cycle ratio",
-        "etcd txns/s", "txns/cycle", "writes/txn", "etcd CPU",
+        "etcd txns/s", "txns/cycle", "writes/txn", "etcd CPU", "etcd txn p50 µs", "(p50 / 2) ÷ txn",
     ]  # fmt: skip
     print("| " + " | ".join(heads) + " |")
     print("|" + "---|" * len(heads))
     for workload in workloads:
-        single, cluster = label(SINGLE, workload), label(CLUSTER, workload)
-        for n, rounds in results.items():
-            cells = [WORKLOADS[workload], str(n)]
-            medians = {}
-            for name in (single, cluster):
-                measured = [r[name] for r in rounds]
-                quiet = [m for m in measured if not noise or m.other_cpu <= args.max_noise]
-                medians[name] = median_result(quiet or measured)
-            cells += [f"{medians[single].cycles_per_second:,.0f}", f"{medians[cluster].cycles_per_second:,.0f}"]
-            cells += [f"{medians[single].p50_us:,.0f}", f"{medians[cluster].p50_us:,.0f}"]
-            cells += [fmt_us(medians[single].server_us_per_cycle), fmt_us(medians[cluster].server_us_per_cycle)]
-            cells.append(ratio_spread(rounds, cluster, single, lambda r: r.cycles_per_second, args.max_noise))
-            cells.append(ratio_spread(rounds, cluster, single, lambda r: r.p50_us, args.max_noise))
-            try:
-                cells.append(ratio_spread(rounds, cluster, single, lambda r: r.server_us_per_cycle, args.max_noise))
-            except TypeError:
-                cells.append("-")
-            counts = [(durable[cluster, n, i], r[cluster]) for i, r in enumerate(rounds) if (cluster, n, i) in durable]
-            transactions = sum(c.transactions for c, _ in counts)
-            writes = sum(c.writes for c, _ in counts)
-            seconds = sum(c.seconds for c, _ in counts)
-            cycles = sum(r.cycles_per_second * (args.warmup + args.seconds) for _, r in counts)
-            etcd_cpus = [c.etcd_cpu for c, _ in counts if c.etcd_cpu is not None]
-            cells.append(f"{transactions / seconds:,.0f}" if seconds else "-")
-            cells.append(f"{transactions / cycles:.3f}" if cycles else "-")
-            cells.append(f"{writes / transactions:.1f}" if transactions else "-")
-            cells.append(fmt_cpu(median(etcd_cpus)) if etcd_cpus else "-")
-            print("| " + " | ".join(cells) + " |")
+        for name in args.cluster_names:
+            single, cluster = label(SINGLE, workload), label(name, workload)
+            for n, rounds in results.items():
+                cells = [WORKLOADS[workload], name, str(n)]
+                medians = {}
+                for run in (single, cluster):
+                    measured = [r[run] for r in rounds]
+                    quiet = [m for m in measured if not noise or m.other_cpu <= args.max_noise]
+                    medians[run] = median_result(quiet or measured)
+                cells += [f"{medians[single].cycles_per_second:,.0f}", f"{medians[cluster].cycles_per_second:,.0f}"]
+                cells += [f"{medians[single].p50_us:,.0f}", f"{medians[cluster].p50_us:,.0f}"]
+                cells += [fmt_us(medians[single].server_us_per_cycle), fmt_us(medians[cluster].server_us_per_cycle)]
+                cells.append(ratio_spread(rounds, cluster, single, lambda r: r.cycles_per_second, args.max_noise))
+                cells.append(ratio_spread(rounds, cluster, single, lambda r: r.p50_us, args.max_noise))
+                try:
+                    cells.append(ratio_spread(rounds, cluster, single, lambda r: r.server_us_per_cycle, args.max_noise))
+                except TypeError:
+                    cells.append("-")
+                counts = [
+                    (durable[cluster, n, i], r[cluster]) for i, r in enumerate(rounds) if (cluster, n, i) in durable
+                ]
+                transactions = sum(c.transactions for c, _ in counts)
+                writes = sum(c.writes for c, _ in counts)
+                seconds = sum(c.seconds for c, _ in counts)
+                cycles = sum(r.cycles_per_second * (args.warmup + args.seconds) for _, r in counts)
+                etcd_cpus = [c.etcd_cpu for c, _ in counts if c.etcd_cpu is not None]
+                cells.append(f"{transactions / seconds:,.0f}" if seconds else "-")
+                cells.append(f"{transactions / cycles:.3f}" if cycles else "-")
+                cells.append(f"{writes / transactions:.1f}" if transactions else "-")
+                cells.append(fmt_cpu(median(etcd_cpus)) if etcd_cpus else "-")
+                # Each cycle is two durable replies (lock, unlock): half its p50 against the etcd round trip, per round.
+                trips = [(c.txn_us, r.p50_us) for c, r in counts if c.txn_us]
+                if trips:
+                    cells.append(f"{median([t for t, _ in trips]):,.0f}")
+                    values = sorted(p50 / 2 / t for t, p50 in trips)
+                    cells.append(f"{median(values):.2f} ({values[0]:.2f}–{values[-1]:.2f})")
+                else:
+                    cells += ["-", "-"]
+                print("| " + " | ".join(cells) + " |")
     if "jesync" in workloads:
         print()
-        for n, rounds in results.items():
-            text = ratio_spread(
-                rounds, label(CLUSTER, "jesync"), label(SINGLE, "jesync"), lambda r: r.cycles_per_second, args.max_noise
-            )
-            value = float(text.split()[0].rstrip("*"))
-            verdict = "MET" if value >= 0.9 else "MISSED"
-            print(f"target: JESync x{n} cluster cycles/s within 10 % of single-process: {verdict} ({text})")
+        for name in args.cluster_names:
+            for n, rounds in results.items():
+                text = ratio_spread(
+                    rounds, label(name, "jesync"), label(SINGLE, "jesync"), lambda r: r.cycles_per_second, args.max_noise
+                )
+                value = float(text.split()[0].rstrip("*"))
+                verdict = "MET" if value >= 0.9 else "MISSED"
+                print(f"target: JESync x{n} {name} cycles/s within 10 % of single-process: {verdict} ({text})")
 
 
 # -- failover and hand-over -------------------------------------------------------------------
@@ -643,6 +729,11 @@ def main(argv: Optional[List[str]] = None) -> None:
     parser.add_argument(
         "--checkout", type=checkout, action="append", metavar="NAME=DIR",
         help="the tokens part's checkouts (repeatable; default after=this one)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--cluster-checkout", type=checkout, action="append", metavar="NAME=DIR",
+        help="the jesync and elock parts: a cluster of each checkout (repeatable; default: one of this one), "
+        "each against the same single-process server, e.g. --cluster-checkout before=/tmp/main --cluster-checkout after=.",
     )  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="1 round of 1 s, 0.2 s warm-up, 3 + 2 failovers")
     parser.add_argument("--max-noise", type=float, metavar="CORES", help="as loadgen.py's (see its --help)")

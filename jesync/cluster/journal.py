@@ -33,33 +33,47 @@ per reactor turn the dirty records are read from the lock table as they
 are then, and written in
 as few etcd transactions as etcd's limits allow (L{MAX_OPS} operations,
 L{MAX_BYTES} bytes each): a turn's hundred lock requests cost one round
-trip, not a hundred.  One transaction is in flight at a time, so they
-commit in the order they were cut.  A reply that depends on durable state
-is sent once L{Journal.durable} fires: everything dirtied before it is then
-in etcd.
+trip, not a hundred.  A reply that depends on durable state is sent once
+L{Journal.durable} fires: everything dirtied before it is then in etcd.
 
-Every transaction is guarded twice: by the election key's revision (a
-deposed leader's late write fails instead of landing after its successor
-has read the state) and by the revision of C{commit}, which each
-transaction rewrites (so each applies only right after the one before it:
-a copy of an older transaction that etcd applies late, after the client
-retried it elsewhere, cannot overwrite newer state).  A failed or refused
-write ends the leadership (C{on_failure}).
+The transactions of a term are a chain, and up to L{MAX_IN_FLIGHT} are in
+flight at once (a turn does not wait for the round trip of the one
+before).  Every transaction is guarded twice: by the election key's
+create revision (a deposed leader's late write fails instead of landing
+after its successor has read the state), and by the commit key's value,
+which must be the tag of the transaction before it (the term's first: the
+commit key's mod revision when the term began); it writes its own tag
+there (C{<election revision>:<batch>:<chunk>}, written once).  So each
+applies only right after its predecessor: what is in etcd is always a
+prefix of the chain, an answer that one is in etcd says that every one
+before it is, and batches are released in order.  A copy of an older
+transaction that etcd applies late (after the client retried it) finds a
+later tag and fails.  A refused transaction whose commit key held an
+earlier tag of this chain reached etcd before its predecessor: it is sent
+again once that one is in etcd (no refusal); one that held its own tag or
+a later one was applied already (a copy).  Anything else -- the election
+key gone or another member's, the commit key written by anyone else, no
+answer -- ends the leadership (C{on_failure}).  docs/cluster.md has the
+argument.  Transactions go through L{jesync.cluster.txn_channel} (one
+connection, pipelined, so they reach etcd in order), and through the
+L{EtcdClient} when it gets no answer.
 """
 
 from __future__ import annotations
 
 import base64
 import json
+from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Set, Tuple, Union
 
-from twisted.internet.defer import Deferred, fail, inlineCallbacks
+from twisted.internet.defer import Deferred, fail
 from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from jesync.cluster.etcd import Compare, Delete, EtcdClient, Get, KeyValue, Put, TxnResult
+from jesync.cluster.txn_channel import ChannelError, TxnChannel
 from jesync.connections.policy import IDurability
 from jesync.fencing import IDurableMark
 from jesync.interfaces import IGrant, ILockObserver, ILockService, IOwnerChanges
@@ -71,8 +85,42 @@ MAX_OPS = 127
 #: What one transaction may carry, in key and value bytes: etcd's default
 #: --max-request-bytes is 1.5 MiB, and the JSON gateway base64-encodes both.
 MAX_BYTES = 1024 * 1024
+#: Transactions of the chain awaiting etcd's answer at once (and batches
+#: cut ahead of the last one known to be in etcd).
+MAX_IN_FLIGHT = 8
 
 Operation = Union[Put, Delete]
+
+# A transaction of the chain: cut, not yet sent; awaiting etcd's answer;
+# answered early (it reached etcd before its predecessor: sent again once
+# that one is in etcd).
+_NEW = "new"
+_OUT = "out"
+_EARLY = "early"
+# L{Journal._refused}'s verdict on a transaction that reached etcd before its predecessor.
+_SEND_AGAIN = object()
+
+
+class _Link:
+    """
+    One transaction of a term's chain: its place (batch, chunk), its tag,
+    its guard on the commit key (the tag of the one before it, or for the
+    term's first the commit key's revision), its operations, and for a
+    batch's last one (started, operation count, mark) to report once the
+    batch is in etcd.
+    """
+
+    __slots__ = ("position", "tag", "guard", "operations", "last", "state", "floor")
+
+    def __init__(self, position: Tuple[int, int], tag: bytes, guard: Compare, operations: List[Operation]) -> None:
+        self.position = position
+        self.tag = tag
+        self.guard = guard
+        self.operations = operations
+        self.last: Optional[Tuple[float, int, Optional[int]]] = None
+        self.state = _NEW
+        # The last position known to be in etcd when it was sent.
+        self.floor = (0, 0)
 
 
 class Deposed(Exception):
@@ -316,6 +364,10 @@ class Journal:
         every event after this journal.
     @param on_commit: called after each batch with its operation count and
         how long it took (metrics).
+    @param channel: if not None, transactions go through it
+        (L{jesync.cluster.txn_channel}), and through C{etcd} only when it
+        gets no answer; by default one beside C{etcd}, if that is an
+        L{EtcdClient} with C{http://} endpoints.
     """
 
     def __init__(
@@ -329,6 +381,7 @@ class Journal:
         commit_revision: int = 0,
         observer: Optional[ILockObserver] = None,
         on_commit: Optional[Callable[[int, float], None]] = None,
+        channel: Union[TxnChannel, None, str] = "beside",
     ) -> None:
         self.etcd = etcd
         self.layout = layout
@@ -354,11 +407,28 @@ class Journal:
         self._end_call: Optional[IDelayedCall] = None
         # Batches are numbered: cut (sent) and committed so far.
         self._cut = 0
-        self._in_flight = False
+        self._committed = 0
         self._waiters: List[Tuple[int, Deferred[None]]] = []
+        # The chain: the transactions cut and not yet known to be in etcd, in
+        # order; how many of them are awaiting etcd's answer; the position of
+        # the last one known to be in etcd (every one before it is too); the
+        # tag of the last one cut (None: none yet, the next is guarded by
+        # the commit key's revision when the term began).
+        self._chain: Deque[_Link] = deque()
+        self._unsent: Deque[_Link] = deque()
+        self._pumping = False
+        self._outstanding = 0
+        self._applied: Tuple[int, int] = (0, 0)
+        self._previous: Optional[bytes] = None
+        self._start_revision = commit_revision
+        self._own = b"%d:" % revision
+        self.channel: Optional[TxnChannel] = TxnChannel.beside(etcd) if isinstance(channel, str) else channel
         self.failed: Optional[str] = None
+        # Transactions of the chain and their operations; transactions sent
+        # again because they reached etcd before their predecessor.
         self.transactions = 0
         self.operations = 0
+        self.resent = 0
 
     # -- what changed ---------------------------------------------------------
 
@@ -395,7 +465,7 @@ class Journal:
         self._dirtied()
 
     def _dirtied(self) -> None:
-        if self._flush_call is None and not self._in_flight and self.failed is None:
+        if self._flush_call is None and len(self._chain) < MAX_IN_FLIGHT and self.failed is None:
             self._flush_call = self.clock.callLater(0, self._flush)
 
     @property
@@ -442,7 +512,7 @@ class Journal:
             return fail(Deposed(self.failed))
         if self._dirty:
             needed = self._cut + 1
-        elif self._in_flight:
+        elif self._chain:
             needed = self._cut
         else:
             return None
@@ -453,14 +523,29 @@ class Journal:
     # -- committing --------------------------------------------------------------
 
     def _flush(self) -> None:
+        """Cut a batch of what is dirty now, if the chain has room for it."""
         self._flush_call = None
-        if self._in_flight or not self._dirty or self.failed is not None:
+        if not self._dirty or self.failed is not None or len(self._chain) >= MAX_IN_FLIGHT:
             return
+        started = self.clock.seconds()
         mark = self._mark
         operations = self._operations()
         self._cut += 1
-        self._in_flight = True
-        self._commit(self._cut, operations, mark).addErrback(self._broken)
+        batch = self._cut
+        chunks = self._chunks(operations)
+        for number, chunk in enumerate(chunks):
+            tag = b"%d:%d:%d" % (self.revision, batch, number)
+            if self._previous is None:
+                guard = Compare(self.layout.commit, "MOD", self._start_revision)
+            else:
+                guard = Compare(self.layout.commit, "VALUE", self._previous)
+            self._previous = tag
+            link = _Link((batch, number), tag, guard, chunk)
+            if number == len(chunks) - 1:
+                link.last = (started, len(operations), mark)
+            self._chain.append(link)
+            self._unsent.append(link)
+        self._pump()
 
     def _operations(self) -> List[Operation]:
         """The dirty records as the lock table has them now, as etcd operations."""
@@ -516,70 +601,154 @@ class Journal:
             size += cost
         return chunks
 
-    @inlineCallbacks
-    def _commit(self, batch: int, operations: List[Operation], mark: Optional[int] = None) -> Any:
-        """Write one batch (with C{mark}, if not None), a transaction at a time; then release the replies it held."""
-        started = self.clock.seconds()
-        for number, chunk in enumerate(self._chunks(operations)):
-            tag = b"%d:%d:%d" % (self.revision, batch, number)
-            try:
-                result = yield self._send(chunk, tag)
-            except Exception as error:
-                self._in_flight = False
-                self.fail(f"a durable write failed: {error}")
-                return
-            if self.failed is not None:
-                self._in_flight = False
-                return
-            why = self._refused(result, tag)
-            if why is not None:
-                self._in_flight = False
-                self.fail(why)
-                return
-        self._in_flight = False
-        if mark is not None:
-            self.committed_mark = max(self.committed_mark, mark)
-        if self.on_commit is not None:
-            self.on_commit(len(operations), self.clock.seconds() - started)
-        ready = [waiting for needed, waiting in self._waiters if needed <= batch]
-        self._waiters = [(needed, waiting) for needed, waiting in self._waiters if needed > batch]
-        for waiting in ready:
-            if not waiting.called:
-                waiting.callback(None)
-        if self._dirty:
+    def _pump(self) -> None:
+        """
+        Send what may go now, in chain order: the first transaction again if
+        it came back early (with every later one that did), then new ones,
+        up to L{MAX_IN_FLIGHT} awaiting an answer.  (Not re-entered: an
+        answer given at once, within a send, is taken in by the loop.)
+        """
+        if self._pumping:
+            return
+        self._pumping = True
+        try:
+            chain, unsent = self._chain, self._unsent
+            while self.failed is None and self._outstanding < MAX_IN_FLIGHT:
+                if chain and chain[0].state is _EARLY:
+                    # Its predecessor is in etcd: it goes again, and every
+                    # other one that came back early after it, in order.
+                    for link in [link for link in chain if link.state is _EARLY]:
+                        if link.position > self._applied and link.state is _EARLY and self.failed is None:
+                            self._send(link)
+                elif unsent:
+                    self._send(unsent.popleft())
+                else:
+                    return
+        finally:
+            self._pumping = False
+
+    def _send(self, link: _Link) -> None:
+        if link.state is _NEW:
+            self.transactions += 1
+            self.operations += len(link.operations)
+        else:
+            self.resent += 1
+        link.state = _OUT
+        link.floor = self._applied
+        self._outstanding += 1
+        guards = [Compare(self.layout.leader, "CREATE", self.revision), link.guard]
+        success = [*link.operations, Put(self.layout.commit, link.tag)]
+        failure = [Get(self.layout.leader), Get(self.layout.commit)]
+        if self.channel is None:
+            sent = self.etcd.txn(guards, success, failure)
+        else:
+            sent = self.channel.txn(guards, success, failure)
+            # No answer on the lean path: the same transaction again through
+            # the client, which tries every endpoint (a copy that lands late
+            # is harmless: the chain lets each apply only once, in order).
+            sent.addErrback(self._again, guards, success, failure)
+        sent.addCallbacks(self._answered, self._lost, callbackArgs=(link,), errbackArgs=(link,))
+        sent.addErrback(self._broken)
+
+    def _again(self, reason: Failure, guards: List[Compare], success: List[Any], failure: List[Get]) -> Any:
+        reason.trap(ChannelError)
+        if self.failed is not None:
+            return reason
+        return self.etcd.txn(guards, success, failure)
+
+    def _answered(self, result: TxnResult, link: _Link) -> None:
+        self._outstanding -= 1
+        if self.failed is not None:
+            return
+        if result.succeeded:
+            self.commit_revision = max(self.commit_revision, result.revision)
+        verdict = self._refused(result, link)
+        if verdict is _SEND_AGAIN:
+            if link.position > self._applied:
+                link.state = _EARLY  # sent again once its predecessor is in etcd
+        elif isinstance(verdict, str):
+            self.fail(verdict)
+            return
+        elif link.position > self._applied:
+            self._applied_through(link.position)
+        self._pump()
+        if self._dirty and self._flush_call is None:
             self._flush()
 
-    def _send(self, operations: List[Operation], tag: bytes) -> Deferred[TxnResult]:
-        guards = [
-            Compare(self.layout.leader, "CREATE", self.revision),
-            Compare(self.layout.commit, "MOD", self.commit_revision),
-        ]
-        self.transactions += 1
-        self.operations += len(operations)
-        return self.etcd.txn(
-            guards, [*operations, Put(self.layout.commit, tag)], [Get(self.layout.leader), Get(self.layout.commit)]
-        )
+    def _lost(self, reason: Failure, link: _Link) -> None:
+        self._outstanding -= 1
+        if self.failed is None:
+            self.fail(f"a durable write failed: {reason.getErrorMessage()}")
 
-    def _refused(self, result: TxnResult, tag: bytes) -> Optional[str]:
+    def _applied_through(self, position: Tuple[int, int]) -> None:
         """
-        None if the transaction tagged C{tag} is in etcd (now, or already: a
-        copy the client sent before retrying it elsewhere, applied first);
-        otherwise why it never will be.
+        The transaction at C{position} is in etcd, so is every one before it
+        (each applies only right after its predecessor): release the
+        replies of every batch now whole, in order.
+        """
+        self._applied = position
+        chain = self._chain
+        while chain and chain[0].position <= position:
+            link = chain.popleft()
+            if link.last is None:
+                continue
+            started, count, mark = link.last
+            batch = self._committed = link.position[0]
+            if mark is not None:
+                self.committed_mark = max(self.committed_mark, mark)
+            if self.on_commit is not None:
+                self.on_commit(count, self.clock.seconds() - started)
+            if self._waiters and self._waiters[0][0] <= batch:
+                ready = [waiting for needed, waiting in self._waiters if needed <= batch]
+                self._waiters = [(needed, waiting) for needed, waiting in self._waiters if needed > batch]
+                for waiting in ready:
+                    if not waiting.called:
+                        waiting.callback(None)
+                if self.failed is not None:
+                    return
+
+    def _refused(self, result: TxnResult, link: _Link) -> Union[None, str, object]:
+        """
+        None if the transaction C{link} is in etcd (now, or already: a copy
+        sent before, applied first); L{_SEND_AGAIN} if it reached etcd before its
+        predecessor (it is sent again once that one is in etcd); otherwise
+        why it never will be.
         """
         if result.succeeded:
-            self.commit_revision = result.revision
             return None
         leader, commit = (list(found or []) for found in result.responses)
         if not leader or leader[0].create_revision != self.revision:
             return "the election key is gone or another member's"
-        if commit and commit[0].value == tag:
-            self.commit_revision = commit[0].mod_revision
+        position = self._position(commit)
+        # Before what was known to be in etcd when it was sent: moved back.
+        if position is None or position < link.floor:
+            return "the durable state was written by someone else"
+        if position >= link.position:
             return None
-        return "the durable state was written by someone else"
+        return _SEND_AGAIN
+
+    def _position(self, commit: List[KeyValue]) -> Optional[Tuple[int, int]]:
+        """
+        Where in this term's chain the commit key C{commit} (its value, read
+        by a failed transaction) is: (0, 0) before the first transaction,
+        (batch, chunk) at one of this term's tags; None if anyone else
+        wrote it.
+        """
+        if not commit:
+            return (0, 0) if self._start_revision == 0 else None
+        kv = commit[0]
+        if kv.mod_revision == self._start_revision:
+            return (0, 0)
+        if not kv.value.startswith(self._own):
+            return None
+        try:
+            batch, number = (int(part) for part in kv.value[len(self._own) :].split(b":"))
+        except ValueError:
+            return None
+        return (batch, number)
 
     def _broken(self, reason: Failure) -> None:
         """A bug here must not leave replies waiting forever: fail as if etcd had."""
-        self._in_flight = False
         self.fail(f"the journal failed: {reason.getErrorMessage()}")
 
     def stop(self) -> None:
@@ -610,6 +779,8 @@ class Journal:
         if self._flush_call is not None and self._flush_call.active():
             self._flush_call.cancel()
         self._flush_call = None
+        if self.channel is not None:
+            self.channel.close()
         waiters, self._waiters = self._waiters, []
         for _, waiting in waiters:
             if not waiting.called:

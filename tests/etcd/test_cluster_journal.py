@@ -10,7 +10,8 @@ from __future__ import annotations
 from typing import List, Tuple
 
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.defer import Deferred, gatherResults, inlineCallbacks
+from twisted.internet.task import deferLater
 from twisted.trial.unittest import TestCase
 
 from jesync.cluster.etcd import Delete, EtcdClient, Put
@@ -192,6 +193,58 @@ class JournalTests(TestCase):
         self.assertIn("someone else", self.failures[0])
         state = yield self.read_back()
         self.assertEqual(list(state.sessions[0].keys), ["a"])
+
+    @inlineCallbacks
+    def test_batches_cut_turn_after_turn_commit_in_order_over_the_lean_path(self):
+        """
+        A batch each reactor turn, without waiting for the one before
+        (jesync.cluster.txn_channel, pipelined): every reply released in
+        order, every record in etcd, the commit key at the last tag.
+        """
+        self.assertIsNotNone(self.journal.channel)
+        order: List[int] = []
+        waits = []
+        for index in range(20):
+            self.locks.request(f"k{index}", self.sessions.start(object()), 1, 0, 0)
+            waiting = self.journal.durable()
+            waiting.addCallback(lambda _, index=index: order.append(index))
+            waits.append(waiting)
+            yield deferLater(reactor, 0, lambda: None)  # (the next turn: this one's batch is cut)
+        yield gatherResults(waits)
+        self.assertEqual(order, list(range(20)))
+        # (Turns while MAX_IN_FLIGHT were awaiting etcd shared a batch; none reached etcd out of order.)
+        self.assertEqual((self.journal.resent, self.failures), (0, []))
+        state = yield self.read_back()
+        self.assertEqual(sorted(k for r in state.sessions for k in r.keys), sorted(f"k{i}" for i in range(20)))
+        _, [commit] = yield self.etcd.get(self.layout.commit)
+        self.assertEqual(commit.value, b"%d:%d:0" % (self.revision, self.journal.transactions))
+
+    @inlineCallbacks
+    def test_transactions_whose_lean_connection_drops_go_through_the_client_in_order(self):
+        """
+        The lean path's connection drops with six transactions written and
+        unanswered: each goes again through the etcd client (over
+        connections of its own, in any order), and still every reply is
+        released in order and nothing ends the term.
+        """
+        self.locks.request("first", self.sessions.start(object()), 1, 0, 0)
+        yield self.journal.durable()  # (the lean path's connection is open)
+        connection = self.journal.channel._connection
+        order: List[int] = []
+        waits = []
+        for index in range(6):
+            self.locks.request(f"k{index}", self.sessions.start(object()), 1, 0, 0)
+            waiting = self.journal.durable()
+            waiting.addCallback(lambda _, index=index: order.append(index))
+            waits.append(waiting)
+            self.journal._flush()  # (this turn's batch, cut now: none is answered before the drop)
+        self.assertEqual(len(connection.waiting), 6)
+        connection.transport.abortConnection()
+        yield gatherResults(waits)
+        self.assertEqual((order, self.failures), (list(range(6)), []))
+        state = yield self.read_back()
+        keys = sorted(k for r in state.sessions for k in r.keys)
+        self.assertEqual(keys, ["first"] + [f"k{i}" for i in range(6)])
 
     def test_session_ids_of_any_bytes_round_trip(self):
         from jesync.cluster.etcd import KeyValue

@@ -9,7 +9,8 @@ connections on one key (contended); ``--scenario KIND:N`` runs any others
 and the servers' connection limits and jesync's listen backlog are set
 above N).  yrmcds (memcached text ``lock``/``unlock``, a spin under
 contention) runs too when ``yrmcdsd`` is installed, and elock (``lock KEY
-60``, which queues) with ``--elock EBIN``; contended scenarios are also
+60``, which queues) with ``--elock EBIN``, and dflockd (``l``/``r``, which
+queues) with ``--dflockd SRC``; contended scenarios are also
 compared with the loopback limit, 2 / (Redis's 1-connection p50).  For every scenario the same loop runs
 against jesync and, when ``redis-server`` is installed, against a throwaway
 Redis (``SET key 1 NX PX 120000`` / ``DEL key``; under contention the Redis
@@ -187,7 +188,7 @@ PROTOCOLS = {
     "elock": (elock_requests, elock_reply),
 }
 PREPARE = {"yrmcds": yrmcds_prepare}
-PEERS = ("redis", "yrmcds", "elock")  # the names of the servers that are not jesync
+PEERS = ("redis", "yrmcds", "elock", "dflockd")  # the names of the servers that are not jesync
 
 
 # -- one load-generator process --------------------------------------------------
@@ -424,6 +425,82 @@ def start_elock(tmp: Path, ebin: Path, cpus: set[int] | None = None) -> Server:
     return server
 
 
+# -- dflockd (github.com/mtingers/dflockd, a Python asyncio lock server; --dflockd SRC) -----
+#
+# Run from its source tree (its code is not copied here) or an installed `dflockd` command.  Its
+# protocol: a request is three lines, COMMAND\nKEY\nARG\n, a reply one line.  `l\nKEY\n60 120\n`
+# acquires (waiting up to 60 s, in FIFO order: it queues, as jesync does) with a 120 s lease and
+# answers `ok TOKEN 120`; `r\nKEY\nTOKEN\n` releases and answers `ok`.
+
+
+def dflockd_requests(key: bytes) -> tuple[bytes, bytes]:
+    # The release is completed with the token of each grant (dflockd_reply).
+    return b"l\n%s\n60 120\n" % key, b"r\n%s\n" % key
+
+
+def dflockd_reply(conn: Conn, line: bytes) -> tuple[bytes, bool, bool]:
+    """ok TOKEN LEASE -> r KEY TOKEN; ok -> cycle done."""
+    if conn.locking and line.startswith(b"ok "):
+        return conn.release + line.split()[1] + b"\n", False, False
+    if not conn.locking and line == b"ok":
+        return conn.lock, True, False
+    raise ProtocolError(f"unexpected reply {line!r} for {conn.key!r}")
+
+
+PROTOCOLS["dflockd"] = (dflockd_requests, dflockd_reply)
+
+
+def dflockd_command(source: str) -> tuple[list[str], Path | None, str] | None:
+    """
+    C{--dflockd SRC}: (command, PYTHONPATH, version) -- a source tree run
+    with this Python (C{src/dflockd/server.py} or C{dflockd/server.py}), or
+    an installed C{dflockd} command; None if SRC is neither.
+    """
+    root = Path(source).expanduser()
+    for path in (root / "src", root):
+        if (path / "dflockd" / "server.py").is_file():
+            version = "?"
+            pyproject = root / "pyproject.toml"
+            if pyproject.is_file():
+                for line in pyproject.read_text().splitlines():
+                    if line.startswith("version"):
+                        version = line.partition("=")[2].strip().strip('"')
+                        break
+            return [sys.executable, "-m", "dflockd.server"], path.resolve(), f"{version} from {root.resolve()}"
+    executable = shutil.which(source) if not root.is_dir() else None
+    if executable:
+        return [executable], None, executable
+    return None
+
+
+def start_dflockd(tmp: Path, command: list[str], pythonpath: Path | None, cpus: set[int] | None = None) -> Server:
+    """
+    dflockd on a free loopback port, with its defaults but for the number
+    of keys (--max-locks: 1024 would refuse keys of later rounds and the
+    large scenarios) and the read timeout (23 s: raised, so that no
+    connection is dropped while thousands open).  Its log (a line per
+    request, at its fixed INFO level) goes to a file.
+    """
+    port = free_port()
+    # Its environment variables take precedence over its options: none of them is passed on.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DFLOCKD_") and k != "MAX_LOCKS"}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
+    options = ["--host", "127.0.0.1", "--port", str(port), "--max-locks", "100000000", "--read-timeout", "3600"]
+    log = tmp / "dflockd.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            command + options, env=env, cwd=tmp, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pinning(cpus)
+        )
+    server = Server("dflockd", ("127.0.0.1", port), process, log, protocol="dflockd")
+    try:
+        wait_for_port(server.address, process, log)
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
 def cpu_seconds(pid: int | None) -> float | None:
     """User + system CPU time of a process (all its threads), from /proc."""
     if pid is None:
@@ -512,7 +589,7 @@ def reactor_choice(text: str) -> tuple[str, str]:
 
 def check_name(name: str) -> str:
     if name in PEERS or not name.replace("-", "").replace("_", "").replace(".", "").isalnum():
-        raise argparse.ArgumentTypeError(f"{name!r}: a target name is letters, digits, -_. and not redis, yrmcds or elock")
+        raise argparse.ArgumentTypeError(f"{name!r}: a target name is letters, digits, -_. and not {', '.join(PEERS)}")
     return name
 
 
@@ -946,6 +1023,11 @@ def main(argv: list[str] | None = None) -> None:
         help="also run elock, compiled with erlc into the directory EBIN (see benchmarks/README.md)",
     )
     parser.add_argument(
+        "--dflockd",
+        metavar="SRC",
+        help="also run dflockd: its source tree (run with this Python) or an installed dflockd command",
+    )
+    parser.add_argument(
         "--profile-server",
         metavar="FILE",
         help="run the started jesync under cProfile and save its stats to FILE",
@@ -1034,6 +1116,14 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 print(", elock", end="")
                 servers.append(start_elock(Path(tmp), args.elock.resolve(), args.server_cpus))
+            dflockd = args.dflockd and dflockd_command(args.dflockd)
+            if args.dflockd is None:
+                print("\nno --dflockd SRC: skipping dflockd", end="")
+            elif not dflockd:
+                print(f"\n{args.dflockd}: no dflockd source tree or command: skipping dflockd", end="")
+            else:
+                print(f", dflockd {dflockd[2]}", end="")
+                servers.append(start_dflockd(Path(tmp), dflockd[0], dflockd[1], args.server_cpus))
             print()
             for name, checkout, python in args.jesync:
                 print(f"  {name}: {checkout} at {describe_checkout(checkout)}, {python}", end="")

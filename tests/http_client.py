@@ -1,8 +1,8 @@
 """
 The HTTP API as the tests call it: JSON requests over real HTTP with treq
-(L{HttpClient}), each response read whole and, once the OpenAPI checker
-(C{tests.openapi_check}) is there, checked against the API's OpenAPI
-document, so that every test that calls the API proves the document too.
+(L{HttpClient}), each response read whole and checked against the API's
+OpenAPI document (C{tests.openapi_check}), so that every test that calls
+the API proves the document too.
 """
 
 from __future__ import annotations
@@ -25,10 +25,7 @@ try:
 except ImportError:  # pragma: no cover - the test extra has it
     treq = None
 
-try:
-    from tests.openapi_check import check_response
-except ImportError:  # (not written yet: responses are not checked)
-    check_response = None
+from tests.openapi_check import check_response
 
 # How long one HTTP request may take before the test fails.
 TIMEOUT = 5.0
@@ -133,9 +130,8 @@ class HttpClient:
         response = yield requested
         content = yield treq.content(response)
         read = Response(response.code, response.headers, content)
-        if check_response is not None:
-            headers_read = {name.decode("latin-1"): values for name, values in response.headers.getAllRawHeaders()}
-            check_response(method, path, read.status, headers_read, content, data if isinstance(data, bytes) else None)
+        headers_read = {name.decode("latin-1"): values for name, values in response.headers.getAllRawHeaders()}
+        check_response(method, path, read.status, headers_read, content, data if isinstance(data, bytes) else None)
         return read
 
     def get(self, path: str, **options: Any):

@@ -2,14 +2,13 @@
 The HTTP API's Server-Sent Events as the TCP tests read them: a stream
 opened with treq (C{unbuffered}) and read as it arrives (C{treq.collect}),
 its events parsed as they complete (L{EventReader}); a test waits for the
-Nth event with a bounded timeout, never a sleep.  Once the OpenAPI checker
-(C{tests.openapi_check}) is there, what was read is checked against the
-document when the test is done with it (L{EventReader.check}).
+Nth event with a bounded timeout, never a sleep.  What was read is checked
+against the OpenAPI document (C{tests.openapi_check}) when the test is
+done with it (L{EventReader.check}).
 """
 
 from __future__ import annotations
 
-import json
 from typing import Any, List, Optional, Tuple
 
 from twisted.internet import reactor
@@ -23,10 +22,8 @@ try:
 except ImportError:  # pragma: no cover - the test extra has it
     treq = None
 
-try:
-    from tests.openapi_check import check_response
-except ImportError:  # (not written yet: streams are not checked)
-    check_response = None
+from tests.http_unit import parse_events
+from tests.openapi_check import check_response
 
 
 class EventReader:
@@ -54,17 +51,7 @@ class EventReader:
 
     def _received(self, data: bytes) -> None:
         self.raw += data
-        *blocks, _ = self.raw.decode("utf-8").split("\n\n")
-        for block in blocks[len(self.events) :]:
-            name, document = "message", None
-            for line in block.split("\n"):
-                if line == ": ping":
-                    name = "ping"
-                elif line.startswith("event: "):
-                    name = line[len("event: ") :]
-                elif line.startswith("data: "):
-                    document = json.loads(line[len("data: ") :])
-            self.events.append((name, document))
+        self.events[len(self.events) :] = parse_events(self.raw.decode("utf-8"))[len(self.events) :]
         self._tell()
 
     def _finished(self, result: Any) -> Any:
@@ -94,10 +81,9 @@ class EventReader:
         return [name for name, _ in self.events if name != "ping"]
 
     def check(self) -> None:
-        """What was read matches the OpenAPI document (once the checker is there)."""
-        if check_response is not None:
-            headers = {name.decode(): [value.decode() for value in values] for name, values in self.headers.getAllRawHeaders()}
-            check_response("GET", self.path, self.status, headers, self.raw)
+        """What was read matches the OpenAPI document."""
+        headers = {name.decode(): [value.decode() for value in values] for name, values in self.headers.getAllRawHeaders()}
+        check_response("GET", self.path, self.status, headers, self.raw)
 
     def close(self) -> None:
         """

@@ -34,6 +34,25 @@ from tests.openapi_check import check_response
 PEER = IPv4Address("TCP", "127.0.0.1", 40000)
 
 
+
+def parse_events(text: str) -> List[Tuple[str, Any]]:
+    """
+    The complete events of an event stream's C{text}, in order: C{(name,
+    data)} (data parsed as JSON); a C{: ping} comment is C{("ping", None)}.
+    """
+    events: List[Tuple[str, Any]] = []
+    for block in text.split("\n\n")[:-1]:
+        name, data = "message", None
+        for line in block.split("\n"):
+            if line == ": ping":
+                name = "ping"
+            elif line.startswith("event: "):
+                name = line[len("event: ") :]
+            elif line.startswith("data: "):
+                data = json.loads(line[len("data: ") :])
+        events.append((name, data))
+    return events
+
 class Response:
     """What the server wrote for one request, as far as it has: C{status}, C{headers} (lower-case), C{body}."""
 
@@ -48,19 +67,8 @@ class Response:
         return json.loads(self.body)
 
     def events(self) -> List[Tuple[str, Any]]:
-        """The stream's complete events, in order: C{(name, data)}; a C{: ping} comment is C{("ping", None)}."""
-        events: List[Tuple[str, Any]] = []
-        for block in self.body.decode("utf-8").split("\n\n")[:-1]:
-            name, data = "message", None
-            for line in block.split("\n"):
-                if line == ": ping":
-                    name = "ping"
-                elif line.startswith("event: "):
-                    name = line[len("event: ") :]
-                elif line.startswith("data: "):
-                    data = json.loads(line[len("data: ") :])
-            events.append((name, data))
-        return events
+        """The stream's complete events, in order (L{parse_events})."""
+        return parse_events(self.body.decode("utf-8"))
 
 
 def parse_response(raw: bytes) -> Optional[Response]:

@@ -564,6 +564,26 @@ class EtcdClient:
         self._watch_http = HTTPClient(Agent(reactor, pool=watch_pool))
         self._watches: List[Watch] = []
 
+    @property
+    def reactor(self) -> Any:
+        """The reactor its requests and timeouts run on."""
+        return self._reactor
+
+    @property
+    def endpoints(self) -> List[str]:
+        """Its endpoints' URLs, in the order it tries them."""
+        return list(self._endpoints)
+
+    @property
+    def timeout(self) -> float:
+        """Seconds a call may take, all attempts together."""
+        return self._timeout
+
+    @property
+    def observer(self) -> Optional[Callable[[str, float], None]]:
+        """Told of each answered round trip (the operation, its seconds), or None."""
+        return self._observer
+
     # -- KV --
 
     @inlineCallbacks

@@ -295,12 +295,7 @@ class TxnChannel:
         """
         if not isinstance(etcd, EtcdClient):
             return None
-        urls = getattr(etcd, "_endpoints", None)
-        timeout = getattr(etcd, "_timeout", None)
-        reactor = getattr(etcd, "_reactor", None)
-        if not urls or not isinstance(timeout, (int, float)) or reactor is None:
-            return None
-        return cls.for_endpoints(reactor, urls, min(0.5, timeout / 4), getattr(etcd, "_observer", None))
+        return cls.for_endpoints(etcd.reactor, etcd.endpoints, min(0.5, etcd.timeout / 4), etcd.observer)
 
     # -- transactions --
 

@@ -56,7 +56,9 @@ key gone or another member's, the commit key written by anyone else, no
 answer -- ends the leadership (C{on_failure}).  docs/cluster.md has the
 argument.  Transactions go through L{jesync.cluster.txn_channel} (one
 connection, pipelined, so they reach etcd in order), and through the
-L{EtcdClient} when it gets no answer.
+L{EtcdClient} when it gets no answer or etcd's "unavailable" (no leader
+for a moment): the client tries again within its deadline, so an etcd
+election is waited out (a copy that lands late is harmless, above).
 """
 
 from __future__ import annotations
@@ -72,7 +74,7 @@ from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.python.failure import Failure
 from zope.interface import implementer
 
-from jesync.cluster.etcd import Compare, Delete, EtcdClient, Get, KeyValue, Put, TxnResult
+from jesync.cluster.etcd import Compare, Delete, EtcdClient, EtcdUnavailable, Get, KeyValue, Put, TxnResult
 from jesync.cluster.txn_channel import ChannelError, TxnChannel
 from jesync.connections.policy import IDurability
 from jesync.fencing import IDurableMark
@@ -651,7 +653,9 @@ class Journal:
         sent.addErrback(self._broken)
 
     def _again(self, reason: Failure, guards: List[Compare], success: List[Any], failure: List[Get]) -> Any:
-        reason.trap(ChannelError)
+        # No answer, or etcd's "unavailable" (no leader for a moment): the
+        # client tries again within its deadline, an election waited out.
+        reason.trap(ChannelError, EtcdUnavailable)
         if self.failed is not None:
             return reason
         return self.etcd.txn(guards, success, failure)

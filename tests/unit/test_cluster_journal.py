@@ -360,16 +360,17 @@ class ChainTests(SynchronousTestCase):
 
 
 class StandInChannel:
-    """A lean path that fails every request as unanswered."""
+    """A lean path that fails every request with C{error} (by default: unanswered)."""
 
-    def __init__(self) -> None:
+    def __init__(self, error: Optional[Exception] = None) -> None:
         self.sent = 0
         self.closed = False
+        self.error = error
 
     def txn(self, compare, success, failure=()) -> Deferred[TxnResult]:
         self.sent += 1
         answer: Deferred[TxnResult] = Deferred()
-        answer.errback(Failure(ChannelError("no answer within 0.5 s")))
+        answer.errback(Failure(self.error or ChannelError("no answer within 0.5 s")))
         return answer
 
     def close(self) -> None:
@@ -378,12 +379,18 @@ class StandInChannel:
 
 class ChannelFallbackTests(SynchronousTestCase):
     def test_a_transaction_the_channel_got_no_answer_for_goes_through_the_client(self) -> None:
+        self.check_fallback(StandInChannel())
+
+    def test_an_etcd_unavailable_answer_on_the_channel_goes_through_the_client(self) -> None:
+        # etcd without a leader for a moment (an election): waited out by the client, the term goes on.
+        self.check_fallback(StandInChannel(EtcdUnavailable("etcdserver: no leader", 14)))
+
+    def check_fallback(self, channel: StandInChannel) -> None:
         clock = Clock()
         etcd = FakeEtcd()
         layout = Layout("c")
         election = etcd.put(layout.leader, b"me")
         locks = LockService(clock)
-        channel = StandInChannel()
         failures: List[str] = []
         journal = Journal(etcd, layout, election, locks, clock, failures.append, channel=channel)  # type: ignore[arg-type]
         locks.observer = journal

@@ -17,17 +17,23 @@ The rules:
    answers) -- is tried again on the next endpoint, in turn, starting from
    the one that answered last (with one endpoint: on that one again).
    When the deadline passes: L{EtcdUnavailable}.
- - Each attempt gets at most C{attempt_timeout} (L{ATTEMPT_TIMEOUT}, 0.4
-   s: etcd answers in about a millisecond) and its share of the timeout
-   among the endpoints, or, the last one, what is left.  An attempt with
-   no answer by then is abandoned I{with its connection}, and the next
-   goes at once, on another (a new one, or an idle one from the pool).
+ - The first attempt gets at most C{attempt_timeout} (L{ATTEMPT_TIMEOUT},
+   0.4 s: etcd answers in about a millisecond) and its share of the
+   timeout among the endpoints; each after an unanswered one twice as long
+   as the one before (0.4, 0.8, 1.6 s ...); the last one what is left.  An
+   attempt with no answer by then is abandoned I{with its connection}, and
+   the next goes at once, on another (a new one, or an idle one from the
+   pool).
    Why: on a link that drops and heals, a request on a connection whose
    packets were lost waits for TCP's retransmissions, which back off
    (0.2, 0.4, 0.8 s ...), and can miss every moment the link is up until
-   the deadline; a new connection sends its first packet at once.  Only
-   failures that came fast (refused, or etcd "unavailable") wait a little
-   before the next round, so as not to spin.
+   the deadline; a new connection sends its first packet at once.  Why
+   the doubling: an etcd that is slow but answers (a slow disk: every
+   request 0.5 or 1.5 s) is still answered, after a few copies rather than
+   a copy every 0.4 s until the deadline (each copy is one more proposal
+   for etcd to apply), and a state read longer than 0.4 s gets through.
+   Only failures that came fast (refused, or etcd "unavailable") wait a
+   little before the next round, so as not to spin.
  - Any other error etcd answers (C{{"error": ..., "code": ...}}) is
    L{EtcdError} with etcd's message, at once, with no retry.
  - B{A request may apply twice}: one whose answer was lost (the link
@@ -73,10 +79,11 @@ MAX_RESPONSE = 64 * 1024 * 1024
 # the next round, doubling up to RETRY_DELAY_MAX: no busy loop.
 RETRY_DELAY = 0.05
 RETRY_DELAY_MAX = 0.5
-# The longest one attempt of a request waits for its answer (see the module
-# docstring): 400 times etcd's usual 1 ms round trip, under the shortest
-# time a flapping link stays up (0.5 s), and at least three of them fit in
-# the shortest certainty window (1.5 s, a lease TTL of 2 s).
+# The longest the first attempt of a request waits for its answer (each
+# after an unanswered one waits twice as long: see the module docstring):
+# 400 times etcd's usual 1 ms round trip, under the shortest time a flapping
+# link stays up (0.5 s), and three attempts (0.4, 0.8 s, the rest) fit in
+# the certainty window of a lease TTL of 3 s (2.25 s).
 ATTEMPT_TIMEOUT = 0.4
 
 # gRPC status codes that etcd's gateway puts in its error bodies.
@@ -734,7 +741,8 @@ class EtcdClient:
         """
         now = self._reactor.seconds
         deadline = now() + self._timeout
-        # What an attempt may take: a member's share of the timeout, and at most attempt_timeout.
+        # What the first attempt may take: a member's share of the timeout,
+        # and at most attempt_timeout; twice as long after each unanswered one.
         bound = min(self._attempt_timeout, self._timeout / len(self._endpoints))
         attempts = 0
         failures = 0
@@ -773,7 +781,9 @@ class EtcdClient:
             self._preferred = (index + 1) % len(self._endpoints)
             if unanswered:
                 # It waited out its time already, and its connection is
-                # closed: the next attempt goes at once, on another.
+                # closed: the next attempt goes at once, on another, and may
+                # wait twice as long (a slow etcd is answered in the end).
+                bound *= 2
                 continue
             failures += 1
             if failures % len(self._endpoints) == 0:

@@ -6,7 +6,9 @@ HTTP parser, with connections this test opens, answers and leaves silent.
  - An attempt that gets no answer is abandoned at L{ATTEMPT_TIMEOUT}, its
    connection aborted, and the next goes at once on a new connection; the
    request succeeds as soon as one attempt is answered, within the timeout.
- - How many attempts fit in a certainty window (TTL 3: 2.25 s; TTL 2: 1.5 s).
+ - How many attempts fit in a certainty window (TTL 3: 2.25 s; TTL 2: 1.5 s):
+   each after an unanswered one waits twice as long, so an etcd that is
+   slow but answers (0.5 s, 1.5 s) is answered, after two or three copies.
  - What etcd answered (an error) is not tried again; a refused connection
    is, and so is etcd's "unavailable", after a short pause.
  - A campaign whose create was applied by an earlier copy of its request
@@ -146,17 +148,54 @@ class AttemptTests(SynchronousTestCase):
 
     def test_attempts_in_a_certainty_window(self) -> None:
         """
-        TTL 3 (a window of 2.25 s): six attempts, each 0.4 s but the last
-        (0.25 s: what is left); TTL 2 (1.5 s): four.  Every connection is
+        Each attempt twice as long as the one before: TTL 3 (a window of
+        2.25 s): three attempts, 0.4 s, 0.8 s and what is left (1.05 s);
+        TTL 2 (1.5 s): two, 0.4 s and what is left (1.1 s, rather than
+        0.8 s and 0.3 s); a timeout of 9 s: five.  Every connection is
         given up.
         """
         started, error = self.attempts_within(2.25)
-        self.assertEqual(started, [0.0, 0.4, 0.8, 1.2, 1.6, 2.0])
-        self.assertIn("no etcd endpoint answered txn within 2.25 s (6 attempts; last:", error)
-        self.assertIn("no answer within 0.4 s", error)
+        self.assertEqual(started, [0.0, 0.4, 1.2])
+        self.assertIn("no etcd endpoint answered txn within 2.25 s (3 attempts; last:", error)
+        self.assertIn("no answer within 0.8 s", error)
         self.assertTrue(all(connector.stoppedConnecting for connector in self.reactor.connectors))
         started, _ = self.attempts_within(1.5)
-        self.assertEqual(started, [0.0, 0.4, 0.8, 1.2])
+        self.assertEqual(started, [0.0, 0.4])
+        started, _ = self.attempts_within(9.0)
+        self.assertEqual(started, [0.0, 0.4, 1.2, 2.8, 6.0])
+
+    def slow_etcd(self, delay: float, timeout: float) -> Tuple[float, int]:
+        """
+        A request to an etcd that answers every request C{delay} s after it
+        gets it (unless its connection was given up by then): when the
+        answer came, and how many copies etcd got.
+        """
+        reactor, client = self.client(timeout)
+        got = client.txn([Compare(b"c", "MOD", 0)], [Put(b"k", b"v")])
+        answer = http_answer(b'{"header":{"revision":"5"},"succeeded":true,"responses":[{"response_put":{}}]}')
+
+        def reply(index: int) -> None:
+            if not self.etcd.transports[index].disconnected:
+                self.etcd.answer(index, answer)
+
+        while not got.called:
+            while len(self.etcd.transports) < self.etcd.connects:
+                self.assertIn(b"POST /v3/kv/txn", self.etcd.accept(len(self.etcd.transports)).value())
+                reactor.callLater(delay, reply, len(self.etcd.transports) - 1)
+            reactor.advance(min(call.getTime() for call in reactor.getDelayedCalls()) - reactor.seconds())
+        self.assertTrue(self.successResultOf(got).succeeded)
+        return round(reactor.seconds(), 2), len(self.etcd.transports)
+
+    def test_a_slow_etcd_is_answered_after_a_few_copies(self) -> None:
+        """
+        Every request answered 0.5 s after it came (slow, but healthy): the
+        second attempt (0.8 s) gets its answer, in a certainty window
+        (2.25 s) and with a timeout of 9 s alike; answered in 1.5 s, the
+        third (1.6 s) does.
+        """
+        self.assertEqual(self.slow_etcd(0.5, 2.25), (0.9, 2))
+        self.assertEqual(self.slow_etcd(0.5, 9.0), (0.9, 2))
+        self.assertEqual(self.slow_etcd(1.5, 9.0), (2.7, 3))
 
     def test_the_last_attempt_takes_what_is_left(self) -> None:
         """Rather than leave less than 0.6 s for one more: a timeout of 0.5 s is one attempt of 0.5 s."""

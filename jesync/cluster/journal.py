@@ -53,7 +53,9 @@ earlier tag of this chain reached etcd before its predecessor: it is sent
 again once that one is in etcd (no refusal); one that held its own tag or
 a later one was applied already (a copy).  Anything else -- the election
 key gone or another member's, the commit key written by anyone else, no
-answer -- ends the leadership (C{on_failure}).  docs/cluster.md has the
+answer for one not known to be in etcd -- ends the leadership
+(C{on_failure}); no answer for one a later one's success showed in etcd
+is no failure.  docs/cluster.md has the
 argument.  Transactions go through L{jesync.cluster.txn_channel} (one
 connection, pipelined, so they reach etcd in order), and through the
 L{EtcdClient} when it gets no answer or etcd's "unavailable" (no leader
@@ -681,8 +683,17 @@ class Journal:
 
     def _lost(self, reason: Failure, link: _Link) -> None:
         self._outstanding -= 1
-        if self.failed is None:
+        if self.failed is not None:
+            return
+        if link.position > self._applied:
             self.fail(f"a durable write failed: {reason.getErrorMessage()}")
+            return
+        # A later one in the chain was answered as applied, so this one is in
+        # etcd (each applies only right after its predecessor): only its
+        # answer was lost.  Its place in flight is free.
+        self._pump()
+        if self._dirty and self._flush_call is None:
+            self._flush()
 
     def _applied_through(self, position: Tuple[int, int]) -> None:
         """

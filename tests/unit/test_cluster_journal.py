@@ -322,6 +322,32 @@ class ChainTests(SynchronousTestCase):
         self.clock.advance(0)
         one[0].trap(Deposed)
 
+    def test_a_lost_answer_of_a_write_known_in_etcd_does_not_end_the_term(self) -> None:
+        """Its answer lost, its retries failing; a later one in the chain applied says it is in etcd."""
+        (_, one), (_, two) = self.turn("a"), self.turn("b")
+        first, second = self.etcd.sent
+        first.apply()
+        second.commit()
+        self.assertEqual((one, two), ([None], [None]))
+        first.answer.errback(Failure(EtcdUnavailable("no etcd endpoint answered txn within 2.25 s")))
+        self.assertEqual(self.failures, [])
+        (_, three) = self.turn("c")
+        self.etcd.sent[-1].commit()
+        self.assertEqual((three, self.failures), ([None], []))
+
+    def test_the_place_in_flight_of_a_write_known_in_etcd_is_freed_when_its_answer_is_lost(self) -> None:
+        turns = [self.turn(f"k{n}") for n in range(MAX_IN_FLIGHT)]
+        self.etcd.sent[0].apply()  # its answer is still awaited (then lost)
+        self.etcd.sent[1].commit()
+        turns += [self.turn("x"), self.turn("y")]
+        self.assertEqual(len(self.etcd.sent), MAX_IN_FLIGHT + 1)  # "y" waits: eight are in flight
+        self.etcd.sent[0].answer.errback(Failure(EtcdUnavailable("no etcd endpoint answered txn within 2.25 s")))
+        self.assertEqual(len(self.etcd.sent), MAX_IN_FLIGHT + 2)
+        for request in self.etcd.sent[2:]:
+            request.commit()
+        self.assertEqual([replies for _, replies in turns], [[None]] * len(turns))
+        self.assertEqual(self.failures, [])
+
     def test_at_most_max_in_flight_and_what_waits_is_one_batch(self) -> None:
         turns = [self.turn(f"k{n}") for n in range(MAX_IN_FLIGHT + 5)]
         self.assertEqual(len(self.etcd.sent), MAX_IN_FLIGHT)

@@ -420,6 +420,8 @@ class Journal:
         # the commit key's revision when the term began).
         self._chain: Deque[_Link] = deque()
         self._unsent: Deque[_Link] = deque()
+        # The transactions that came back early, to send again in order.
+        self._resend: Deque[_Link] = deque()
         self._pumping = False
         self._outstanding = 0
         self._applied: Tuple[int, int] = (0, 0)
@@ -609,21 +611,26 @@ class Journal:
         """
         Send what may go now, in chain order: the first transaction again if
         it came back early (with every later one that did), then new ones,
-        up to L{MAX_IN_FLIGHT} awaiting an answer.  (Not re-entered: an
-        answer given at once, within a send, is taken in by the loop.)
+        up to L{MAX_IN_FLIGHT} awaiting an answer, those sent again
+        included.  (Not re-entered: an answer given at once, within a send,
+        is taken in by the loop.)
         """
         if self._pumping:
             return
         self._pumping = True
         try:
-            chain, unsent = self._chain, self._unsent
+            chain, unsent, resend = self._chain, self._unsent, self._resend
             while self.failed is None and self._outstanding < MAX_IN_FLIGHT:
                 if chain and chain[0].state is _EARLY:
                     # Its predecessor is in etcd: it goes again, and every
-                    # other one that came back early after it, in order.
-                    for link in [link for link in chain if link.state is _EARLY]:
-                        if link.position > self._applied and link.state is _EARLY and self.failed is None:
-                            self._send(link)
+                    # other one that came back early after it, in order
+                    # (before any new one, as places in flight come free).
+                    resend.clear()
+                    resend.extend(link for link in chain if link.state is _EARLY)
+                if resend:
+                    link = resend.popleft()
+                    if link.position > self._applied and link.state is _EARLY:
+                        self._send(link)
                 elif unsent:
                     self._send(unsent.popleft())
                 else:

@@ -360,6 +360,28 @@ class ChainTests(SynchronousTestCase):
         self.assertEqual([replies for _, replies in turns], [[None]] * len(turns))
         self.assertEqual(self.failures, [])
 
+    def test_transactions_sent_again_are_at_most_max_in_flight_too(self) -> None:
+        for n in range(5 * MAX_OPS):  # two operations each: ten transactions
+            self.locks.request(f"k{n}", self.sessions.start(object()), 1, 0, 0)
+        waiting = self.journal.durable()
+        self.clock.advance(0)
+        self.assertEqual(len(self.etcd.sent), MAX_IN_FLIGHT)
+        for request in self.etcd.sent[1:]:  # every one but the first reaches etcd before it
+            request.commit()
+        for request in self.etcd.sent[MAX_IN_FLIGHT:]:  # (the last two, sent as places came free)
+            request.commit()
+        self.assertEqual(len(self.etcd.sent), 10)
+        self.etcd.sent[0].commit()
+        # Nine came back early: eight go again, the ninth once a place is free.
+        self.assertEqual(len(self.etcd.sent), 10 + MAX_IN_FLIGHT)
+        self.etcd.sent[10].commit()
+        self.assertEqual(len(self.etcd.sent), 10 + MAX_IN_FLIGHT + 1)
+        self.assertEqual(self.etcd.sent[-1].success, self.etcd.sent[9].success)
+        for request in self.etcd.sent[11:]:
+            request.commit()
+        self.successResultOf(waiting)
+        self.assertEqual((self.journal.transactions, self.journal.resent, self.failures), (10, 9, []))
+
     def test_a_batch_of_several_transactions_is_released_once_all_are_in_etcd(self) -> None:
         for n in range(MAX_OPS + 1):  # two operations each: three transactions
             self.locks.request(f"k{n}", self.sessions.start(object()), 1, 0, 0)

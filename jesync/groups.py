@@ -60,6 +60,7 @@ from jesync.errors import (
     MemberNotJoined,
 )
 from jesync.interfaces import GRANTED, IGrant, ILockService, LockEvent
+from jesync.service import renew_grant
 from jesync.wire import EXCLUSIVE, GROUP_PREFIX, MEMBER_SEPARATOR, group_key, key_problem, member_key
 
 #: The defaults of --max-groups and --max-members.
@@ -225,7 +226,7 @@ class GroupTable:
         grant = self.member_grant(name, member, owner)
         if grant is None:
             return False
-        self.service.request(grant.key, owner, grant.max_concurrent, 0, lease, grant.mode)
+        renew_grant(self.service, grant, None, lease)
         self._leases[grant] = lease
         return True
 
@@ -241,11 +242,7 @@ class GroupTable:
         grant = self.member_grant(name, member, owner)
         if grant is None:
             raise MemberNotJoined(name, member)
-        lease = self._leases.get(grant)
-        if lease is None:
-            expires = grant.seconds_left
-            lease = 0 if expires is None else max(expires, 0.001)
-        self.service.request(grant.key, owner, grant.max_concurrent, 0, lease, grant.mode, capabilities)
+        renew_grant(self.service, grant, capabilities, self._leases.get(grant))
 
     def leave(self, name: str, member: str, owner: Hashable) -> None:
         """

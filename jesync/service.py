@@ -316,6 +316,21 @@ def check_request(max_concurrent: int, timeout: float, expires: float) -> None:
         raise ValueError("Expire timeout should be greater or equal than 0")
 
 
+def renew_grant(locks: ILockService, grant: IGrant, value: bytes | None, expires: float | None = None) -> IGrant:
+    """
+    Renew C{grant} for its owner (asking again for a key held, in the same
+    mode and concurrency, renews it, its token kept) with C{value} (None:
+    as a renewal without one), and an expiry of C{expires} seconds (0:
+    none), or, with None, the time its expiry has left (none if it has
+    none): a new value for a group member's capabilities or an election's
+    leader, its lease unchanged.
+    """
+    if expires is None:
+        left = grant.seconds_left
+        expires = 0 if left is None else max(left, 0.001)
+    return locks.request(grant.key, grant.owner, grant.max_concurrent, 0, expires, grant.mode, value)
+
+
 def check_mode(mode: str, max_concurrent: int, value: bytes | None) -> bool:
     """
     Raise ValueError for an unknown mode, a shared request with a

@@ -49,6 +49,7 @@ from jesync.http.api import (
     value_text,
 )
 from jesync.http.streams import proclaimed
+from jesync.service import renew_grant
 from jesync.wire import EXCLUSIVE, election_key, group_key, member_key
 
 ROUTES: List[Route] = []
@@ -122,10 +123,7 @@ def proclaim(call: Call) -> Dict[str, Any]:
     grant = locks.grant_of(key, session)
     if grant is None:
         raise not_leader(election)
-    left = grant.seconds_left
-    # A renewal that keeps the grant's expiry (none, as campaign gives it),
-    # its token and its mode, with the new value (None: no value).
-    locks.request(key, session, grant.max_concurrent, 0, 0 if left is None else max(left, 0.001), grant.mode, value)
+    renew_grant(locks, grant, value)  # (its expiry kept: none, as campaign gives it)
     tell_renewed(call, session, [key])
     proclaimed(call.context, election)
     return {"leader": grant_document(grant, call.context.clock.seconds())}
@@ -179,7 +177,6 @@ def delete_group(call: Call) -> Dict[str, Any]:
 @route(ROUTES, "GET", "/v1/groups/{name}")
 def group(call: Call) -> Dict[str, Any]:
     name = _group(call)
-    now = call.context.clock.seconds()
     members = []
     for member, grant in call.context.groups.member_grants(name).items():
         members.append(

@@ -63,6 +63,7 @@ from jesync.http.api import (
     route,
     tell_renewed,
 )
+from jesync.service import renew_grant
 from jesync.wire import EXCLUSIVE, SHARED, encode_key
 
 ROUTES: List[Route] = []
@@ -222,8 +223,7 @@ def renew(call: Call) -> Dict[str, Any]:
     grant = locks.grant_of(key, session)
     if grant is None:
         raise ApiError(409, "not_held", f"the session does not hold {key}")
-    # (asking again for a key held in the same mode renews its grant)
-    renewed = locks.request(key, session, grant.max_concurrent, 0, expires, grant.mode, value)
+    renewed = renew_grant(locks, grant, value, expires)
     tell_renewed(call, session, [key])
     return {"grants": [grant_document(renewed, call.context.clock.seconds())]}
 

@@ -14,7 +14,8 @@ Servers and clients:
  - C{server_case}: twistd's service started in the test's reactor, and the
    base of the TCP tests that use it;
  - C{twistd_process}: C{twistd jesync} run and watched as a subprocess;
- - C{etcd_server}, C{cluster}: real etcd processes, and cluster members on them;
+ - C{etcd_server}, C{cluster}, C{cluster_members}: real etcd processes,
+   and cluster members on them (as processes, or in the test's process);
  - C{client_case}, C{fake_session}, C{failover}, C{client_pki}: what the
    client tests share (a base, the sans-I/O core on a fake clock, standbys,
    certificates and a secured server);

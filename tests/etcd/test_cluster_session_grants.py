@@ -24,14 +24,12 @@ from twisted.internet import reactor
 from twisted.internet.defer import Deferred, inlineCallbacks
 from twisted.trial.unittest import TestCase
 
-from jesync.cluster.etcd import EtcdClient
 from jesync.cluster.journal import HeldRecord
-from jesync.cluster.member import ClusterMember
 from jesync.interfaces import EXPIRED, IOwnerChanges, LockEvent
-from jesync.server import ServerSettings, build_lock_server
+from jesync.server import ServerSettings
 from jesync.wire import EXCLUSIVE, SHARED
-from tests.cluster import TAKEOVER_WITHIN, TTL
-from tests.etcd_server import shared_etcd
+from tests.cluster import TAKEOVER_WITHIN
+from tests.cluster_members import InProcessMembers
 
 #: The shared grant's failsafe, in seconds: longer than a takeover takes.
 EXPIRES = TAKEOVER_WITHIN + 2.0
@@ -40,29 +38,14 @@ EXPIRES = TAKEOVER_WITHIN + 2.0
 class SessionGrantFailoverTests(TestCase):
     timeout = 60
 
-    def member(self, name: str) -> ClusterMember:
-        etcd = EtcdClient(reactor, [shared_etcd().endpoint], 2.0)
-        self.addCleanup(etcd.close)
-        member = ClusterMember(reactor, ServerSettings(ports=[]), etcd, self.id(), TTL, build_lock_server, name=name)
-        member.startService()  # (it listens on nothing of its own: it joins the election at once)
-        self.addCleanup(self.stop, member)
-        return member
-
-    def stop(self, member: ClusterMember) -> Deferred[None]:
-        """Resign if leading, as stopService does, without exiting the process (once: a cleanup too)."""
-        if member in self.stopped:
-            return member.stop_listening()
-        self.stopped.append(member)
-        return member.stop().addBoth(lambda _: member.stop_listening())
-
     def setUp(self) -> None:
-        self.stopped: List[ClusterMember] = []
+        self.members = InProcessMembers(self, ServerSettings(ports=[]))
 
     @inlineCallbacks
     def test_a_session_grant_keeps_its_expiry_mode_value_and_token_across_a_failover(self):
-        first = self.member("first")
+        first = self.members.member("first")
         yield first.when_leading().addTimeout(TAKEOVER_WITHIN * 3, reactor)
-        second = self.member("second")
+        second = self.members.member("second")
         old = first.server
         session = old.factories["elock"].sessions.start(object())
         session.set_grace(20_000)
@@ -84,7 +67,7 @@ class SessionGrantFailoverTests(TestCase):
         )
 
         stepped_down = time.monotonic()
-        yield self.stop(first)
+        yield self.members.stop(first)
         yield second.when_leading().addTimeout(TAKEOVER_WITHIN * 3, reactor)
         self.assertLess(time.monotonic() - stepped_down, TAKEOVER_WITHIN)
         self.assertLess(time.time(), due, "the takeover took longer than the grant's expiry")

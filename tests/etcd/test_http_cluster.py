@@ -13,15 +13,14 @@ from __future__ import annotations
 from typing import List
 
 from twisted.internet import reactor
-from twisted.internet.defer import Deferred, inlineCallbacks
+from twisted.internet.defer import inlineCallbacks
 from twisted.python.failure import Failure
 from twisted.trial.unittest import TestCase
 
-from jesync.cluster.etcd import EtcdClient
 from jesync.cluster.member import ClusterMember
-from jesync.server import ServerSettings, build_lock_server
+from jesync.server import ServerSettings
 from tests.cluster import TAKEOVER_WITHIN
-from tests.etcd_server import shared_etcd
+from tests.cluster_members import InProcessMembers
 from tests.http_client import HttpClient, base_url, http_listener
 from tests.server_case import listening_port
 from tests.support import LOCAL, wait_until
@@ -40,23 +39,7 @@ class HttpFailoverTests(TestCase):
     timeout = 60
 
     def setUp(self) -> None:
-        self.stopped: List[ClusterMember] = []
-
-    def member(self, name: str) -> ClusterMember:
-        etcd = EtcdClient(reactor, [shared_etcd().endpoint], 2.0)
-        self.addCleanup(etcd.close)
-        settings = ServerSettings(ports=[], http_ports=[LOCAL])
-        member = ClusterMember(reactor, settings, etcd, self.id(), TTL, build_lock_server, name=name)
-        member.startService()
-        self.addCleanup(self.stop, member)
-        return member
-
-    def stop(self, member: ClusterMember) -> Deferred[None]:
-        """Resign if leading, without exiting the process (once: a cleanup too)."""
-        if member in self.stopped:
-            return member.stop_listening()
-        self.stopped.append(member)
-        return member.stop().addBoth(lambda _: member.stop_listening())
+        self.members = InProcessMembers(self, ServerSettings(ports=[], http_ports=[LOCAL]), TTL)
 
     @inlineCallbacks
     def http_of(self, member: ClusterMember):
@@ -67,9 +50,9 @@ class HttpFailoverTests(TestCase):
 
     @inlineCallbacks
     def test_sessions_and_grants_survive_a_failover(self):
-        first = self.member("first")
+        first = self.members.member("first")
         yield first.when_leading().addTimeout(TAKEOVER_WITHIN * 3, reactor)
-        second = self.member("second")
+        second = self.members.member("second")
         http, api = yield self.http_of(first)
         first_term = api.context.describe()["server"]
         self.assertEqual(first_term["role"], "leader")
@@ -86,7 +69,7 @@ class HttpFailoverTests(TestCase):
         poll.addBoth(outcome.append)
         yield wait_until(lambda: first.server.locks.status("k").waiting == 1)
 
-        yield self.stop(first)
+        yield self.members.stop(first)
         yield wait_until(lambda: bool(outcome))
         # (a deposed leader's last words: not granted, which reports no change)
         refused = outcome[0]

@@ -26,6 +26,17 @@ TTL = 2
 TAKEOVER_WITHIN = TTL + 2.0
 
 
+def member_health(host: str, metrics_port: int) -> Optional[str]:
+    """A member's role as its metrics' C{/health} says (C{leader}, C{standby}), or None if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://{host}:{metrics_port}/health", timeout=1) as response:
+            return response.read().decode().strip()
+    except urllib.error.HTTPError as error:
+        return error.read().decode().strip()
+    except OSError:
+        return None
+
+
 class MemberProcess(ServerProcess):
     """One member: C{twistd -n jesync --etcd ...} on loopback ports of its own."""
 
@@ -53,14 +64,7 @@ class MemberProcess(ServerProcess):
 
     def health(self) -> Optional[str]:
         """C{leader} or C{standby} as its /health says, or None if it does not answer."""
-        url = f"http://127.0.0.1:{self.metrics_port}/health"
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                return response.read().decode().strip()
-        except urllib.error.HTTPError as error:
-            return error.read().decode().strip()
-        except OSError:
-            return None
+        return member_health("127.0.0.1", self.metrics_port)
 
     def metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=2) as response:

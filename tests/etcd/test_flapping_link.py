@@ -36,12 +36,11 @@ import tempfile
 import threading
 import time
 import unittest
-import urllib.error
-import urllib.request
 import warnings
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from tests.cluster import member_health
 from tests.etcd_server import EtcdProcess, require_etcd
 from tests.servers import environment, twistd_command
 
@@ -198,14 +197,7 @@ class Member:
         )
 
     def health(self) -> Optional[str]:
-        url = f"http://{self.network.member_address}:{METRICS_PORT}/health"
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                return response.read().decode().strip()
-        except urllib.error.HTTPError as error:
-            return error.read().decode().strip()
-        except OSError:
-            return None
+        return member_health(self.network.member_address, METRICS_PORT)
 
     def wait_to_lead(self, etcd: EtcdProcess) -> None:
         deadline = time.monotonic() + WITHIN

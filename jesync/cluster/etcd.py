@@ -17,26 +17,17 @@ The rules:
    answers) -- is tried again on the next endpoint, in turn, starting from
    the one that answered last (with one endpoint: on that one again).
    When the deadline passes: L{EtcdUnavailable}.
- - An attempt with no answer after C{attempt_timeout} (L{ATTEMPT_TIMEOUT},
-   0.4 s: etcd answers in about a millisecond), or its share of the
-   timeout among the endpoints, is copied at once on the next endpoint, on
-   another connection (a new one, or an idle one from the pool), and goes
-   on waiting; the first answer of any copy counts, and the copies still
-   unanswered are then given up I{with their connections} (so are all at
-   the deadline).  A copy is not made when less than 1.5 times that bound
-   is left: the last one has what is left.
-   Why a copy on a new connection: on a link that drops and heals, a
-   request on a connection whose packets were lost waits for TCP's
-   retransmissions, which back off (0.2, 0.4, 0.8 s ...), and can miss
-   every moment the link is up until the deadline; a new connection sends
-   its first packet at once.  Why the earlier copies go on waiting: an
-   etcd that is slow but answers (a slow disk: every request 0.5 or 1.5 s)
-   is answered by the first copy, after a few others (every 0.4 s until
-   then), where giving each up at 0.4 s would never get an answer, with a
-   copy (one more proposal for etcd to apply) every 0.4 s until the
-   deadline.  (A watch's copy is given up at its bound: one stream only.)
-   Only failures that came fast (refused, or etcd "unavailable") wait a
-   little before the next round, so as not to spin.
+ - Each attempt gets at most C{attempt_timeout} (L{ATTEMPT_TIMEOUT}, 0.4
+   s: etcd answers in about a millisecond) and its share of the timeout
+   among the endpoints, or, the last one, what is left.  An attempt with
+   no answer by then is abandoned I{with its connection}, and the next
+   goes at once, on another (a new one, or an idle one from the pool).
+   Why: on a link that drops and heals, a request on a connection whose
+   packets were lost waits for TCP's retransmissions, which back off
+   (0.2, 0.4, 0.8 s ...), and can miss every moment the link is up until
+   the deadline; a new connection sends its first packet at once.  Only
+   failures that came fast (refused, or etcd "unavailable") wait a little
+   before the next round, so as not to spin.
  - Any other error etcd answers (C{{"error": ..., "code": ...}}) is
    L{EtcdError} with etcd's message, at once, with no retry.
  - B{A request may apply twice}: one whose answer was lost (the link
@@ -82,11 +73,10 @@ MAX_RESPONSE = 64 * 1024 * 1024
 # the next round, doubling up to RETRY_DELAY_MAX: no busy loop.
 RETRY_DELAY = 0.05
 RETRY_DELAY_MAX = 0.5
-# How long an attempt of a request waits for its answer before a copy goes
-# on a new connection (see the module docstring): 400 times etcd's usual
-# 1 ms round trip, under the shortest time a flapping link stays up (0.5 s),
-# and at least three copies go in the shortest certainty window (1.5 s, a
-# lease TTL of 2 s).
+# The longest one attempt of a request waits for its answer (see the module
+# docstring): 400 times etcd's usual 1 ms round trip, under the shortest
+# time a flapping link stays up (0.5 s), and at least three of them fit in
+# the shortest certainty window (1.5 s, a lease TTL of 2 s).
 ATTEMPT_TIMEOUT = 0.4
 
 # gRPC status codes that etcd's gateway puts in its error bodies.
@@ -737,112 +727,58 @@ class EtcdClient:
     def _call(self, operation: str, path: str, request: JSON, stream: bool = False) -> _Steps:
         """
         POST C{request} to C{/v3}C{path}, trying again (the endpoints in
-        turn, each copy on a connection of its own while the ones before go
-        unanswered, which go on waiting) until one answers or the timeout is
-        up (see the module docstring).  The answer as JSON, or for a
-        C{stream} the response, its body unread.
+        turn, each attempt on a connection of its own if the one before got
+        no answer) until one answers or the timeout is up (see the module
+        docstring).  The answer as JSON, or for a C{stream} the response,
+        its body unread.
         """
         now = self._reactor.seconds
         deadline = now() + self._timeout
-        count = len(self._endpoints)
-        # How long a copy goes unanswered before the next goes: a member's
-        # share of the timeout, and at most attempt_timeout.
-        bound = min(self._attempt_timeout, self._timeout / count)
+        # What an attempt may take: a member's share of the timeout, and at most attempt_timeout.
+        bound = min(self._attempt_timeout, self._timeout / len(self._endpoints))
         attempts = 0
         failures = 0
         delay = RETRY_DELAY
         last: Optional[str] = None
-        # The copies awaiting their answer (attempt, endpoint, when it went),
-        # and what came from them, in order.
-        pending: List[Tuple[Deferred[Any], int, float]] = []
-        results: List[Tuple[int, float, Any]] = []
-        waking: List[Deferred[None]] = []
-        next_at: Optional[float] = now()  # when the next copy goes (None: no other)
-
-        def parse(answered: Tuple[IResponse, Optional[bytes]]) -> Tuple[IResponse, Optional[JSON]]:
-            response, body = answered
-            return response, None if body is None else self._parse(response.code, body)
-
-        def settled(result: Any, entry: Tuple[Deferred[Any], int, float]) -> None:
-            if entry in pending:  # (else: given up by this call, its result of no interest)
-                pending.remove(entry)
-                results.append((entry[1], entry[2], result))
-                if waking and not waking[-1].called:
-                    waking[-1].callback(None)
-
-        def give_up(_: object = None) -> None:
-            attempts_left = [attempt for attempt, _, _ in pending]
-            del pending[:]
-            for attempt in attempts_left:
-                attempt.cancel()
-
-        try:
-            while True:
-                while results:
-                    index, started, result = results.pop(0)
-                    if not isinstance(result, Failure):
-                        self._preferred = index
-                        if self._observer is not None:
-                            self._observe(operation, now() - started)
-                        response, answer = result
-                        return response if answer is None else answer
-                    error = result.value
-                    if isinstance(error, CancelledError):
-                        continue
-                    if isinstance(error, EtcdError) and not isinstance(error, EtcdUnavailable):
-                        result.raiseException()  # etcd answered: no retry
-                    unanswered = isinstance(error, _NoAnswer)
-                    # An attempt cut short by the deadline says less than the failure before it.
-                    if last is None or not unanswered:
-                        last = f"{self._endpoints[index]}: {_describe(cast(Exception, error))}"
-                    self._preferred = (index + 1) % count
-                    if unanswered:
-                        continue  # (a stream's copy, given up at its bound: the next one is due now)
-                    # It failed at once (refused, or etcd "unavailable"): the
-                    # next copy goes now, and after a pause every round.
-                    failures += 1
-                    at = now()
-                    if failures % count == 0:
-                        at += min(delay, max(0.0, deadline - now()))
-                        delay = min(delay * 2, RETRY_DELAY_MAX)
-                    next_at = at if next_at is None else min(next_at, at)
-                remaining = deadline - now()
-                if next_at is not None and now() >= next_at and remaining > 0:
-                    if pending:
-                        # The one before is unanswered after its bound: a copy
-                        # on the next endpoint, on a new connection.
-                        index = pending[-1][1]
-                        last = f"{self._endpoints[index]}: no answer within {bound:.3g} s"
-                        self._preferred = (index + 1) % count
-                    index = self._preferred
-                    url = self._endpoints[index] + "/v3" + path
-                    # The last copy takes what is left, rather than leave too little for another.
-                    final = remaining < bound * 1.5
-                    next_at = None if final else now() + bound
-                    # A stream's copy is given up at its bound; any other waits till the deadline.
-                    allowed = bound if stream and not final else remaining
-                    attempts += 1
-                    entry: Tuple[Deferred[Any], int, float] = (self._attempt(url, request, allowed, stream), index, now())
-                    pending.append(entry)
-                    entry[0].addCallback(parse).addBoth(settled, entry)
-                    continue
-                if not pending and (next_at is None or remaining <= 0):
-                    raise EtcdUnavailable(
-                        f"no etcd endpoint answered {operation} within {self._timeout} s "
-                        f"({attempts} attempt{'s' if attempts != 1 else ''}; last: {last})"
-                    )
-                wake: Deferred[None] = Deferred(give_up)
-                waking.append(wake)
-                timer = None
-                if next_at is not None:
-                    timer = self._reactor.callLater(max(0.0, min(next_at, deadline) - now()), wake.callback, None)
-                try:
-                    yield wake
-                finally:
-                    if timer is not None and timer.active():
-                        timer.cancel()
-        finally:
-            give_up()
+        while True:
+            remaining = deadline - now()
+            if remaining <= 0:
+                raise EtcdUnavailable(
+                    f"no etcd endpoint answered {operation} within {self._timeout} s "
+                    f"({attempts} attempt{'s' if attempts != 1 else ''}; last: {last})"
+                )
+            index = self._preferred
+            url = self._endpoints[index] + "/v3" + path
+            # The last attempt takes what is left, rather than leave too little for another.
+            allowed = remaining if remaining < bound * 1.5 else bound
+            attempts += 1
+            started = now()
+            try:
+                response, body = yield self._attempt(url, request, allowed, stream)
+                answer = None if body is None else self._parse(response.code, body)
+            except CancelledError:
+                raise
+            except Exception as e:
+                if isinstance(e, EtcdError) and not isinstance(e, EtcdUnavailable):
+                    raise  # etcd answered: no retry
+                unanswered = isinstance(e, _NoAnswer)
+                # An attempt cut short by the deadline says less than the failure before it.
+                if last is None or not (unanswered and allowed < bound):
+                    last = f"{self._endpoints[index]}: {_describe(e)}"
+            else:
+                self._preferred = index
+                if self._observer is not None:
+                    self._observe(operation, now() - started)
+                return response if answer is None else answer
+            self._preferred = (index + 1) % len(self._endpoints)
+            if unanswered:
+                # It waited out its time already, and its connection is
+                # closed: the next attempt goes at once, on another.
+                continue
+            failures += 1
+            if failures % len(self._endpoints) == 0:
+                yield deferLater(self._reactor, min(delay, max(0.0, deadline - now())))
+                delay = min(delay * 2, RETRY_DELAY_MAX)
 
     def _attempt(self, url: str, request: JSON, timeout: float, stream: bool) -> Deferred[Any]:
         """

@@ -3,13 +3,10 @@ L{jesync.cluster.etcd.EtcdClient}'s attempts and retries, on a fake clock
 and fake TCP (Twisted's L{MemoryReactorClock}): the real client, Agent and
 HTTP parser, with connections this test opens, answers and leaves silent.
 
- - An attempt that gets no answer by L{ATTEMPT_TIMEOUT} is copied at once
-   on a new connection, and goes on waiting; the request succeeds as soon
-   as one copy is answered, within the timeout, and the others are given
-   up with their connections.
- - How many copies go in a certainty window (TTL 3: 2.25 s; TTL 2: 1.5 s);
-   an etcd that is slow but answers (0.5 s, 1.5 s) is answered by the
-   first copy, after a few.
+ - An attempt that gets no answer is abandoned at L{ATTEMPT_TIMEOUT}, its
+   connection aborted, and the next goes at once on a new connection; the
+   request succeeds as soon as one attempt is answered, within the timeout.
+ - How many attempts fit in a certainty window (TTL 3: 2.25 s; TTL 2: 1.5 s).
  - What etcd answered (an error) is not tried again; a refused connection
    is, and so is etcd's "unavailable", after a short pause.
  - A campaign whose create was applied by an earlier copy of its request
@@ -98,7 +95,7 @@ class AttemptTests(SynchronousTestCase):
         self.etcd = FakeEtcd(reactor)
         return reactor, EtcdClient(reactor, list(endpoints), timeout)
 
-    def test_a_silent_attempt_is_copied_at_once_on_a_new_connection_and_the_first_answer_counts(self) -> None:
+    def test_a_silent_attempt_is_abandoned_with_its_connection_and_retried_at_once_on_a_new_one(self) -> None:
         reactor, client = self.client()
         got = client.get(b"k")
         self.assertEqual(self.etcd.connects, 1)
@@ -106,10 +103,11 @@ class AttemptTests(SynchronousTestCase):
         self.assertIn(b"POST /v3/kv/range HTTP/1.1", first.value())
         self.assertTrue(first.value().endswith(b'{"key":"aw=="}'), first.value())  # the body too, at once
         reactor.advance(ATTEMPT_TIMEOUT - 0.01)
-        self.assertEqual(self.etcd.connects, 1)
+        self.assertEqual((self.etcd.connects, first.disconnected), (1, False))
         reactor.advance(0.01)
-        # A copy on a new connection in the same instant; the first goes on waiting.
-        self.assertEqual((self.etcd.connects, first.disconnected), (2, False))
+        # Abandoned, its connection aborted (never back in the pool), and a new one opened in the same instant.
+        self.assertTrue(first.disconnected)
+        self.assertEqual(self.etcd.connects, 2)
         second = self.etcd.accept(1)
         self.assertIn(b"POST /v3/kv/range HTTP/1.1", second.value())
         reactor.advance(0.05)
@@ -117,33 +115,21 @@ class AttemptTests(SynchronousTestCase):
         revision, [kv] = self.successResultOf(got)
         self.assertEqual((revision, kv.key, kv.value), (9, b"k", b"v"))
         self.assertEqual(reactor.seconds(), ATTEMPT_TIMEOUT + 0.05)
-        # The one still unanswered is given up, with its connection (never back in the pool).
-        self.assertTrue(first.disconnected)
         # The next request goes on the connection that answered.
         reactor.advance(0)
         client.get(b"k")
         self.assertEqual(self.etcd.connects, 2)
         self.assertEqual(second.value().count(b"POST /v3/kv/range"), 2)
 
-    def test_a_late_answer_to_an_earlier_copy_counts(self) -> None:
-        reactor, client = self.client()
-        got = client.get(b"k")
-        first = self.etcd.accept(0)
-        reactor.advance(ATTEMPT_TIMEOUT + 0.1)
-        second = self.etcd.accept(1)
-        self.etcd.answer(0, http_answer(ANSWER))
-        self.assertEqual(self.successResultOf(got)[0], 9)
-        self.assertEqual((first.disconnected, second.disconnected), (False, True))
-
-    def test_a_connection_that_never_opens_is_copied_at_the_attempt_timeout_too(self) -> None:
+    def test_a_connection_that_never_opens_is_given_up_at_the_attempt_timeout_too(self) -> None:
         reactor, client = self.client()
         got = client.get(b"k")
         reactor.advance(ATTEMPT_TIMEOUT)
+        self.assertTrue(reactor.connectors[0].stoppedConnecting)
         self.assertEqual(self.etcd.connects, 2)
         self.etcd.accept(1)
         self.etcd.answer(0, http_answer(ANSWER))
         self.assertEqual(self.successResultOf(got)[0], 9)
-        self.assertTrue(reactor.connectors[0].stoppedConnecting)  # given up once answered
 
     def attempts_within(self, timeout: float) -> Tuple[List[float], str]:
         """When each attempt of a request nobody answers starts, and the error it ends with."""
@@ -160,9 +146,9 @@ class AttemptTests(SynchronousTestCase):
 
     def test_attempts_in_a_certainty_window(self) -> None:
         """
-        TTL 3 (a window of 2.25 s): six copies, one every 0.4 s, the last
-        when 0.25 s are left, each waiting till the deadline; TTL 2 (1.5 s):
-        four.  Every connection is given up.
+        TTL 3 (a window of 2.25 s): six attempts, each 0.4 s but the last
+        (0.25 s: what is left); TTL 2 (1.5 s): four.  Every connection is
+        given up.
         """
         started, error = self.attempts_within(2.25)
         self.assertEqual(started, [0.0, 0.4, 0.8, 1.2, 1.6, 2.0])
@@ -171,39 +157,6 @@ class AttemptTests(SynchronousTestCase):
         self.assertTrue(all(connector.stoppedConnecting for connector in self.reactor.connectors))
         started, _ = self.attempts_within(1.5)
         self.assertEqual(started, [0.0, 0.4, 0.8, 1.2])
-
-    def slow_etcd(self, delay: float, timeout: float) -> Tuple[float, int]:
-        """
-        A request to an etcd that answers every request C{delay} s after it
-        gets it (unless its connection was given up by then): when the
-        answer came, and how many copies etcd got.
-        """
-        reactor, client = self.client(timeout)
-        got = client.txn([Compare(b"c", "MOD", 0)], [Put(b"k", b"v")])
-        answer = http_answer(b'{"header":{"revision":"5"},"succeeded":true,"responses":[{"response_put":{}}]}')
-
-        def reply(index: int) -> None:
-            if not self.etcd.transports[index].disconnected:
-                self.etcd.answer(index, answer)
-
-        while not got.called:
-            while len(self.etcd.transports) < self.etcd.connects:
-                self.assertIn(b"POST /v3/kv/txn", self.etcd.accept(len(self.etcd.transports)).value())
-                reactor.callLater(delay, reply, len(self.etcd.transports) - 1)
-            reactor.advance(min(call.getTime() for call in reactor.getDelayedCalls()) - reactor.seconds())
-        self.assertTrue(self.successResultOf(got).succeeded)
-        return round(reactor.seconds(), 2), len(self.etcd.transports)
-
-    def test_a_slow_etcd_is_answered_after_a_few_copies(self) -> None:
-        """
-        Every request answered 0.5 s after it came (slow, but healthy): the
-        first copy's answer counts (one more went at 0.4 s), in a certainty
-        window (2.25 s) and with a timeout of 9 s alike; answered in 1.5 s,
-        the first copy's too (with three more).
-        """
-        self.assertEqual(self.slow_etcd(0.5, 2.25), (0.5, 2))
-        self.assertEqual(self.slow_etcd(0.5, 9.0), (0.5, 2))
-        self.assertEqual(self.slow_etcd(1.5, 9.0), (1.5, 4))
 
     def test_the_last_attempt_takes_what_is_left(self) -> None:
         """Rather than leave less than 0.6 s for one more: a timeout of 0.5 s is one attempt of 0.5 s."""

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import List
+from typing import List, Tuple, cast
 
+from twisted.internet.address import IPv4Address
 from twisted.internet.task import Clock
-from twisted.internet.testing import StringTransport
+from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
@@ -154,3 +155,179 @@ class ChannelTests(SynchronousTestCase):
         assert channel is not None
         self.assertEqual(channel.endpoints, [("a", 2379), ("b", 80)])
         self.assertIsNone(TxnChannel.beside(object()))
+
+
+# -- several requests in flight when time runs out or the connection goes --------
+#
+# The channel on a MemoryReactorClock: each connection it opens is taken
+# from the reactor's connectTCP calls and made on a StringTransport, so a
+# test sees what was written on which connection, and answers it when it
+# says.  The channel never retries (its module docstring): what it could
+# not answer fails with ChannelError, and the caller (the journal, below)
+# sends it again through the client.
+
+
+def tagged(n: int) -> List[Put]:
+    """A transaction's success operations, told apart by their last write (as the journal's tags)."""
+    return [Put(b"/held/a", b"17"), Put(b"/c", b"%d" % n)]
+
+
+def written(data: bytes) -> List[dict]:
+    """The request bodies in C{data}, as JSON, in order."""
+    bodies = []
+    while data:
+        head, _, rest = data.partition(b"\r\n\r\n")
+        assert head.startswith(b"POST /v3/kv/txn HTTP/1.1\r\n"), head
+        length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+        bodies.append(json.loads(rest[:length]))
+        data = rest[length:]
+    return bodies
+
+
+def tag_of(body: dict) -> bytes:
+    return base64.b64decode(body["success"][-1]["request_put"]["value"])
+
+
+class Wire:
+    """The channel's connection number C{index} (from 0), made now on an in-memory transport."""
+
+    def __init__(self, reactor: MemoryReactorClock, index: int) -> None:
+        host, port, factory, _, _ = reactor.tcpClients[index]
+        self.address = (host, port)
+        self.protocol = factory.buildProtocol(IPv4Address("TCP", host, port))
+        self.transport = StringTransport()
+        self.protocol.makeConnection(self.transport)
+
+    def tags(self) -> List[bytes]:
+        """The tags of the requests written on this connection, in order."""
+        return [tag_of(body) for body in written(self.transport.value())]
+
+    def receive(self, data: bytes) -> None:
+        self.protocol.dataReceived(data)
+
+
+class PipelinedTimeoutTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.reactor = MemoryReactorClock()
+        self.channel = TxnChannel(self.reactor, [("127.0.0.1", 2379), ("127.0.0.2", 2379)], 0.5)
+        # What each request's Deferred fired with, in the order they fired: (tag, revision or error).
+        self.fired: List[Tuple[int, object]] = []
+
+    def post(self, n: int) -> None:
+        def done(result: object) -> None:
+            if isinstance(result, Failure):
+                self.fired.append((n, result.type))
+            else:
+                self.fired.append((n, cast(TxnResult, result).revision))
+
+        self.channel.txn(COMPARE, tagged(n), FAILURE_OPS).addBoth(done)
+
+    def test_silence_past_the_deadline_fails_the_unanswered_in_order_and_not_the_answered_one(self) -> None:
+        for n in (1, 2, 3):
+            self.post(n)
+        self.assertEqual(len(self.reactor.tcpClients), 1)  # one connection for all three
+        old = Wire(self.reactor, 0)
+        self.assertEqual(old.tags(), [b"1", b"2", b"3"])  # pipelined: all written at once, in order
+        old.receive(answer(SUCCESS))
+        self.assertEqual(self.fired, [(1, 12)])
+        self.reactor.advance(0.49)
+        self.assertEqual(self.fired, [(1, 12)])
+        self.reactor.advance(0.02)  # the second's deadline (0.5 s after it was written)
+        self.assertEqual(self.fired, [(1, 12), (2, ChannelError), (3, ChannelError)])
+        self.assertTrue(old.transport.disconnected)  # abandoned with its connection
+        self.assertIsNone(self.channel._connection)
+        # The channel sends nothing again itself; the next requests go on a
+        # fresh connection, to the next endpoint, and are answered there.
+        self.assertEqual(len(self.reactor.tcpClients), 1)
+        self.post(2)
+        self.post(3)
+        self.assertEqual(len(self.reactor.tcpClients), 2)
+        fresh = Wire(self.reactor, 1)
+        self.assertEqual(fresh.address, ("127.0.0.2", 2379))
+        self.assertEqual(fresh.tags(), [b"2", b"3"])
+        later = dict(SUCCESS, header={"revision": "13"})
+        fresh.receive(answer(later) + answer(dict(SUCCESS, header={"revision": "14"})))
+        self.assertEqual(self.fired[3:], [(2, 13), (3, 14)])
+        self.assertEqual(old.tags(), [b"1", b"2", b"3"])  # nothing more on the old one
+
+    def test_an_answer_on_the_abandoned_connection_is_never_matched_to_a_later_request(self) -> None:
+        self.post(1)
+        self.post(2)
+        old = Wire(self.reactor, 0)
+        self.reactor.advance(0.5)
+        self.assertEqual(self.fired, [(1, ChannelError), (2, ChannelError)])
+        self.post(3)
+        fresh = Wire(self.reactor, 1)
+        self.assertEqual(fresh.tags(), [b"3"])
+        # The old connection's answers arrive late (the abort not yet taken
+        # effect): ignored, neither fired nor taken for the fresh one's.
+        old.receive(answer(SUCCESS) + answer(REFUSED))
+        self.assertEqual(len(self.fired), 2)
+        self.assertIs(self.channel._connection, fresh.protocol._wrappedProtocol)
+        fresh.receive(answer(dict(SUCCESS, header={"revision": "20"})))
+        self.assertEqual(self.fired[2:], [(3, 20)])
+
+    def test_a_connection_lost_with_requests_in_flight_fails_them_in_order_and_the_next_go_on_a_fresh_one(self) -> None:
+        for n in range(1, 6):
+            self.post(n)
+        old = Wire(self.reactor, 0)
+        old.receive(answer(SUCCESS) + answer(REFUSED)[:30])  # the first answered, the second half
+        old.protocol.connectionLost(Failure(ConnectionError("reset")))
+        self.assertEqual(self.fired, [(1, 12)] + [(n, ChannelError) for n in range(2, 6)])
+        self.assertIsNone(self.channel._connection)
+        self.post(6)
+        fresh = Wire(self.reactor, 1)
+        self.assertEqual(fresh.tags(), [b"6"])
+        fresh.receive(answer(SUCCESS))
+        self.assertEqual(self.fired[5:], [(6, 12)])
+        self.reactor.advance(1)  # no timer of the lost connection is left to fire
+        self.assertEqual(len(self.fired), 6)
+
+    def test_each_request_on_a_connection_has_its_own_deadline(self) -> None:
+        self.post(1)
+        wire = Wire(self.reactor, 0)
+        self.reactor.advance(0.3)
+        self.post(2)
+        self.reactor.advance(0.1)
+        wire.receive(answer(SUCCESS))  # the first, in time
+        self.reactor.advance(0.39)  # 0.79 s: the second has waited 0.49 s
+        self.assertEqual(self.fired, [(1, 12)])
+        self.assertFalse(wire.transport.disconnected)
+        self.reactor.advance(0.02)
+        self.assertEqual(self.fired, [(1, 12), (2, ChannelError)])
+        self.assertTrue(wire.transport.disconnected)
+
+    def test_a_request_waiting_for_a_connection_that_never_opens_fails_with_the_others(self) -> None:
+        self.post(1)
+        self.reactor.advance(0.3)
+        self.post(2)
+        self.reactor.advance(0.2)  # the connection attempt's deadline
+        self.assertEqual(self.fired, [(1, ChannelError), (2, ChannelError)])
+        self.post(3)
+        self.assertEqual(len(self.reactor.tcpClients), 2)
+        fresh = Wire(self.reactor, 1)
+        self.assertEqual((fresh.address, fresh.tags()), (("127.0.0.2", 2379), [b"3"]))
+
+    def test_a_half_received_answer_when_time_runs_out_is_never_used(self) -> None:
+        for chunked in (False, True):
+            self.fired.clear()
+            self.post(1)
+            self.post(2)
+            wire = Wire(self.reactor, len(self.reactor.tcpClients) - 1)
+            second = answer(REFUSED, chunked=chunked)
+            cut = second.index(b"\r\n\r\n") + 4 + 20  # the head and part of the body
+            wire.receive(answer(SUCCESS) + second[:cut])
+            self.assertEqual(self.fired, [(1, 12)])
+            self.reactor.advance(0.5)
+            self.assertEqual(self.fired, [(1, 12), (2, ChannelError)])
+            wire.receive(second[cut:])  # the rest, late: not used
+            self.assertEqual(len(self.fired), 2)
+            # A fresh connection parses from scratch: its first answer is its first request's.
+            self.post(3)
+            fresh = Wire(self.reactor, len(self.reactor.tcpClients) - 1)
+            self.assertEqual(fresh.tags(), [b"3"])
+            fresh.receive(answer(dict(SUCCESS, header={"revision": "30"}), chunked=chunked))
+            self.assertEqual(self.fired[2:], [(3, 30)])
+            self.reactor.advance(0.5)  # (nothing left waiting: no failure)
+            self.assertEqual(len(self.fired), 3)
+            fresh.protocol.connectionLost(Failure(ConnectionError("closed")))  # (the next round connects anew)

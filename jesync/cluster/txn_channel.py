@@ -22,14 +22,16 @@ The rules:
    round trip of the one before it.  (Over several connections they race:
    measured at 8 in flight, nine in ten journal transactions reached etcd
    before their predecessor.)
- - B{It never retries.}  An answer not in time (C{timeout}), a connection
-   refused or lost, or anything but a well-formed HTTP answer fails the
-   request with L{ChannelError} (and drops its connection; new ones go to
-   the next endpoint): the caller retries through L{EtcdClient}, which
-   tries every endpoint within its deadline.  So a transaction may apply
-   twice (a copy sent here whose answer was lost, and the retry), as with
-   L{EtcdClient}: callers guard their transactions (the journal's chain
-   does).
+ - B{It never retries.}  An answer not in time (C{timeout}, counted from
+   when the request was posted, a wait for the connection to open
+   included: so an attempt here never takes more than C{timeout}), a
+   connection refused or lost, or anything but a well-formed HTTP answer
+   fails the request with L{ChannelError} (and drops its connection; new
+   ones go to the next endpoint): the caller retries through
+   L{EtcdClient}, which tries every endpoint within its deadline.  So a
+   transaction may apply twice (a copy sent here whose answer was lost,
+   and the retry), as with L{EtcdClient}: callers guard their
+   transactions (the journal's chain does).
  - etcd's own error answers are L{EtcdError}, as L{EtcdClient} raises them.
  - Plain C{http://} only: with an C{https://} endpoint, L{for_endpoints}
    gives None and everything goes through L{EtcdClient}.
@@ -113,8 +115,11 @@ class _Connection(Protocol):
         if no_delay is not None:
             no_delay(True)
 
-    def send(self, request: bytes, answer: Deferred[_Answer]) -> None:
-        self.waiting.append((answer, self.channel.reactor.seconds() + self.channel.timeout))
+    def send(self, request: bytes, answer: Deferred[_Answer], deadline: Optional[float] = None) -> None:
+        """Write C{request}; C{answer} fails if not answered by C{deadline} (default: C{timeout} from now)."""
+        if deadline is None:
+            deadline = self.channel.reactor.seconds() + self.channel.timeout
+        self.waiting.append((answer, deadline))
         if self.timer is None:
             self._watch()
         assert self.transport is not None
@@ -262,8 +267,9 @@ class TxnChannel:
         self._endpoint = 0
         self._connection: Optional[_Connection] = None
         self._connecting = False
-        # Requests waiting for the connection to open.
-        self._queue: List[Tuple[bytes, Deferred[_Answer]]] = []
+        # Requests waiting for the connection to open, each with its
+        # deadline (C{timeout} from when it was posted, not from when it is written).
+        self._queue: List[Tuple[bytes, Deferred[_Answer], float]] = []
         self._closed = False
         self._heads: Dict[int, bytes] = {}
         self._encoded: Dict[Any, bytes] = {}
@@ -389,7 +395,7 @@ class TxnChannel:
         elif self._connection is not None:
             self._connection.send(request, answer)
         else:
-            self._queue.append((request, answer))
+            self._queue.append((request, answer, self.reactor.seconds() + self.timeout))
             if not self._connecting:
                 self._connect()
         return answer
@@ -418,8 +424,8 @@ class TxnChannel:
                 return
             self._connection = connection
             queue, self._queue = self._queue, []
-            for request, answer in queue:
-                connection.send(request, answer)
+            for request, answer, deadline in queue:
+                connection.send(request, answer, deadline)
 
         def refused(reason: Failure) -> None:
             if timer.active():
@@ -427,7 +433,7 @@ class TxnChannel:
             self._connecting = False
             self._next_endpoint()
             queue, self._queue = self._queue, []
-            for _, answer in queue:
+            for _, answer, _ in queue:
                 answer.errback(Failure(ChannelError(f"could not connect: {reason.getErrorMessage()}")))
 
         connecting.addCallbacks(connected, refused)
@@ -446,7 +452,7 @@ class TxnChannel:
         """Drop the connection; requests still waiting fail with L{ChannelError}."""
         self._closed = True
         queue, self._queue = self._queue, []
-        for _, answer in queue:
+        for _, answer, _ in queue:
             answer.errback(Failure(ChannelError("the channel is closed")))
         if self._connection is not None:
             self._connection._fail(ChannelError("the channel is closed"))

@@ -308,6 +308,17 @@ class PipelinedTimeoutTests(SynchronousTestCase):
         fresh = Wire(self.reactor, 1)
         self.assertEqual((fresh.address, fresh.tags()), (("127.0.0.2", 2379), [b"3"]))
 
+    def test_a_request_queued_while_connecting_fails_at_its_own_deadline(self) -> None:
+        self.post(1)
+        self.reactor.advance(0.4)
+        wire = Wire(self.reactor, 0)  # connected late, within the connection attempt's deadline
+        self.assertEqual(wire.tags(), [b"1"])
+        self.reactor.advance(0.09)
+        self.assertEqual(self.fired, [])
+        self.reactor.advance(0.02)  # 0.51 s after it was posted
+        self.assertEqual(self.fired, [(1, ChannelError)])
+        self.assertTrue(wire.transport.disconnected)
+
     def test_a_half_received_answer_when_time_runs_out_is_never_used(self) -> None:
         for chunked in (False, True):
             self.fired.clear()

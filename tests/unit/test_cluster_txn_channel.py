@@ -1,33 +1,45 @@
 """
 L{jesync.cluster.txn_channel}: etcd transactions written from pre-encoded
 pieces, pipelined on one connection and answered in turn, on a fake clock
-and an in-memory transport.  (tests/etcd/test_cluster_journal.py runs the
-journal, and so this channel, against a real etcd.)
+and an in-memory transport; with several requests in flight when time runs
+out or the connection goes, the unanswered fail in order, the answered one
+stands, and nothing of an abandoned connection is used again; and the
+journal over it, whose unanswered transactions go again through the client,
+in order, within its cap on what is in flight.  (tests/etcd/
+test_cluster_journal.py runs the journal, and so this channel, against a
+real etcd.)
 """
 
 from __future__ import annotations
 
 import base64
 import json
-from typing import List, Tuple, cast
+from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
 
 from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.cluster.etcd import (
+    _COMPARE_FIELDS,
     Compare,
     Delete,
     EtcdError,
     Get,
+    KeyValue,
+    Operation,
     Put,
     TxnResult,
     _encode_compare,
     _encode_operation,
 )
+from jesync.cluster.journal import MAX_IN_FLIGHT, Journal, Layout
 from jesync.cluster.txn_channel import ChannelError, TxnChannel, _Connection
+from jesync.service import LockService
+from jesync.sessions import SessionTable
 
 
 def b64(data: bytes) -> str:
@@ -52,7 +64,7 @@ REFUSED = {
     ],
 }
 COMPARE = [Compare(b"/l", "CREATE", 3), Compare(b"/c", "VALUE", b"3:1:0")]
-SUCCESS_OPS = [Put(b"/held/a", b"17"), Delete(b"/held/b"), Put(b"/c", b"3:2:0")]
+SUCCESS_OPS: List[Operation] = [Put(b"/held/a", b"17"), Delete(b"/held/b"), Put(b"/c", b"3:2:0")]
 FAILURE_OPS = [Get(b"/l"), Get(b"/c")]
 
 
@@ -194,7 +206,8 @@ class Wire:
     def __init__(self, reactor: MemoryReactorClock, index: int) -> None:
         host, port, factory, _, _ = reactor.tcpClients[index]
         self.address = (host, port)
-        self.protocol = factory.buildProtocol(IPv4Address("TCP", host, port))
+        self.protocol: Any = factory.buildProtocol(IPv4Address("TCP", host, port))  # (the endpoint's wrapper)
+        assert self.protocol is not None
         self.transport = StringTransport()
         self.protocol.makeConnection(self.transport)
 
@@ -342,3 +355,233 @@ class PipelinedTimeoutTests(SynchronousTestCase):
             self.reactor.advance(0.5)  # (nothing left waiting: no failure)
             self.assertEqual(len(self.fired), 3)
             fresh.protocol.connectionLost(Failure(ConnectionError("closed")))  # (the next round connects anew)
+
+
+# -- the journal over the channel: what the channel could not answer goes again -----
+#
+# The journal (jesync.cluster.journal) sends its chain through a real
+# channel whose connections are Wires answered from a fake etcd's store,
+# and sends what the channel failed through that fake etcd as the client
+# (tests/unit/test_cluster_journal.py has the chain's rules alone).
+
+
+class FakeEtcd:
+    """A key-value store with revisions, and as the client: the transactions sent, applied when the test says."""
+
+    def __init__(self) -> None:
+        self.revision = 1
+        self.kvs: Dict[bytes, KeyValue] = {}
+        self.sent: List[Sent] = []
+
+    def put(self, key: bytes, value: bytes) -> int:
+        self.revision += 1
+        old = self.kvs.get(key)
+        self.kvs[key] = KeyValue(key, value, old.create_revision if old else self.revision, self.revision, 0)
+        return self.revision
+
+    def txn(self, compare: Sequence[Compare], success: Sequence[Operation], failure: Sequence[Operation] = ()) -> Deferred[TxnResult]:
+        sent = Sent(self, compare, success, failure)
+        self.sent.append(sent)
+        return sent.answer
+
+    def holds(self, condition: Compare) -> bool:
+        kv = self.kvs.get(condition.key)
+        if condition.target == "VALUE":
+            return kv is not None and kv.value == condition.value
+        field = {"CREATE": "create_revision", "MOD": "mod_revision"}[condition.target]
+        return (getattr(kv, field) if kv else 0) == condition.value
+
+    def evaluate(self, compare: Sequence[Compare], success: Sequence[Operation], failure: Sequence[Operation]) -> TxnResult:
+        succeeded = all(self.holds(condition) for condition in compare)
+        responses: List[Optional[List[KeyValue]]] = []
+        written = False
+        for operation in success if succeeded else failure:
+            if isinstance(operation, Get):
+                kv = self.kvs.get(operation.key)
+                responses.append([kv] if kv else [])
+                continue
+            if not written:
+                self.revision += 1
+                written = True
+            if isinstance(operation, Put):
+                old = self.kvs.get(operation.key)
+                created = old.create_revision if old else self.revision
+                self.kvs[operation.key] = KeyValue(operation.key, operation.value, created, self.revision, 0)
+            else:
+                for key in [key for key in self.kvs if key == operation.key or (operation.prefix and key.startswith(operation.key))]:
+                    del self.kvs[key]
+            responses.append(None)
+        return TxnResult(succeeded, self.revision, responses)
+
+
+class Sent:
+    """A transaction sent through the client, awaiting the test."""
+
+    def __init__(self, etcd: FakeEtcd, compare: Sequence[Compare], success: Sequence[Operation], failure: Sequence[Operation]) -> None:
+        self.etcd = etcd
+        self.request = (list(compare), list(success), list(failure))
+        self.answer: Deferred[TxnResult] = Deferred()
+
+    @property
+    def tag(self) -> bytes:
+        return cast(Put, self.request[1][-1]).value
+
+    def commit(self) -> None:
+        """etcd applies it and answers."""
+        self.answer.callback(self.etcd.evaluate(*self.request))
+
+
+def decode_compare(item: dict) -> Compare:
+    target = item["target"]
+    raw = item.get(_COMPARE_FIELDS[target], "")
+    value = base64.b64decode(raw) if target == "VALUE" else int(raw or 0)
+    return Compare(base64.b64decode(item["key"]), target, value, item.get("result", "EQUAL"))
+
+
+def decode_operation(item: dict) -> Operation:
+    if "request_put" in item:
+        put = item["request_put"]
+        return Put(base64.b64decode(put["key"]), base64.b64decode(put.get("value", "")))
+    if "request_delete_range" in item:
+        span = item["request_delete_range"]
+        return Delete(base64.b64decode(span["key"]), prefix="range_end" in span)
+    span = item["request_range"]
+    return Get(base64.b64decode(span["key"]), prefix="range_end" in span)
+
+
+def encode_result(result: TxnResult) -> dict:
+    responses: List[dict] = []
+    for found in result.responses:
+        if found is None:
+            responses.append({"response_put": {}})
+        else:
+            kvs = [
+                {"key": b64(kv.key), "value": b64(kv.value), "create_revision": str(kv.create_revision), "mod_revision": str(kv.mod_revision)}
+                for kv in found
+            ]
+            responses.append({"response_range": {"kvs": kvs}})
+    return {"header": {"revision": str(result.revision)}, "succeeded": result.succeeded, "responses": responses}
+
+
+class EtcdWire(Wire):
+    """A connection of the channel to the fake etcd C{etcd}, which applies and answers what is written when told."""
+
+    def __init__(self, reactor: MemoryReactorClock, index: int, etcd: FakeEtcd) -> None:
+        super().__init__(reactor, index)
+        self.etcd = etcd
+        self.applied: List[bytes] = []  # the answers of the requests applied so far, in order
+
+    def apply(self) -> None:
+        """etcd applies the next request written (its answer kept for L{reply})."""
+        body = written(self.transport.value())[len(self.applied)]
+        result = self.etcd.evaluate(
+            [decode_compare(item) for item in body["compare"]],
+            [decode_operation(item) for item in body["success"]],
+            [decode_operation(item) for item in body["failure"]],
+        )
+        self.applied.append(answer(encode_result(result)))
+
+    def reply(self, first: int, last: int) -> None:
+        """The answers of the requests applied, C{first} to C{last} (from 0, inclusive), arrive."""
+        self.receive(b"".join(self.applied[first : last + 1]))
+
+
+class JournalOverChannelTests(SynchronousTestCase):
+    def setUp(self) -> None:
+        self.reactor = MemoryReactorClock()
+        self.etcd = FakeEtcd()
+        self.layout = Layout("c")
+        self.election = self.etcd.put(self.layout.leader, b"this member")
+        self.locks = LockService(self.reactor)
+        self.sessions = SessionTable(self.reactor, self.locks)
+        self.failures: List[str] = []
+        self.channel = TxnChannel(self.reactor, [("127.0.0.1", 2379)], 0.5)
+        self.journal = Journal(
+            self.etcd,  # type: ignore[arg-type]
+            self.layout,
+            self.election,
+            self.locks,
+            self.reactor,
+            on_failure=self.failures.append,
+            channel=self.channel,
+        )
+        self.locks.observer = self.journal
+        self.addCleanup(self.journal.stop)
+        self.replied: List[str] = []  # the replies released, in order
+
+    def turn(self, key: str) -> None:
+        """A lock in a reactor turn of its own (a batch, one transaction); its reply noted in L{replied}."""
+        session = self.sessions.start(object())
+        self.addCleanup(session.end)
+        self.locks.request(key, session, 1, 0, 0)
+        waiting = self.journal.durable()
+        assert waiting is not None
+        waiting.addCallback(lambda _: self.replied.append(key))
+        self.reactor.advance(0)
+
+    def test_the_unanswered_go_again_through_the_client_in_order_and_the_answered_one_does_not(self) -> None:
+        for key in "abc":
+            self.turn(key)
+        wire = EtcdWire(self.reactor, 0, self.etcd)
+        tags = wire.tags()
+        self.assertEqual(len(tags), 3)  # pipelined
+        wire.apply()
+        wire.reply(0, 0)
+        self.assertEqual(self.replied, ["a"])
+        self.reactor.advance(0.5)  # the connection silent: the other two abandoned
+        self.assertEqual([request.tag for request in self.etcd.sent], tags[1:])  # in order, not the first
+        self.assertEqual(self.replied, ["a"])
+        for request in self.etcd.sent:
+            request.commit()
+        self.assertEqual(self.replied, ["a", "b", "c"])
+        self.assertEqual((self.journal.transactions, self.failures), (3, []))
+        # What comes next goes on a fresh connection.
+        self.turn("d")
+        self.assertEqual(len(self.reactor.tcpClients), 2)
+        fresh = EtcdWire(self.reactor, 1, self.etcd)
+        fresh.apply()
+        fresh.reply(0, 0)
+        self.assertEqual((self.replied, self.failures), (["a", "b", "c", "d"], []))
+
+    def test_a_lost_connection_sends_its_requests_again_in_order_within_the_cap_on_what_is_in_flight(self) -> None:
+        keys = [f"k{n}" for n in range(MAX_IN_FLIGHT + 2)]
+        for key in keys:
+            self.turn(key)
+        wire = EtcdWire(self.reactor, 0, self.etcd)
+        tags = wire.tags()
+        self.assertEqual(len(tags), MAX_IN_FLIGHT)  # the last two wait, as one batch
+        wire.protocol.connectionLost(Failure(ConnectionError("reset")))
+        self.assertEqual([request.tag for request in self.etcd.sent], tags)  # all again, in order
+        self.assertEqual(len(self.reactor.tcpClients), 1)  # nothing more: eight are in flight
+        self.etcd.sent[0].commit()
+        self.assertEqual(self.replied, keys[:1])
+        self.assertEqual(len(self.reactor.tcpClients), 2)  # a place came free: the waiting batch goes
+        fresh = EtcdWire(self.reactor, 1, self.etcd)
+        self.assertEqual(len(fresh.tags()), 1)
+        for request in self.etcd.sent[1:]:
+            request.commit()
+        self.assertEqual(self.replied, keys[:MAX_IN_FLIGHT])
+        fresh.apply()
+        fresh.reply(0, 0)
+        self.assertEqual((self.replied, self.failures), (keys, []))
+        self.assertEqual(len(self.etcd.sent), MAX_IN_FLIGHT)
+
+    def test_copies_applied_on_the_abandoned_connection_are_harmless_and_their_late_answers_ignored(self) -> None:
+        for key in "abc":
+            self.turn(key)
+        wire = EtcdWire(self.reactor, 0, self.etcd)
+        for _ in range(3):
+            wire.apply()  # all three in etcd...
+        wire.reply(0, 0)  # ...but only the first's answer arrives in time
+        self.reactor.advance(0.5)
+        self.assertEqual(len(self.etcd.sent), 2)
+        for request in self.etcd.sent:
+            request.commit()  # refused (the commit key holds the third's tag): applied already
+        self.assertEqual((self.replied, self.failures), (["a", "b", "c"], []))
+        wire.reply(1, 2)  # the old connection's answers, late: ignored
+        self.turn("d")
+        fresh = EtcdWire(self.reactor, 1, self.etcd)
+        fresh.apply()
+        fresh.reply(0, 0)
+        self.assertEqual((self.replied, self.failures), (["a", "b", "c", "d"], []))
+        self.assertEqual(self.journal.resent, 0)

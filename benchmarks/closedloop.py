@@ -162,7 +162,9 @@ def run_closed_loop(cpus, open_conns: Callable[[Tally], list], reply: Reply, war
         os.sched_setaffinity(0, cpus)
     tally = Tally()
     conns = open_conns(tally)
-    cpu = closed_loop(conns, reply, warmup, seconds, pipe)
-    for conn in conns:
-        conn.sock.close()
+    try:
+        cpu = closed_loop(conns, reply, warmup, seconds, pipe)
+    finally:
+        for conn in conns:
+            conn.sock.close()
     pipe.send((tally.cycles, tally.latencies, tally.retries, cpu))

@@ -89,7 +89,9 @@ from pathlib import Path
 from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loadgen import (  # noqa: E402  (benchmarks/ is on sys.path)
+import closedloop  # noqa: E402  (benchmarks/ is on sys.path)
+from closedloop import CYCLE, RECORD, Tally, closed_loop  # noqa: E402
+from loadgen import (  # noqa: E402
     REPO,
     ProtocolError,
     Server,
@@ -111,9 +113,7 @@ CONNECT_TIMEOUT = 30.0  # seconds for a client process to open and set up all it
 
 
 def connect(address) -> socket.socket:
-    sock = socket.create_connection(address, timeout=CONNECT_TIMEOUT)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
+    return closedloop.connect(address, CONNECT_TIMEOUT)
 
 
 def read_until(sock: socket.socket, end: bytes, buffer: bytes = b"") -> tuple[bytes, bytes]:
@@ -320,62 +320,48 @@ class RoleCounts:
     waits: list[int] = field(default_factory=list)  # ns, the first step of each cycle completed in the window
 
 
+class RoleConn(closedloop.Conn):
+    __slots__ = ("role", "step")
+
+    def __init__(self, sock: socket.socket, role: Role, tally: Tally) -> None:
+        super().__init__(sock, role.steps[0][0], tally)
+        self.role = role
+        self.step = 0
+
+
+def role_reply(conn: RoleConn, buffer: bytes) -> tuple[int, bytes, int] | None:
+    """
+    closedloop's reply handler: a line that starts as the step expects; the
+    first step's reply ends a wait, the last step's a cycle.
+    """
+    newline = buffer.find(b"\n")
+    if newline < 0:
+        return None
+    line = buffer[:newline]
+    steps = conn.role.steps
+    step = conn.step
+    if not line.startswith(steps[step][1]):
+        raise ProtocolError(f"{conn.role.name}: {steps[step][0]!r} -> {line!r}")
+    flags = RECORD if step == 0 else 0
+    step += 1
+    if step == len(steps):
+        step = 0
+        flags |= CYCLE
+    conn.step = step
+    return newline + 1, steps[step][0], flags
+
+
 def loop_worker(address, clients: list[Role], warmup: float, seconds: float, pipe) -> None:
     """
-    Connect one socket per client, say "ready", wait for the start time,
-    run every client's cycle until the end of the window and send
-    ({role: RoleCounts}, CPU seconds in the window).
+    Connect one socket per client, then closedloop's loop over every
+    client's cycle; send ({role: RoleCounts}, CPU seconds in the window).
     """
-    poller = select.epoll()
-    conns = {}
-    for role in clients:
-        sock = connect(address)
-        sock.setblocking(False)
-        conns[sock.fileno()] = SimpleNamespace(sock=sock, role=role, step=0, sent=0, buffer=b"")
-        poller.register(sock.fileno(), select.EPOLLIN)
-    pipe.send("ready")
-    start = pipe.recv()
-    time.sleep(max(0.0, start - time.monotonic()))
-    clock = time.perf_counter_ns
-    offset = clock() - int(time.monotonic() * 1e9)
-    window_start = int((start + warmup) * 1e9) + offset
-    end = int((start + warmup + seconds) * 1e9) + offset
-    counts = {role.name: RoleCounts() for role in clients}
-    cpu_at_window = None
-    now = clock()
-    for conn in conns.values():
-        conn.sent = now
-        conn.sock.send(conn.role.steps[0][0])
-    while now < end:
-        if cpu_at_window is None and now >= window_start:
-            cpu_at_window = time.process_time()
-        for fd, _ in poller.poll(0.05):
-            conn = conns[fd]
-            data = conn.sock.recv(65536)
-            if not data:
-                raise ProtocolError(f"the server closed a {conn.role.name} connection")
-            buffer = conn.buffer + data
-            while (newline := buffer.find(b"\n")) >= 0:
-                line, buffer = buffer[:newline], buffer[newline + 1 :]
-                steps = conn.role.steps
-                if not line.startswith(steps[conn.step][1]):
-                    raise ProtocolError(f"{conn.role.name}: {steps[conn.step][0]!r} -> {line!r}")
-                now = clock()
-                if now >= window_start and now < end:
-                    role_counts = counts[conn.role.name]
-                    if conn.step == 0:
-                        role_counts.waits.append(now - conn.sent)
-                    if conn.step == len(steps) - 1:
-                        role_counts.cycles += 1
-                conn.step = (conn.step + 1) % len(steps)
-                conn.sent = now
-                conn.sock.send(steps[conn.step][0])
-            conn.buffer = buffer
-        now = clock()
-    cpu = time.process_time() - (cpu_at_window or time.process_time())
-    for conn in conns.values():
+    tallies = {role.name: Tally() for role in clients}
+    conns = [RoleConn(connect(address), role, tallies[role.name]) for role in clients]
+    cpu = closed_loop(conns, role_reply, warmup, seconds, pipe, poll_timeout=0.05)
+    for conn in conns:
         conn.sock.close()
-    pipe.send((counts, cpu))
+    pipe.send(({name: RoleCounts(t.cycles, t.latencies) for name, t in tallies.items()}, cpu))
 
 
 def jesync_locker(name: str, key: bytes, shared: bool = False) -> Role:

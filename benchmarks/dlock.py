@@ -91,16 +91,16 @@ from __future__ import annotations
 
 import argparse
 import os
-import select
 import socket
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import closedloop  # noqa: E402
+from closedloop import DONE, Tally, connect, run_closed_loop  # noqa: E402
 from loadgen import (  # noqa: E402
     BACKLOG,
     REPO,
@@ -215,86 +215,58 @@ def self_test(address: tuple[str, int], workload: str, reference: bool) -> None:
 # -- one load-generator process ----------------------------------------------------
 
 
-class Conn:
-    __slots__ = ("buffer", "sock", "started", "step", "steps")
+class Conn(closedloop.Conn):
+    __slots__ = ("step", "steps")
 
-    def __init__(self, sock: socket.socket, steps: list[bytes]) -> None:
-        self.sock = sock
+    def __init__(self, sock: socket.socket, steps: list[bytes], tally: Tally) -> None:
+        super().__init__(sock, steps[0], tally)
         self.steps = steps
         self.step = 0
-        self.started = 0
-        self.buffer = b""
+
+
+parse_response = Response.FromString
+
+
+def dlock_reply(conn: Conn, buffer: bytes) -> tuple[int, bytes, int] | None:
+    """
+    closedloop's reply handler for dlock's framing (a 4-byte big-endian
+    length, then a Response): the response must be Ok and answer the step
+    out; after the last step the cycle is done.
+    """
+    if len(buffer) < 4:
+        return None
+    size = int.from_bytes(buffer[:4], "big") + 4
+    if len(buffer) < size:
+        return None
+    response = parse_response(buffer[4:size])
+    step = conn.step + 1
+    if response.status != Ok or response.request_id != step:
+        raise ProtocolError(f"unexpected response {response!r}".replace("\n", " "))
+    if step == len(conn.steps):
+        conn.step = 0
+        return size, conn.steps[0], DONE
+    conn.step = step
+    return size, conn.steps[step], 0
 
 
 def dlock_worker(address, workload: str, reference: bool, tag: str, indices: list[int], warmup, seconds, cpus, pipe) -> None:
     """
     loadgen.run_worker for dlock's framing: connect, run each connection's
-    set-up, wait for the start time the parent sends, run the closed loop,
-    send back (cycles, latencies in ns, 0 retries, CPU seconds) for the
-    window.
+    set-up, then closedloop's loop; sends back (cycles, latencies in ns, 0
+    retries, CPU seconds) for the window.
     """
-    if cpus:
-        os.sched_setaffinity(0, cpus)
-    poller = select.epoll()
-    conns: dict[int, Conn] = {}
-    for index in indices:
-        sock = socket.create_connection(address)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        setup, steps, _ = conversation(workload, reference, tag, index)
-        for request in setup:
-            call(sock, request)
-        sock.setblocking(False)
-        conns[sock.fileno()] = Conn(sock, steps)
-        poller.register(sock.fileno(), select.EPOLLIN)
-    pipe.send("ready")
-    start = pipe.recv()
-    time.sleep(max(0.0, start - time.monotonic()))
 
-    parse = Response.FromString
-    clock = time.perf_counter_ns
-    offset = clock() - int(time.monotonic() * 1e9)
-    window_start = int((start + warmup) * 1e9) + offset
-    end = int((start + warmup + seconds) * 1e9) + offset
-    latencies: list[int] = []
-    record = latencies.append
-    cpu_at_window = None
+    def open_conns(tally: Tally) -> list[Conn]:
+        conns = []
+        for index in indices:
+            sock = connect(address)
+            setup, steps, _ = conversation(workload, reference, tag, index)
+            for request in setup:
+                call(sock, request)
+            conns.append(Conn(sock, steps, tally))
+        return conns
 
-    now = clock()
-    for conn in conns.values():
-        conn.started = now
-        conn.sock.send(conn.steps[0])
-    while now < end:
-        if cpu_at_window is None and now >= window_start:
-            cpu_at_window = time.process_time()
-        for fd, _ in poller.poll(0.1):
-            conn = conns[fd]
-            data = conn.sock.recv(65536)
-            if not data:
-                raise ProtocolError("the server closed a connection")
-            buffer = conn.buffer + data if conn.buffer else data
-            while len(buffer) >= 4:
-                size = int.from_bytes(buffer[:4], "big") + 4
-                if len(buffer) < size:
-                    break
-                response = parse(buffer[4:size])
-                buffer = buffer[size:]
-                step = conn.step + 1
-                if response.status != Ok or response.request_id != step:
-                    raise ProtocolError(f"unexpected response {response!r}".replace("\n", " "))
-                if step == len(conn.steps):
-                    step = 0
-                    now = clock()
-                    if now >= window_start:
-                        record(now - conn.started)
-                    conn.started = now
-                conn.step = step
-                conn.sock.send(conn.steps[step])
-            conn.buffer = buffer
-        now = clock()
-    cpu = time.process_time() - (cpu_at_window or time.process_time())
-    for conn in conns.values():
-        conn.sock.close()
-    pipe.send((len(latencies), latencies, 0, cpu))
+    run_closed_loop(cpus, open_conns, dlock_reply, warmup, seconds, pipe)
 
 
 def run_dlock(server: Server, workload: str, reference: bool, connections: int, args, tag: str) -> Result:

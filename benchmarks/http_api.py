@@ -71,15 +71,15 @@ import argparse
 import base64
 import json
 import os
-import select
 import socket
 import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import closedloop  # noqa: E402
+from closedloop import DONE, Tally, closed_loop, connect  # noqa: E402
 from cluster import Etcd, etcd_version, find_etcd, start_etcd  # noqa: E402
 from loadgen import (  # noqa: E402
     BACKLOG,
@@ -262,82 +262,49 @@ def self_test(server: Server) -> None:
 # -- one load-generator process ----------------------------------------------------------
 
 
-class Conn:
-    __slots__ = ("acquiring", "buffer", "owner", "sock", "started")
+class Conn(closedloop.Conn):
+    __slots__ = ("acquiring", "owner", "server")
 
-    def __init__(self, sock: socket.socket, owner: Owner) -> None:
-        self.sock = sock
+    def __init__(self, sock: socket.socket, owner: Owner, server: str, tally: Tally) -> None:
+        super().__init__(sock, owner.acquire, tally)
         self.owner = owner
+        self.server = server
         self.acquiring = True
-        self.started = 0
-        self.buffer = b""
+
+
+def http_reply(conn: Conn, buffer: bytes) -> tuple[int, bytes, int] | None:
+    """closedloop's reply handler: a whole 200 response; acquire -> release, release -> cycle done."""
+    parsed = split_response(buffer)
+    if parsed is None:
+        return None
+    status, body, used = parsed
+    if status != 200:
+        step = "acquire" if conn.acquiring else "release"
+        raise ProtocolError(f"{conn.server}: {step} -> {status} {body[:300]!r}")
+    if conn.acquiring:
+        conn.acquiring = False
+        return used, conn.owner.release_for(body), 0
+    conn.acquiring = True
+    return used, conn.owner.acquire, DONE
 
 
 def http_worker(address, server: str, keys: list[str], warmup: float, seconds: float, cpus, pipe) -> None:
     """
     loadgen.run_worker for the HTTP conversations: connect and set up an
-    owner per key, wait for the start time the parent sends, run the closed
-    loop, send back (cycles, latencies in ns, 0 retries, CPU seconds) for
-    the window, then end the owners.
+    owner per key, closedloop's loop, send back (cycles, latencies in ns, 0
+    retries, CPU seconds) for the window, then end the owners.
     """
     if cpus:
         os.sched_setaffinity(0, cpus)
-    poller = select.epoll()
-    conns: dict[int, Conn] = {}
+    tally = Tally()
+    conns = []
     for key in keys:
-        sock = socket.create_connection(address)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        owner = open_owner(sock, address, server, key)
-        sock.setblocking(False)
-        conns[sock.fileno()] = Conn(sock, owner)
-        poller.register(sock.fileno(), select.EPOLLIN)
-    pipe.send("ready")
-    start = pipe.recv()
-    time.sleep(max(0.0, start - time.monotonic()))
-
-    clock = time.perf_counter_ns
-    offset = clock() - int(time.monotonic() * 1e9)
-    window_start = int((start + warmup) * 1e9) + offset
-    end = int((start + warmup + seconds) * 1e9) + offset
-    latencies: list[int] = []
-    record = latencies.append
-    cpu_at_window = None
-
-    now = clock()
-    for conn in conns.values():
-        conn.started = now
-        conn.sock.send(conn.owner.acquire)
-    while now < end:
-        if cpu_at_window is None and now >= window_start:
-            cpu_at_window = time.process_time()
-        for fd, _ in poller.poll(0.1):
-            conn = conns[fd]
-            data = conn.sock.recv(65536)
-            if not data:
-                raise ProtocolError("the server closed a connection")
-            buffer = conn.buffer + data if conn.buffer else data
-            while (parsed := split_response(buffer)) is not None:
-                status, body, used = parsed
-                buffer = buffer[used:]
-                if status != 200:
-                    step = "acquire" if conn.acquiring else "release"
-                    raise ProtocolError(f"{server}: {step} -> {status} {body[:300]!r}")
-                if conn.acquiring:
-                    conn.acquiring = False
-                    conn.sock.send(conn.owner.release_for(body))
-                    continue
-                now = clock()
-                if now >= window_start:
-                    record(now - conn.started)
-                conn.started = now
-                conn.acquiring = True
-                conn.sock.send(conn.owner.acquire)
-            conn.buffer = buffer
-        now = clock()
-    cpu = time.process_time() - (cpu_at_window or time.process_time())
-    pipe.send((len(latencies), latencies, 0, cpu))
+        sock = connect(address)
+        conns.append(Conn(sock, open_owner(sock, address, server, key), server, tally))
+    cpu = closed_loop(conns, http_reply, warmup, seconds, pipe)
+    pipe.send((tally.cycles, tally.latencies, 0, cpu))
     # Each connection has one request out: read its response, then end the owner (which frees its key).
-    for conn in conns.values():
+    for conn in conns:
         conn.sock.settimeout(10)
         buffer = conn.buffer
         while split_response(buffer) is None:

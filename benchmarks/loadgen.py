@@ -53,7 +53,9 @@ CPU time per cycle, the figure least disturbed by other load), the load
 generator's own, the rest of the machine's (noise), and the jesync/Redis
 ratios.  Only the Python standard
 library is used; the clients are raw non-blocking sockets on one epoll per
-load-generator process.
+load-generator process, in closedloop.py's loop (the one every throughput
+benchmark here shares: this script gives it each protocol's requests and
+reply handler).
 """
 
 from __future__ import annotations
@@ -63,7 +65,6 @@ import ipaddress
 import multiprocessing
 import os
 import resource
-import select
 import shutil
 import signal
 import socket
@@ -74,52 +75,56 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import closedloop  # noqa: E402
+from closedloop import DONE, RETRY, ProtocolError, Tally, connect, run_closed_loop  # noqa: E402
+
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = [("uncontended", 1), ("uncontended", 16), ("uncontended", 64), ("contended", 64)]
 CLOCK_TICK = os.sysconf("SC_CLK_TCK")
 BACKLOG = 4096  # listen backlog for the large scenarios (the kernel caps it at net.core.somaxconn)
 
 
-# -- the two wire protocols ------------------------------------------------------
+# -- the wire protocols ----------------------------------------------------------
 #
 # A protocol is a pair of functions: one making a key's (lock, release)
-# requests, and a reply handler that gets the connection and one reply line
-# (without its "\n") and returns (next request to send, whether a cycle has
-# just completed, whether the lock request has to be retried).
+# requests, and closedloop's reply handler: it gets the connection and its
+# buffer, and returns (bytes the reply line took, next request to send,
+# DONE when a cycle has just completed, RETRY when the lock request has to
+# be sent again), or None until a whole line has arrived.
 
 
-class Conn:
-    """One client connection's state."""
+class Conn(closedloop.Conn):
+    """One client connection's state: its key and requests, and whether its lock request is the one out."""
 
-    __slots__ = ("buffer", "key", "lock", "locking", "release", "sock", "started")
+    __slots__ = ("key", "lock", "locking", "release")
 
-    def __init__(self, sock: socket.socket, key: bytes, lock: bytes, release: bytes) -> None:
-        self.sock = sock
+    def __init__(self, sock: socket.socket, key: bytes, lock: bytes, release: bytes, tally: Tally) -> None:
+        super().__init__(sock, lock, tally)
         self.key = key
         self.lock = lock
         self.release = release
         self.locking = True
-        self.started = 0
-        self.buffer = b""
-
-
-class ProtocolError(Exception):
-    pass
 
 
 def jesync_requests(key: bytes) -> tuple[bytes, bytes]:
     return b"lock %s\n" % key, b"release %s\n" % key
 
 
-def jesync_reply(conn: Conn, line: bytes) -> tuple[bytes, bool, bool]:
+def jesync_reply(conn: Conn, buffer: bytes) -> tuple[int, bytes, int] | None:
     """GRANTED g w KEY secs -> release; RELEASED g w KEY -> cycle done."""
-    fields = line.split()
+    newline = buffer.find(b"\n")
+    if newline < 0:
+        return None
+    fields = buffer[:newline].split()
     if len(fields) >= 4 and fields[3] == conn.key:
         if conn.locking and fields[0] == b"GRANTED":
-            return conn.release, False, False
+            conn.locking = False
+            return newline + 1, conn.release, 0
         if not conn.locking and fields[0] == b"RELEASED":
-            return conn.lock, True, False
-    raise ProtocolError(f"unexpected reply {line!r} for {conn.key!r}")
+            conn.locking = True
+            return newline + 1, conn.lock, DONE
+    raise ProtocolError(f"unexpected reply {buffer[:newline]!r} for {conn.key!r}")
 
 
 def _resp(*args: bytes) -> bytes:
@@ -130,15 +135,21 @@ def redis_requests(key: bytes) -> tuple[bytes, bytes]:
     return _resp(b"SET", key, b"1", b"NX", b"PX", b"120000"), _resp(b"DEL", key)
 
 
-def redis_reply(conn: Conn, line: bytes) -> tuple[bytes, bool, bool]:
+def redis_reply(conn: Conn, buffer: bytes) -> tuple[int, bytes, int] | None:
     """+OK -> release; $-1 (someone else holds it) -> SET again; :1 -> cycle done."""
+    newline = buffer.find(b"\n")
+    if newline < 0:
+        return None
+    line = buffer[:newline]
     if conn.locking:
         if line == b"+OK\r":
-            return conn.release, False, False
+            conn.locking = False
+            return newline + 1, conn.release, 0
         if line == b"$-1\r":
-            return conn.lock, False, True
+            return newline + 1, conn.lock, RETRY
     elif line == b":1\r":
-        return conn.lock, True, False
+        conn.locking = True
+        return newline + 1, conn.lock, DONE
     raise ProtocolError(f"unexpected reply {line!r} for {conn.key!r}")
 
 
@@ -146,14 +157,20 @@ def yrmcds_requests(key: bytes) -> tuple[bytes, bytes]:
     return b"lock %s\r\n" % key, b"unlock %s\r\n" % key
 
 
-def yrmcds_reply(conn: Conn, line: bytes) -> tuple[bytes, bool, bool]:
+def yrmcds_reply(conn: Conn, buffer: bytes) -> tuple[int, bytes, int] | None:
     """memcached text protocol: OK -> unlock; LOCKED (someone else holds it) -> lock again; OK -> cycle done."""
+    newline = buffer.find(b"\n")
+    if newline < 0:
+        return None
+    line = buffer[:newline]
     if line == b"OK\r":
         if conn.locking:
-            return conn.release, False, False
-        return conn.lock, True, False
+            conn.locking = False
+            return newline + 1, conn.release, 0
+        conn.locking = True
+        return newline + 1, conn.lock, DONE
     if conn.locking and line == b"LOCKED\r":
-        return conn.lock, False, True
+        return newline + 1, conn.lock, RETRY
     raise ProtocolError(f"unexpected reply {line!r} for {conn.key!r}")
 
 
@@ -172,12 +189,18 @@ def elock_requests(key: bytes) -> tuple[bytes, bytes]:
     return b"lock %s 60\r\n" % key, b"unlock %s\r\n" % key
 
 
-def elock_reply(conn: Conn, line: bytes) -> tuple[bytes, bool, bool]:
+def elock_reply(conn: Conn, buffer: bytes) -> tuple[int, bytes, int] | None:
     """200 Acquired -> unlock; 200 Unlocked -> cycle done."""
+    newline = buffer.find(b"\n")
+    if newline < 0:
+        return None
+    line = buffer[:newline]
     if conn.locking and line == b"200 Acquired\r":
-        return conn.release, False, False
+        conn.locking = False
+        return newline + 1, conn.release, 0
     if not conn.locking and line == b"200 Unlocked\r":
-        return conn.lock, True, False
+        conn.locking = True
+        return newline + 1, conn.lock, DONE
     raise ProtocolError(f"unexpected reply {line!r} for {conn.key!r}")
 
 
@@ -196,70 +219,23 @@ PEERS = ("redis", "yrmcds", "elock", "dflockd")  # the names of the servers that
 
 def run_worker(address, protocol: str, keys: list[bytes], warmup: float, seconds: float, cpus, pipe) -> None:
     """
-    Connect one socket per key, wait for the start time the parent sends,
-    run the closed loop until the end, and send back (cycles, latencies in
-    ns, retries, CPU seconds) for the cycles that completed in the window.
+    Connect one socket per key (yrmcds: and store its object), then
+    closedloop's loop with the protocol's reply handler; sends back (cycles,
+    latencies in ns, retries, CPU seconds) for the window.
     """
-    if cpus:
-        os.sched_setaffinity(0, cpus)
     make_requests, handle = PROTOCOLS[protocol]
     prepare = PREPARE.get(protocol)
-    poller = select.epoll()
-    conns: dict[int, Conn] = {}
-    for key in keys:
-        sock = socket.create_connection(address)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if prepare:
-            prepare(sock, key)
-        sock.setblocking(False)
-        conns[sock.fileno()] = Conn(sock, key, *make_requests(key))
-        poller.register(sock.fileno(), select.EPOLLIN)
-    pipe.send("ready")
-    start = pipe.recv()  # a time.monotonic() value, the same clock in every process
-    time.sleep(max(0.0, start - time.monotonic()))
 
-    clock = time.perf_counter_ns
-    offset = clock() - int(time.monotonic() * 1e9)  # perf_counter -> monotonic, in ns
-    window_start = int((start + warmup) * 1e9) + offset
-    end = int((start + warmup + seconds) * 1e9) + offset
-    latencies: list[int] = []
-    record = latencies.append
-    retries = 0
-    cpu_at_window = None
+    def open_conns(tally: Tally) -> list[Conn]:
+        conns = []
+        for key in keys:
+            sock = connect(address)
+            if prepare:
+                prepare(sock, key)
+            conns.append(Conn(sock, key, *make_requests(key), tally))
+        return conns
 
-    now = clock()
-    for conn in conns.values():
-        conn.started = now
-        conn.sock.send(conn.lock)
-    while now < end:
-        if cpu_at_window is None and now >= window_start:
-            cpu_at_window = time.process_time()
-        for fd, _ in poller.poll(0.1):
-            conn = conns[fd]
-            data = conn.sock.recv(65536)
-            if not data:
-                raise ProtocolError(f"server closed the connection of {conn.key!r}")
-            buffer = conn.buffer + data if conn.buffer else data
-            while (newline := buffer.find(b"\n")) >= 0:
-                request, done, retried = handle(conn, buffer[:newline])
-                buffer = buffer[newline + 1 :]
-                if done:
-                    now = clock()
-                    if now >= window_start:
-                        record(now - conn.started)
-                    conn.started = now
-                    conn.locking = True
-                elif retried:
-                    retries += 1
-                else:
-                    conn.locking = False
-                conn.sock.send(request)
-            conn.buffer = buffer
-        now = clock()
-    cpu = time.process_time() - (cpu_at_window or time.process_time())
-    for conn in conns.values():
-        conn.sock.close()
-    pipe.send((len(latencies), latencies, retries, cpu))
+    run_closed_loop(cpus, open_conns, handle, warmup, seconds, pipe)
 
 
 # -- servers ---------------------------------------------------------------------
@@ -438,12 +414,18 @@ def dflockd_requests(key: bytes) -> tuple[bytes, bytes]:
     return b"l\n%s\n60 120\n" % key, b"r\n%s\n" % key
 
 
-def dflockd_reply(conn: Conn, line: bytes) -> tuple[bytes, bool, bool]:
+def dflockd_reply(conn: Conn, buffer: bytes) -> tuple[int, bytes, int] | None:
     """ok TOKEN LEASE -> r KEY TOKEN; ok -> cycle done."""
+    newline = buffer.find(b"\n")
+    if newline < 0:
+        return None
+    line = buffer[:newline]
     if conn.locking and line.startswith(b"ok "):
-        return conn.release + line.split()[1] + b"\n", False, False
+        conn.locking = False
+        return newline + 1, conn.release + line.split()[1] + b"\n", 0
     if not conn.locking and line == b"ok":
-        return conn.lock, True, False
+        conn.locking = True
+        return newline + 1, conn.lock, DONE
     raise ProtocolError(f"unexpected reply {line!r} for {conn.key!r}")
 
 

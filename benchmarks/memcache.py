@@ -81,7 +81,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import select
 import shutil
 import socket
 import struct
@@ -93,6 +92,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import closedloop  # noqa: E402
+from closedloop import DONE, Tally, connect, run_closed_loop  # noqa: E402
 from loadgen import (  # noqa: E402
     BACKLOG,
     REPO,
@@ -249,83 +250,47 @@ def self_test(server: Server) -> None:
 # -- one load-generator process ----------------------------------------------------
 
 
-class Conn:
-    __slots__ = ("buffer", "sock", "started", "step", "steps")
+class Conn(closedloop.Conn):
+    __slots__ = ("step", "steps")
 
-    def __init__(self, sock: socket.socket, steps: list) -> None:
-        self.sock = sock
+    def __init__(self, sock: socket.socket, steps: list, tally: Tally) -> None:
+        super().__init__(sock, steps[0][0], tally)
         self.steps = steps
         self.step = 0
-        self.started = 0
-        self.buffer = b""
+
+
+def memcache_reply(conn: Conn, buffer: bytes) -> tuple | None:
+    """closedloop's reply handler: the step's expected reply (L{reply_length}); after the last step the cycle is done."""
+    steps = conn.steps
+    size = reply_length(buffer, steps[conn.step][1])
+    if not size:
+        return None
+    step = conn.step + 1
+    if step == len(steps):
+        conn.step = 0
+        return size, steps[0][0], DONE
+    conn.step = step
+    return size, steps[step][0], 0
 
 
 def memcache_worker(address, workload: str, indices: list, warmup: float, seconds: float, cpus, pipe) -> None:
     """
     loadgen.run_worker for memcached requests: connect, run each
-    connection's set-up, wait for the start time the parent sends, run the
-    closed loop, send back (cycles, latencies in ns, 0 retries, CPU seconds)
-    for the window.
+    connection's set-up, then closedloop's loop; sends back (cycles,
+    latencies in ns, 0 retries, CPU seconds) for the window.
     """
-    if cpus:
-        os.sched_setaffinity(0, cpus)
-    poller = select.epoll()
-    conns: dict = {}
-    for index in indices:
-        sock = socket.create_connection(address)
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        setup, steps = conversation(workload, index)
-        for request, expected in setup:
-            call(sock, request, expected)
-        sock.setblocking(False)
-        conns[sock.fileno()] = Conn(sock, steps)
-        poller.register(sock.fileno(), select.EPOLLIN)
-    pipe.send("ready")
-    start = pipe.recv()
-    time.sleep(max(0.0, start - time.monotonic()))
 
-    clock = time.perf_counter_ns
-    offset = clock() - int(time.monotonic() * 1e9)
-    window_start = int((start + warmup) * 1e9) + offset
-    end = int((start + warmup + seconds) * 1e9) + offset
-    latencies: list = []
-    record = latencies.append
-    cpu_at_window = None
+    def open_conns(tally: Tally) -> list:
+        conns = []
+        for index in indices:
+            sock = connect(address)
+            setup, steps = conversation(workload, index)
+            for request, expected in setup:
+                call(sock, request, expected)
+            conns.append(Conn(sock, steps, tally))
+        return conns
 
-    now = clock()
-    for conn in conns.values():
-        conn.started = now
-        conn.sock.send(conn.steps[0][0])
-    while now < end:
-        if cpu_at_window is None and now >= window_start:
-            cpu_at_window = time.process_time()
-        for fd, _ in poller.poll(0.1):
-            conn = conns[fd]
-            data = conn.sock.recv(65536)
-            if not data:
-                raise ProtocolError("the server closed a connection")
-            buffer = conn.buffer + data if conn.buffer else data
-            steps = conn.steps
-            while buffer:
-                size = reply_length(buffer, steps[conn.step][1])
-                if not size:
-                    break
-                buffer = buffer[size:]
-                step = conn.step + 1
-                if step == len(steps):
-                    step = 0
-                    now = clock()
-                    if now >= window_start:
-                        record(now - conn.started)
-                    conn.started = now
-                conn.step = step
-                conn.sock.send(steps[step][0])
-            conn.buffer = buffer
-        now = clock()
-    cpu = time.process_time() - (cpu_at_window or time.process_time())
-    for conn in conns.values():
-        conn.sock.close()
-    pipe.send((len(latencies), latencies, 0, cpu))
+    run_closed_loop(cpus, open_conns, memcache_reply, warmup, seconds, pipe)
 
 
 def run_memcache(server: Server, workload: str, connections: int, args) -> Result:

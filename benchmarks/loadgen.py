@@ -49,7 +49,8 @@ in which both of its servers ran quietly, and runs more rounds (at most
 
 Reported per scenario: cycles per second, p50/p99 cycle latency, the
 server's CPU use over the measured window (when its pid is known; also as
-CPU time per cycle, the figure least disturbed by other load), the load
+CPU time per cycle, the figure least disturbed by other load, and the part of
+it spent in the kernel: system calls and loopback TCP), the load
 generator's own, the rest of the machine's (noise), and the jesync/Redis
 ratios.  Only the Python standard
 library is used; the clients are raw non-blocking sockets on one epoll per
@@ -483,13 +484,19 @@ def start_dflockd(tmp: Path, command: list[str], pythonpath: Path | None, cpus: 
     return server
 
 
-def cpu_seconds(pid: int | None) -> float | None:
-    """User + system CPU time of a process (all its threads), from /proc."""
+def cpu_times(pid: int | None) -> tuple[float, float] | None:
+    """User and system CPU time of a process (all its threads), from /proc."""
     if pid is None:
         return None
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / CLOCK_TICK
+    return int(fields[11]) / CLOCK_TICK, int(fields[12]) / CLOCK_TICK
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """User + system CPU time of a process (all its threads), from /proc."""
+    times = cpu_times(pid)
+    return None if times is None else sum(times)
 
 
 def machine_busy_seconds() -> float:
@@ -598,6 +605,7 @@ class Result:
     loadgen_cpu: float  # share of one core, summed over load-generator processes
     retries_per_cycle: float
     other_cpu: float  # everything else the machine ran meanwhile (noise), in cores
+    server_system_cpu: float | None = None  # the part of server_cpu spent in the kernel
 
     @property
     def server_us_per_cycle(self) -> float | None:
@@ -605,6 +613,13 @@ class Result:
         if self.server_cpu is None or not self.cycles_per_second:
             return None
         return 1e6 * self.server_cpu / self.cycles_per_second
+
+    @property
+    def server_system_us_per_cycle(self) -> float | None:
+        """The kernel's part of L{server_us_per_cycle} (system calls, loopback TCP): the rest is the server's own code."""
+        if self.server_system_cpu is None or not self.cycles_per_second:
+            return None
+        return 1e6 * self.server_system_cpu / self.cycles_per_second
 
 
 def receive(pipe):
@@ -652,9 +667,9 @@ def run_workers(server: Server, procs: int, worker, args) -> Result:
     for _, pipe in workers:
         pipe.send(start)
     time.sleep(max(0.0, start + args.warmup - time.monotonic()))
-    cpu_before, busy_before = cpu_seconds(server.pid), machine_busy_seconds()
+    cpu_before, busy_before = cpu_times(server.pid), machine_busy_seconds()
     time.sleep(max(0.0, start + args.warmup + args.seconds - time.monotonic()))
-    cpu_after, busy_after = cpu_seconds(server.pid), machine_busy_seconds()
+    cpu_after, busy_after = cpu_times(server.pid), machine_busy_seconds()
     cycles, latencies, retries, loadgen_cpu = 0, [], 0, 0.0
     for process, pipe in workers:
         n, lat, r, cpu = receive(pipe)
@@ -672,7 +687,10 @@ def run_workers(server: Server, procs: int, worker, args) -> Result:
             latencies[min(len(latencies) - 1, int(p * len(latencies)))] / 1000 if latencies else float("nan")
         )
 
-    server_cpu = None if cpu_before is None or cpu_after is None else (cpu_after - cpu_before) / args.seconds
+    server_cpu = server_system_cpu = None
+    if cpu_before is not None and cpu_after is not None:
+        server_cpu = (sum(cpu_after) - sum(cpu_before)) / args.seconds
+        server_system_cpu = (cpu_after[1] - cpu_before[1]) / args.seconds
     busy = (busy_after - busy_before) / args.seconds
     return Result(
         cycles / args.seconds,
@@ -682,6 +700,7 @@ def run_workers(server: Server, procs: int, worker, args) -> Result:
         loadgen_cpu / args.seconds,
         retries / cycles if cycles else 0.0,
         max(0.0, busy - (server_cpu or 0.0) - loadgen_cpu / args.seconds),
+        server_system_cpu,
     )
 
 
@@ -769,7 +788,7 @@ def run_rounds(scenarios, runs, pairs, measure, describe, args) -> dict:
                     f"  round {attempt + 1} x{n} {describe(server, workload)}: "
                     f"{result.cycles_per_second:,.0f} cycles/s, p50 {result.p50_us:,.0f} µs, "
                     f"p99 {result.p99_us:,.0f} µs, server CPU {fmt_cpu(result.server_cpu)} "
-                    f"({fmt_us(result.server_us_per_cycle)} µs/cycle), loadgen CPU {fmt_cpu(result.loadgen_cpu)}, "
+                    f"({fmt_us(result.server_us_per_cycle)} µs/cycle, {fmt_us(result.server_system_us_per_cycle)} of it system), loadgen CPU {fmt_cpu(result.loadgen_cpu)}, "
                     f"other CPU {fmt_cpu(result.other_cpu)}" + (" (noisy)" if noisy else ""),
                     flush=True,
                 )
@@ -800,10 +819,10 @@ def report(results: dict[tuple[str, int], list[dict[str, Result]]], args) -> Non
     )
     print()
     print(
-        "| scenario | server | cycles/s | p50 µs | p99 µs | server CPU | server CPU/cycle "
+        "| scenario | server | cycles/s | p50 µs | p99 µs | server CPU | server CPU/cycle | of which system "
         "| loadgen CPU | other CPU | SET retries/cycle |"
     )
-    print("|" + "---|" * 10)
+    print("|" + "---|" * 11)
     for (kind, n), rounds in results.items():
         for name in rounds[0]:
             runs = [round_[name] for round_ in rounds]
@@ -811,7 +830,8 @@ def report(results: dict[tuple[str, int], list[dict[str, Result]]], args) -> Non
             r = median_result(quiet or runs)
             print(
                 f"| {kind} x{n} | {name} | {r.cycles_per_second:,.0f} | {r.p50_us:,.0f} | {r.p99_us:,.0f} "
-                f"| {fmt_cpu(r.server_cpu)} | {fmt_us(r.server_us_per_cycle)} | {fmt_cpu(r.loadgen_cpu)} "
+                f"| {fmt_cpu(r.server_cpu)} | {fmt_us(r.server_us_per_cycle)} | {fmt_us(r.server_system_us_per_cycle)} "
+                f"| {fmt_cpu(r.loadgen_cpu)} "
                 f"| {fmt_cpu(r.other_cpu)} | {r.retries_per_cycle:.1f} |"
             )
     all_names = list(next(iter(results.values()))[0])

@@ -12,6 +12,7 @@ from importlib import resources
 from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.http import coordination, status, streams
+from jesync.http.state import CHEAP_PASS, PASS_SHARE
 from jesync.service import LockService
 from jesync.wire import SHARED
 from tests.http_unit import UnitApi
@@ -91,16 +92,16 @@ class StatusDocumentTests(SynchronousTestCase):
         self.locks.request("a", "x", 1, 0, 0)
         self.locks.request("a", "y", 1, -1, 0)
         self.server.ask("GET", "/v1/status")
-        busiest = status._busiest[self.server.context]
+        busiest = self.server.context.busiest_keys
         busiest.cost = 0.1  # (as at a million keys or so)
         self.locks.request("b", "x", 1, 0, 0)
         self.locks.request("a", "z", 1, -1, 0)
         top = self.server.ask("GET", "/v1/status").json()["top"]
         self.assertEqual(top, [{"key": "a", "mode": "exclusive", "holders": 1, "waiters": 2}])
-        self.server.clock.advance(0.1 * status.PASS_SHARE)
+        self.server.clock.advance(0.1 * PASS_SHARE)
         top = self.server.ask("GET", "/v1/status").json()["top"]
         self.assertEqual([row["key"] for row in top], ["a", "b"])
-        self.assertLessEqual(busiest.cost, status.CHEAP_PASS)
+        self.assertLessEqual(busiest.cost, CHEAP_PASS)
 
     def test_busiest(self) -> None:
         """LockService.busiest: one pass, most waiters then most holders."""

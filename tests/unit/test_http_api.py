@@ -20,7 +20,7 @@ from jesync.connections.policy import ConnectionPolicy, Connections
 from jesync.groups import GroupTable
 from jesync.http import locks as http_locks
 from jesync.http.api import ApiContext, HttpApi
-from jesync.http.listener import MAX_BODY, REFUSED_LINGER, authorized, http_factory
+from jesync.http.listener import MAX_BODY, REFUSED_LINGER, ApiClosing, authorized, http_factory
 from jesync.http.state import SNAPSHOT_KEPT
 from jesync.interfaces import IOwnerChanges
 from jesync.service import LockService
@@ -275,6 +275,20 @@ class ListingTests(ApiCase):
         self.assertEqual(self.policy.listings.held, held)
         self.clock.advance(SNAPSHOT_KEPT)
         self.assertEqual(self.policy.listings.held, 0)
+
+    def test_snapshots_released_when_the_server_stops(self) -> None:
+        """The snapshots kept for the next pages are given back when the server stops, their timers with them."""
+        self.serve()
+        for number in range(10):
+            self.locks.request(f"k{number}", "owner", 1, 0, 0)
+        client = self.connect()
+        self.call(client, b"GET", b"/v1/locks?limit=2")
+        self.call(client, b"GET", b"/v1/locks?order=waiters&limit=2")
+        self.assertEqual(sorted(self.api.context.listing_snapshots.kept), ["key", "requests"])
+        calls = len(self.clock.getDelayedCalls())
+        ApiClosing(self.api, self.sessions).stopService()
+        self.assertEqual((self.policy.listings.held, self.api.context.listing_snapshots.kept), (0, {}))
+        self.assertEqual(len(self.clock.getDelayedCalls()), calls - 2)
 
     def test_most_waiters_first(self) -> None:
         self.serve()

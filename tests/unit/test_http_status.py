@@ -7,6 +7,8 @@ allows; and the two files served without a token.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from importlib import resources
 
 from twisted.trial.unittest import SynchronousTestCase
@@ -102,6 +104,38 @@ class StatusDocumentTests(SynchronousTestCase):
         top = self.server.ask("GET", "/v1/status").json()["top"]
         self.assertEqual([row["key"] for row in top], ["a", "b"])
         self.assertLessEqual(busiest.cost, CHEAP_PASS)
+
+    def test_each_server_its_own_top(self) -> None:
+        """
+        Two servers in one process keep a top each: two tables at the same
+        version show their own keys (a top shared would show the first's).
+        """
+        other = UnitApi(ROUTES)
+        self.locks.request("here", "x", 1, 0, 0)
+        other.locks.request("there", "x", 1, 0, 0)
+        self.assertEqual(self.locks.version, other.locks.version)
+        tops = [[row["key"] for row in server.ask("GET", "/v1/status").json()["top"]] for server in (self.server, other)]
+        self.assertEqual(tops, [["here"], ["there"]])
+
+    def test_gone_with_its_server(self) -> None:
+        """
+        What a server's API keeps (its top, its last status document, its
+        election's observers) goes with it: once its streams have ended,
+        nothing else holds its context.
+        """
+        server = UnitApi(ROUTES)
+        server.locks.request("k", "x", 1, 0, 0)
+        self.assertEqual(len(server.ask("GET", "/v1/status").json()["top"]), 1)
+        streams = [server.connect(), server.connect()]
+        streams[0].send("GET", "/v1/status/stream")
+        streams[1].send("GET", "/v1/elections/e/observe")
+        self.assertEqual([client.response().events()[0][0] for client in streams], ["status", "leader"])
+        for client in streams:
+            client.lose()
+        context = weakref.ref(server.context)
+        del server, streams, client
+        gc.collect()
+        self.assertIsNone(context())
 
     def test_busiest(self) -> None:
         """LockService.busiest: one pass, most waiters then most holders."""

@@ -18,9 +18,10 @@ never buffered without bound}.
    each time the key C{election:<name>}'s first holder changes, and each
    time the leader proclaims a new value (L{proclaimed}, which tells the
    server's C{leader_observers}: a renewal is not an event of the lock
-   table, but an observer of an election wants the leader's new value).  A watch as above.  A hand-over is two events,
-   C{null} then the new leader: the table tells the old leader's release,
-   then the grant it made room for.
+   table, but an observer of an election wants the leader's new value).
+   A watch as above.  A hand-over is two events, C{null} then the new
+   leader: the table tells the old leader's release, then the grant it
+   made room for.
  - C{GET /v1/status/stream}: C{event: status} with the document of
    C{GET /v1/status} (L{jesync.http.status}): at once, then at most every
    0.5 s and only when something it counts changed.

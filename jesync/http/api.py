@@ -63,6 +63,7 @@ from jesync.errors import (
     MemberNotJoined,
     ModeConflict,
 )
+from jesync.http.state import BusiestKeys, LeaderObservers, ListingSnapshots, StatusSignature
 from jesync.interfaces import IOwnerChanges
 from jesync.wire import LARGEST_NUMBER, MAX_VALUE, key_problem
 
@@ -183,6 +184,10 @@ class ApiContext:
     C{clock}, the longest long poll (C{max_wait}, seconds), and
     C{describe}: the server's own part of the status document (role,
     term, limits, listeners, uptime; see L{jesync.http.status}).
+
+    It holds, too, what the server's API keeps between requests, made here
+    once and gone with it (L{jesync.http.state}): C{listing_snapshots},
+    C{busiest_keys}, C{leader_observers} and C{latest_status}.
     """
 
     def __init__(
@@ -202,6 +207,14 @@ class ApiContext:
         self.clock = clock
         self.max_wait = max_wait
         self.describe: Callable[[], Dict[str, Any]] = describe or dict
+        #: The last listing snapshot of each order, kept for the next page (L{jesync.http.locks}).
+        self.listing_snapshots = ListingSnapshots(locks, policy, clock)
+        #: The keys last found busiest: the status document's top (L{jesync.http.status}).
+        self.busiest_keys = BusiestKeys(locks, clock)
+        #: Each election's observe streams, told when its leader proclaims (L{jesync.http.streams}).
+        self.leader_observers = LeaderObservers()
+        #: The status document last made for a status stream, and what it counted (L{jesync.http.streams}).
+        self.latest_status: Optional[Tuple[StatusSignature, Dict[str, Any]]] = None
 
 
 class Route:

@@ -41,7 +41,6 @@ from twisted.web.server import Request, Site
 from jesync.connections.policy import ConnectionPolicy, Connections, describe_peer
 from jesync.errors import ProtectedMode
 from jesync.http.api import ApiError, HttpApi, encode_json
-from jesync.http.locks import forget_snapshots
 from jesync.metrics_connections import CountedFactory, Refusal, refusal_response, scraper_authorized
 from jesync.sessions import SessionTable
 
@@ -291,8 +290,9 @@ class ApiClosing(service.Service):
     A child of the lock server: when the server stops (in cluster mode: its
     term ends), the API answers every call still waiting (C{409
     not_granted}, saying why) and ends its streams, before the server closes
-    the connections; and the HTTP sessions end (their locks released), as
-    elock's detached sessions do when its listeners stop.
+    the connections; the listing snapshots it kept are released; and the
+    HTTP sessions end (their locks released), as elock's detached sessions
+    do when its listeners stop.
     """
 
     def __init__(self, api: HttpApi, sessions: SessionTable) -> None:
@@ -306,5 +306,5 @@ class ApiClosing(service.Service):
     def stopService(self) -> None:
         super().stopService()
         self.api.close("the server is stopping")
-        forget_snapshots(self.api.context)
+        self.api.context.listing_snapshots.drop_all()
         self.sessions.end_detached()

@@ -20,15 +20,16 @@ newly granted is undone, never a grant the session held before it.
 
 B{Listings} never send the whole table: C{GET /v1/locks} is a page of at
 most 1,000 keys.  A table whose snapshot takes at most half the server's
-C{--max-listing-memory} (L{kept_at_most}: the line protocols' listing of
-the same table, once it has changed, must still fit beside it) is read from
-a snapshot in that order taken under that budget
-(L{jesync.connections.listings}), as the line protocols' listings are,
-and the last snapshot of each order is kept while the table does not change
-(at most L{SNAPSHOT_KEPT} seconds after its last page), so that paging
-through a quiet table sorts it once; a table that changes between pages is
-sorted again for the next one.  In key order the page starts after the
-cursor (a binary search: the cursor is the last key shown); in waiters
+C{--max-listing-memory} (L{jesync.http.state.ListingSnapshots.largest_kept}:
+the line protocols' listing of the same table, once it has changed, must
+still fit beside it) is read from a snapshot in that order taken under that
+budget (L{jesync.connections.listings}), as the line protocols' listings
+are, and the last snapshot of each order is kept while the table does not
+change (at most L{jesync.http.state.SNAPSHOT_KEPT} seconds after its last
+page; the server's C{listing_snapshots}, released when it stops), so that
+paging through a quiet table sorts it once; a table that changes between
+pages is sorted again for the next one.  In key order the page starts after
+the cursor (a binary search: the cursor is the last key shown); in waiters
 order (most waiters first, then key order) the cursor is an offset into the
 listing as it is at the time of each page.
 
@@ -43,15 +44,12 @@ status page's top keys come from the status document, not from this).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
-from weakref import WeakKeyDictionary
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from twisted.internet.defer import Deferred
-from twisted.internet.interfaces import IDelayedCall
 
-from jesync.connections.listings import ROW_BYTES, SnapshotRead
+from jesync.connections.listings import ROW_BYTES
 from jesync.http.api import (
-    ApiContext,
     ApiError,
     Call,
     Reply,
@@ -255,79 +253,8 @@ def lock_detail(call: Call) -> Dict[str, Any]:
     }
 
 
-# How long the snapshot a listing page was read from is kept for the next
-# page while the table does not change, in seconds.
-SNAPSHOT_KEPT = 5.0
-
+# A listing's orders, and the lock table's names for them.
 _ORDERS = {"key": "key", "waiters": "requests"}
-
-
-class _KeptSnapshots:
-    """The last listing snapshot of each order, kept while the table has not changed (released after a while)."""
-
-    def __init__(self, context: ApiContext) -> None:
-        self.context = context
-        self.kept: Dict[str, SnapshotRead] = {}
-        self.versions: Dict[str, object] = {}
-        self.timers: Dict[str, IDelayedCall] = {}
-
-    def rows(self, order: str) -> Tuple[Sequence[Any], Optional[SnapshotRead]]:
-        """
-        The table's rows in C{order}: a kept snapshot (and None), or, for a
-        table larger than L{kept_at_most} allows, a snapshot read for this
-        page alone (and its read, to be released once the page is made).
-        """
-        locks = self.context.locks
-        version = locks.version
-        kept = self.kept.get(order)
-        if kept is not None and self.versions[order] == version:
-            self.timers[order].reset(SNAPSHOT_KEPT)
-            return kept.rows, None
-        self.drop(order)
-        size = locks.totals().keys * ROW_BYTES
-        listings = self.context.policy.listings
-        read = listings.share(("status", order), version, size, lambda: locks.snapshot(order))
-        if size > kept_at_most(self.context):
-            return read.rows, read
-        self.kept[order] = read
-        self.versions[order] = version
-        self.timers[order] = self.context.clock.callLater(SNAPSHOT_KEPT, self.drop, order)
-        return read.rows, None
-
-    def drop(self, order: str) -> None:
-        read = self.kept.pop(order, None)
-        if read is not None:
-            read.release()
-        timer = self.timers.pop(order, None)
-        if timer is not None and timer.active():
-            timer.cancel()
-
-
-def kept_at_most(context: ApiContext) -> int:
-    """
-    The largest snapshot kept between pages, in bytes: half the listing
-    budget, so that the line protocols' listing of the same table (a
-    snapshot of its own once the table has changed) still fits beside it.
-    """
-    return context.policy.listings.limit // 2
-
-
-_kept: "WeakKeyDictionary[ApiContext, _KeptSnapshots]" = WeakKeyDictionary()
-
-
-def _snapshots(context: ApiContext) -> _KeptSnapshots:
-    kept = _kept.get(context)
-    if kept is None:
-        kept = _kept[context] = _KeptSnapshots(context)
-    return kept
-
-
-def forget_snapshots(context: ApiContext) -> None:
-    """Release the listing snapshots kept for C{context}'s next pages (the server stops)."""
-    kept = _kept.pop(context, None)
-    if kept is not None:
-        for order in list(kept.kept):
-            kept.drop(order)
 
 
 def _first_at_or_after(rows: Sequence[Any], encoded: bytes, strictly_after: bool) -> int:
@@ -376,9 +303,10 @@ def list_locks(call: Call) -> Dict[str, Any]:
     after = call.query("after")
     limit = call.query_integer("limit", 100, 1, 1000)
     if order == "key":
-        if call.context.locks.totals().keys * ROW_BYTES > kept_at_most(call.context):
+        snapshots = call.context.listing_snapshots
+        if call.context.locks.totals().keys * ROW_BYTES > snapshots.largest_kept:
             return _scanned_page(call, prefix, after, limit)
-        rows, _ = _snapshots(call.context).rows("key")
+        rows, _ = snapshots.rows("key")
         encoded_prefix = encode_key(prefix)
         start = _first_at_or_after(rows, encoded_prefix, False)
         end = len(rows)
@@ -402,7 +330,7 @@ def list_locks(call: Call) -> Dict[str, Any]:
             raise invalid("after", "must be a cursor this listing gave")
         if offset < 0:
             raise invalid("after", "must be a cursor this listing gave")
-    rows, read = _snapshots(call.context).rows(_ORDERS[order])
+    rows, read = call.context.listing_snapshots.rows(_ORDERS[order])
     try:
         return _waiters_page(rows, prefix, offset, limit)
     finally:

@@ -13,13 +13,14 @@ waiters, then the most holders.
 B{The top at 1,000,000 keys.}  Finding it is one pass over the table
 (L{jesync.service.LockService.busiest}: C{heapq.nlargest}, no sort and no
 row per key; about 75 ms at a million keys on CPython, 20 ms on PyPy), so
-it is not redone for every request:
+it is not redone for every request (the server's C{busiest_keys}, a
+L{jesync.http.state.BusiestKeys}):
 
  - it is kept with the table's C{version} it was found at, and a request
    while the table has not changed (renewals and expiry times do not count)
    costs nothing;
- - a pass that took more than L{CHEAP_PASS} is not redone within
-   L{PASS_SHARE} times what it took, however the table changes (so the
+ - a pass that took more than L{jesync.http.state.CHEAP_PASS} is not redone
+   within L{jesync.http.state.PASS_SHARE} times what it took, however the table changes (so the
    passes take at most a twentieth of the server's time, whatever the
    rate of requests, streams and changes: at a million keys on CPython, a
    top at most about 1.5 s old).  Meanwhile the keys of the last top are
@@ -34,70 +35,22 @@ from memory from then on.
 
 from __future__ import annotations
 
-import time
 from importlib import resources
-from typing import Any, Dict, List, Optional, Tuple
-from weakref import WeakKeyDictionary
+from typing import Any, Dict, List, Optional
 
 from jesync.http.api import ApiContext, Call, Reply, Route, route
 
 ROUTES: List[Route] = []
 
-#: How many keys the status document's C{top} lists.
-TOP_COUNT = 20
-#: A pass over the table that takes at most this (seconds) is redone whenever the table changed.
-CHEAP_PASS = 0.005
-#: A costlier pass is not redone within this many times what it took.
-PASS_SHARE = 20
-
-
-class BusiestKeys:
-    """One server's top: the keys last found busiest, the version and the time they were found at."""
-
-    def __init__(self, context: ApiContext) -> None:
-        self.context = context
-        self.version: Optional[int] = None
-        self.keys: List[str] = []
-        self.found_at = 0.0
-        self.cost = 0.0
-
-    def summaries(self) -> List[Dict[str, Any]]:
-        """The top as lock summaries (C{key}, C{mode}: null when not held, C{holders}, C{waiters})."""
-        locks = self.context.locks
-        now = self.context.clock.seconds()
-        if self.version != locks.version and (self.cost <= CHEAP_PASS or now - self.found_at >= self.cost * PASS_SHARE):
-            started = time.perf_counter()
-            self.keys = [row[0] for row in locks.busiest(TOP_COUNT)]
-            self.cost = time.perf_counter() - started
-            self.version, self.found_at = locks.version, now
-        rows: List[Tuple[int, int, str]] = []
-        for key in self.keys:
-            status = locks.status(key)
-            if status.granted or status.waiting:
-                rows.append((-status.waiting, -status.granted, key))
-        rows.sort()
-        summaries = []
-        for waiting, granted, key in rows:
-            holders = locks.holders(key) if granted else ()
-            mode = holders[0].mode if holders else None
-            summaries.append({"key": key, "mode": mode, "holders": -granted, "waiters": -waiting})
-        return summaries
-
-
-_busiest: "WeakKeyDictionary[ApiContext, BusiestKeys]" = WeakKeyDictionary()
-
 
 def status_document(context: ApiContext) -> Dict[str, Any]:
     """The status document of the server C{context} serves (the module's rules)."""
-    busiest = _busiest.get(context)
-    if busiest is None:
-        busiest = _busiest[context] = BusiestKeys(context)
     totals = context.locks.totals()
     document = dict(context.describe())
     document["totals"] = {"keys": totals.keys, "holders": totals.granted, "waiters": totals.waiting}
     document["sessions"] = {"total": len(context.sessions), "detached": context.sessions.detached_count()}
     document["connections"] = len(context.policy.connections)
-    document["top"] = busiest.summaries()
+    document["top"] = context.busiest_keys.summaries()
     return document
 
 

@@ -16,11 +16,12 @@ never buffered without bound}.
  - C{GET /v1/elections/{name}/observe}: C{event: leader}
    C{{"election", "leader": grant|null}}: the leader of now at once, then
    each time the key C{election:<name>}'s first holder changes, and each
-   time the leader proclaims a new value (L{proclaimed}: a renewal is not
-   an event of the lock table, but an observer of an election wants the
-   leader's new value).  A watch as above.  A hand-over is two events,
-   C{null} then the new leader: the table tells the old leader's release,
-   then the grant it made room for.
+   time the leader proclaims a new value (L{proclaimed}, which tells the
+   server's C{leader_observers}: a renewal is not an event of the lock
+   table, but an observer of an election wants the leader's new value).
+   A watch as above.  A hand-over is two events, C{null} then the new
+   leader: the table tells the old leader's release, then the grant it
+   made room for.
  - C{GET /v1/status/stream}: C{event: status} with the document of
    C{GET /v1/status} (L{jesync.http.status}): at once, then at most every
    0.5 s and only when something it counts changed.
@@ -54,15 +55,14 @@ cost every first grant and last release a call for as long as the server
 runs (it cannot be taken back), would still miss waits, and would only
 decide whether to send what the tick decides anyway.  The documents
 themselves are shared: streams that tick while nothing changed since one
-was made send that one (its top is L{jesync.http.status}'s, which bounds
-its own cost at 1,000,000 keys).
+was made send that one, the server's C{latest_status} (its top is
+L{jesync.http.status}'s, which bounds its own cost at 1,000,000 keys).
 """
 
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
-from weakref import WeakKeyDictionary
+from typing import Any, Callable, Deque, List, Optional
 
 from twisted.internet.interfaces import IDelayedCall, IPushProducer
 from twisted.internet.task import LoopingCall
@@ -70,6 +70,7 @@ from twisted.logger import Logger
 from zope.interface import implementer
 
 from jesync.http.api import STREAMING, ApiContext, Call, Held, Reply, Route, encode_json, grant_document, invalid, route
+from jesync.http.state import StatusSignature
 from jesync.http.status import status_document
 from jesync.interfaces import LockEvent
 from jesync.wire import election_key
@@ -278,14 +279,9 @@ class LeaderObserver:
         self.stream.send("leader", {"election": self.election, "leader": leader})
 
 
-# Each server's observers, by election: told of a proclaim.
-_observers: "WeakKeyDictionary[ApiContext, Dict[str, Dict[LeaderObserver, None]]]" = WeakKeyDictionary()
-
-
 def proclaimed(context: ApiContext, election: str) -> None:
     """The leader of C{election} has a new value: its observers are told (the module's rules)."""
-    for observer in list(_observers.get(context, {}).get(election, ())):
-        observer.tell()
+    context.leader_observers.tell(election)
 
 
 @route(ROUTES, "GET", "/v1/elections/{name}/observe")
@@ -299,17 +295,11 @@ def observe(call: Call) -> Any:
     stream = EventStream(call)
     observer = LeaderObserver(stream, context, election)
     context.locks.watch(stream, key, observer.changed)
-    by_election = _observers.get(context)
-    if by_election is None:
-        by_election = _observers[context] = {}
-    by_election.setdefault(election, {})[observer] = None
+    context.leader_observers.add(election, observer)
 
     def forget() -> None:
         context.locks.unwatch(stream, key)
-        observers = by_election.get(election, {})
-        observers.pop(observer, None)
-        if not observers:
-            by_election.pop(election, None)
+        context.leader_observers.remove(election, observer)
 
     stream.on_end(forget)
     stream.start()
@@ -320,14 +310,10 @@ def observe(call: Call) -> Any:
 # -- the status ---------------------------------------------------------------------
 
 
-def status_signature(context: ApiContext) -> Tuple[int, int, int, int]:
+def status_signature(context: ApiContext) -> StatusSignature:
     """What the status document counts, at a glance: if this did not change, neither did the document."""
     sessions = context.sessions
     return (context.locks.version, len(sessions), sessions.detached_count(), len(context.policy.connections))
-
-
-# Each server's last status document made for a stream, and its signature.
-_latest: "WeakKeyDictionary[ApiContext, Tuple[Tuple[int, int, int, int], Dict[str, Any]]]" = WeakKeyDictionary()
 
 
 class StatusFeed:
@@ -336,7 +322,7 @@ class StatusFeed:
     def __init__(self, stream: EventStream, context: ApiContext) -> None:
         self.stream = stream
         self.context = context
-        self.sent: Optional[Tuple[int, int, int, int]] = None
+        self.sent: Optional[StatusSignature] = None
         self.ticks = LoopingCall(self.tick)
         self.ticks.clock = context.clock
 
@@ -354,9 +340,9 @@ class StatusFeed:
 
     def send(self, fresh: bool) -> None:
         signature = status_signature(self.context)
-        latest = _latest.get(self.context)
+        latest = self.context.latest_status
         if fresh or latest is None or latest[0] != signature:
-            latest = _latest[self.context] = (signature, status_document(self.context))
+            latest = self.context.latest_status = (signature, status_document(self.context))
         self.sent = signature
         self.stream.send("status", latest[1])
 

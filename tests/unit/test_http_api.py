@@ -20,7 +20,8 @@ from jesync.connections.policy import ConnectionPolicy, Connections
 from jesync.groups import GroupTable
 from jesync.http import locks as http_locks
 from jesync.http.api import ApiContext, HttpApi
-from jesync.http.listener import MAX_BODY, REFUSED_LINGER, authorized, http_factory
+from jesync.http.listener import MAX_BODY, REFUSED_LINGER, ApiClosing, authorized, http_factory
+from jesync.http.state import SNAPSHOT_KEPT
 from jesync.interfaces import IOwnerChanges
 from jesync.service import LockService
 from jesync.sessions import SessionTable
@@ -218,10 +219,10 @@ class ListingTests(ApiCase):
         """
         self.serve(listings=ListingBudget(limit=3000 * ROW_BYTES * 2 - 1))
         self.check_pages()
-        self.assertEqual((self.policy.listings.held, http_locks._snapshots(self.api.context).kept), (0, {}))
+        self.assertEqual((self.policy.listings.held, self.api.context.listing_snapshots.kept), (0, {}))
         _, _, page = self.call(self.connect(), b"GET", b"/v1/locks?order=waiters&limit=2&prefix=c/")
         self.assertEqual(([row["key"] for row in page["locks"]], page["keys"]), (["c/00000", "c/00001"], 1000))
-        self.assertEqual((self.policy.listings.held, http_locks._snapshots(self.api.context).kept), (0, {}))
+        self.assertEqual((self.policy.listings.held, self.api.context.listing_snapshots.kept), (0, {}))
 
     def test_kept_snapshot_leaves_room(self) -> None:
         """
@@ -235,7 +236,7 @@ class ListingTests(ApiCase):
             self.call(self.connect(), b"GET", b"/v1/locks?order=waiters&limit=2")
             self.assertEqual(self.policy.listings.held, kept)
             self.policy.listings.charge(10 * ROW_BYTES).release()
-            http_locks.forget_snapshots(self.api.context)
+            self.api.context.listing_snapshots.drop_all()
 
     def check_pages(self) -> None:
         keys = [f"{group}/{number:05d}" for group in ("a", "b", "c") for number in range(1000)]
@@ -272,8 +273,22 @@ class ListingTests(ApiCase):
         self.assertGreater(held, 0)
         self.call(client, b"GET", b"/v1/locks?limit=2&after=k1")
         self.assertEqual(self.policy.listings.held, held)
-        self.clock.advance(http_locks.SNAPSHOT_KEPT)
+        self.clock.advance(SNAPSHOT_KEPT)
         self.assertEqual(self.policy.listings.held, 0)
+
+    def test_snapshots_released_when_the_server_stops(self) -> None:
+        """The snapshots kept for the next pages are given back when the server stops, their timers with them."""
+        self.serve()
+        for number in range(10):
+            self.locks.request(f"k{number}", "owner", 1, 0, 0)
+        client = self.connect()
+        self.call(client, b"GET", b"/v1/locks?limit=2")
+        self.call(client, b"GET", b"/v1/locks?order=waiters&limit=2")
+        self.assertEqual(sorted(self.api.context.listing_snapshots.kept), ["key", "requests"])
+        calls = len(self.clock.getDelayedCalls())
+        ApiClosing(self.api, self.sessions).stopService()
+        self.assertEqual((self.policy.listings.held, self.api.context.listing_snapshots.kept), (0, {}))
+        self.assertEqual(len(self.clock.getDelayedCalls()), calls - 2)
 
     def test_most_waiters_first(self) -> None:
         self.serve()

@@ -7,11 +7,14 @@ allows; and the two files served without a token.
 
 from __future__ import annotations
 
+import gc
+import weakref
 from importlib import resources
 
 from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.http import coordination, status, streams
+from jesync.http.state import CHEAP_PASS, PASS_SHARE
 from jesync.service import LockService
 from jesync.wire import SHARED
 from tests.http_unit import UnitApi
@@ -91,16 +94,48 @@ class StatusDocumentTests(SynchronousTestCase):
         self.locks.request("a", "x", 1, 0, 0)
         self.locks.request("a", "y", 1, -1, 0)
         self.server.ask("GET", "/v1/status")
-        busiest = status._busiest[self.server.context]
+        busiest = self.server.context.busiest_keys
         busiest.cost = 0.1  # (as at a million keys or so)
         self.locks.request("b", "x", 1, 0, 0)
         self.locks.request("a", "z", 1, -1, 0)
         top = self.server.ask("GET", "/v1/status").json()["top"]
         self.assertEqual(top, [{"key": "a", "mode": "exclusive", "holders": 1, "waiters": 2}])
-        self.server.clock.advance(0.1 * status.PASS_SHARE)
+        self.server.clock.advance(0.1 * PASS_SHARE)
         top = self.server.ask("GET", "/v1/status").json()["top"]
         self.assertEqual([row["key"] for row in top], ["a", "b"])
-        self.assertLessEqual(busiest.cost, status.CHEAP_PASS)
+        self.assertLessEqual(busiest.cost, CHEAP_PASS)
+
+    def test_each_server_its_own_top(self) -> None:
+        """
+        Two servers in one process keep a top each: two tables at the same
+        version show their own keys (a top shared would show the first's).
+        """
+        other = UnitApi(ROUTES)
+        self.locks.request("here", "x", 1, 0, 0)
+        other.locks.request("there", "x", 1, 0, 0)
+        self.assertEqual(self.locks.version, other.locks.version)
+        tops = [[row["key"] for row in server.ask("GET", "/v1/status").json()["top"]] for server in (self.server, other)]
+        self.assertEqual(tops, [["here"], ["there"]])
+
+    def test_gone_with_its_server(self) -> None:
+        """
+        What a server's API keeps (its top, its last status document, its
+        election's observers) goes with it: once its streams have ended,
+        nothing else holds its context.
+        """
+        server = UnitApi(ROUTES)
+        server.locks.request("k", "x", 1, 0, 0)
+        self.assertEqual(len(server.ask("GET", "/v1/status").json()["top"]), 1)
+        streams = [server.connect(), server.connect()]
+        streams[0].send("GET", "/v1/status/stream")
+        streams[1].send("GET", "/v1/elections/e/observe")
+        self.assertEqual([client.response().events()[0][0] for client in streams], ["status", "leader"])
+        for client in streams:
+            client.lose()
+        context = weakref.ref(server.context)
+        del server, streams, client
+        gc.collect()
+        self.assertIsNone(context())
 
     def test_busiest(self) -> None:
         """LockService.busiest: one pass, most waiters then most holders."""

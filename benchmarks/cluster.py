@@ -1,7 +1,7 @@
 """
 Cluster mode (issue 14) measured against single-process mode, with a real etcd.
 
-Four parts, each on its own etcd (one member, its data directory on tmpfs by
+Its parts, each on its own etcd (one member, its data directory on tmpfs by
 default: ``--etcd-dir``) and its own jesync members (``twistd -n jesync --etcd
 ... --cluster ... --lease-ttl ...``, three by default), all started and
 stopped by the script:
@@ -31,6 +31,11 @@ stopped by the script:
    The killed member is started again (a standby) before the next run; the
    kill comes at a random point of the leader's keep-alive period.
  - ``handover``: the same with SIGTERM (the leader resigns at once).
+ - ``txn-size`` (only when asked for): etcd alone, the round trip and
+   etcd's CPU of journal-shaped transactions writing 1, 8, 32 and 64 held
+   records, sent one at a time, with no watcher of their prefix and with
+   two (as a three-member cluster's standbys watch): what one ordered
+   stream of the journal's transactions can carry at most.
  - ``tokens``: ``--takeovers`` SIGTERM hand-overs in a row (the old leader
    started again as a standby each time) on a cluster of each
    ``--checkout NAME=DIR`` (default: this one), and after each the fencing
@@ -57,8 +62,10 @@ it is killed: PR_SET_PDEATHSIG).
 from __future__ import annotations
 
 import argparse
+import base64
 import ctypes
 import http.client
+import json
 import os
 import random
 import signal
@@ -66,6 +73,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -315,37 +323,40 @@ class DurableCount:
         self.txn_us: Optional[float] = None
 
 
-def txn_round_trip(endpoint: str, count: int = 300) -> float:
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def txn_round_trip(endpoint: str, count: int = 300, records: int = 1, prefix: Optional[bytes] = None) -> float:
     """
     The median round trip, in µs, of C{count} etcd transactions shaped like
-    a journal's (two guards; a held record and the commit key written; two
-    reads if refused), one at a time on one keep-alive connection from this
-    process (Python's http.client), on keys of its own.
+    a journal's (two guards; C{records} held records and the commit key
+    written; two reads if refused), one at a time on one keep-alive
+    connection from this process (Python's http.client), on keys of its
+    own (under C{prefix}).
     """
-    import base64
-    import json
-
-    def b64(data: bytes) -> str:
-        return base64.b64encode(data).decode()
-
     host, _, port = endpoint.split("//", 1)[1].partition(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=10)
-    prefix = b"/bench-txn/%d/%d/" % (os.getpid(), time.monotonic_ns())
+    if prefix is None:
+        prefix = b"/bench-txn/%d/%d/" % (os.getpid(), time.monotonic_ns())
     times: List[float] = []
     previous = b""
     try:
         for index in range(count + 20):
             tag = b"%d" % index
-            guard = {"key": b64(prefix + b"commit"), "target": "VALUE", "result": "EQUAL", "value": b64(previous)}
+            guard = {"key": _b64(prefix + b"commit"), "target": "VALUE", "result": "EQUAL", "value": _b64(previous)}
             if not previous:
-                guard = {"key": b64(prefix + b"commit"), "target": "VERSION", "result": "EQUAL", "version": "0"}
+                guard = {"key": _b64(prefix + b"commit"), "target": "VERSION", "result": "EQUAL", "version": "0"}
+            held = [
+                {"request_put": {"key": _b64(prefix + b"held/s%d/k" % record), "value": _b64(b"1700000000000001")}}
+                for record in range(records)
+            ]
             body = json.dumps({
-                "compare": [{"key": b64(prefix + b"leader"), "target": "CREATE", "result": "EQUAL",
+                "compare": [{"key": _b64(prefix + b"leader"), "target": "CREATE", "result": "EQUAL",
                              "create_revision": "0"}, guard],
-                "success": [{"request_put": {"key": b64(prefix + b"held/s/k"), "value": b64(b"1700000000000001")}},
-                            {"request_put": {"key": b64(prefix + b"commit"), "value": b64(tag)}}],
-                "failure": [{"request_range": {"key": b64(prefix + b"leader")}},
-                            {"request_range": {"key": b64(prefix + b"commit")}}],
+                "success": held + [{"request_put": {"key": _b64(prefix + b"commit"), "value": _b64(tag)}}],
+                "failure": [{"request_range": {"key": _b64(prefix + b"leader")}},
+                            {"request_range": {"key": _b64(prefix + b"commit")}}],
             })  # fmt: skip
             started = time.perf_counter()
             connection.request("POST", "/v3/kv/txn", body, {"Content-Type": "application/json"})
@@ -358,6 +369,68 @@ def txn_round_trip(endpoint: str, count: int = 300) -> float:
     finally:
         connection.close()
     return median(times)
+
+
+# -- txn-size: what one ordered stream of journal transactions can carry ------------------
+
+
+class PrefixWatcher:
+    """
+    A watch of C{prefix} on etcd's JSON gateway, read to the end in a thread
+    of its own (as a standby member watches the journal): etcd's cost of
+    telling a watcher, in the part's figures.
+    """
+
+    def __init__(self, endpoint: str, prefix: bytes) -> None:
+        host, _, port = endpoint.split("//", 1)[1].partition(":")
+        self.connection = http.client.HTTPConnection(host, int(port), timeout=600)
+        end = prefix[:-1] + bytes([prefix[-1] + 1])
+        request = {"create_request": {"key": _b64(prefix), "range_end": _b64(end)}}
+        self.connection.request("POST", "/v3/watch", json.dumps(request))
+        self.answer = self.connection.getresponse()
+        self.answer.read1(65536)  # (the watch's creation)
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        try:
+            while self.answer.read1(65536):
+                pass
+        except (OSError, ValueError):
+            pass
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def txn_sizes(etcd: Etcd, count: int) -> None:
+    """
+    The round trip and etcd's CPU per transaction of journal-shaped
+    transactions writing 1, 8, 32 and 64 held records, with no watcher and
+    with two (a three-member cluster's standbys): the journal's transactions
+    apply one after another (each guarded by its predecessor's commit), so
+    records per second over one ordered stream cannot pass records per
+    transaction over its round trip.
+    """
+    print(f"\n## txn-size: journal-shaped transactions, one at a time ({count} each, medians)\n")
+    print("| watchers | records/txn | txn round trip µs | µs per record | etcd CPU µs/txn | etcd CPU µs per record | records/s at most |")
+    print("|---|---|---|---|---|---|---|")
+    for watchers in (0, 2):
+        prefix = b"/bench-size/%d/%d/" % (watchers, time.monotonic_ns())
+        watching = [PrefixWatcher(etcd.endpoint, prefix) for _ in range(watchers)]
+        try:
+            for records in (1, 8, 32, 64):
+                before = cpu_seconds(etcd.pid())
+                trip = txn_round_trip(etcd.endpoint, count, records, prefix + b"%d/" % records)
+                used = (cpu_seconds(etcd.pid()) or 0.0) - (before or 0.0)
+                per_txn = 1e6 * used / (count + 20)
+                print(
+                    f"| {watchers} | {records} | {trip:,.0f} | {trip / records:,.1f} | {per_txn:,.0f} "
+                    f"| {per_txn / records:,.1f} | {1e6 * records / trip:,.0f} |",
+                    flush=True,
+                )
+        finally:
+            for watcher in watching:
+                watcher.close()
 
 
 def cluster_name(checkout: Optional[str]) -> str:
@@ -691,8 +764,8 @@ def lease_ttl(text: str) -> int:
 def main(argv: Optional[List[str]] = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
-        "--part", choices=["jesync", "elock", "failover", "handover", "tokens"], action="append",
-        help="run only these parts (repeatable; default all five)",
+        "--part", choices=["jesync", "elock", "failover", "handover", "tokens", "txn-size"], action="append",
+        help="run only these parts (repeatable; default the first five)",
     )  # fmt: skip
     parser.add_argument("--python", default=sys.executable, help="the servers' Python (default: this one)")
     parser.add_argument("--etcd", help="the etcd binary (default: as the tests find it)")
@@ -793,6 +866,8 @@ def main(argv: Optional[List[str]] = None) -> None:
                         ("SIGTERM", ttl, failover(args, Path(tmp), etcd, ttl, args.handover_runs, signal.SIGTERM))
                     )
                     failover_report(outcomes)
+            if "txn-size" in parts:
+                txn_sizes(etcd, 50 if args.quick else 200)
             if "tokens" in parts:
                 leads = [
                     (name, takeovers(args, Path(tmp), etcd, repo)) for name, repo in args.checkout or [("after", REPO)]

@@ -1153,7 +1153,8 @@ def main(argv: list[str] | None = None) -> None:
                         print(
                             f"  {kind} x{n} {server.name}: {result.cycles_per_second:,.0f} cycles/s, "
                             f"p50 {result.p50_us:,.0f} µs, p99 {result.p99_us:,.0f} µs, "
-                            f"server CPU {fmt_cpu(result.server_cpu)} ({fmt_us(result.server_us_per_cycle)} µs/cycle), "
+                            f"server CPU {fmt_cpu(result.server_cpu)} ({fmt_us(result.server_us_per_cycle)} µs/cycle, "
+                            f"{fmt_us(result.server_system_us_per_cycle)} of it system), "
                             f"loadgen CPU {fmt_cpu(result.loadgen_cpu)}, other CPU {fmt_cpu(result.other_cpu)}"
                             + (" (noisy)" if args.max_noise is not None and result.other_cpu > args.max_noise else ""),
                             flush=True,

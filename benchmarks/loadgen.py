@@ -50,7 +50,9 @@ in which both of its servers ran quietly, and runs more rounds (at most
 Reported per scenario: cycles per second, p50/p99 cycle latency, the
 server's CPU use over the measured window (when its pid is known; also as
 CPU time per cycle, the figure least disturbed by other load, and the part of
-it spent in the kernel: system calls and loopback TCP), the load
+it spent in the kernel: system calls and loopback TCP; and how often per
+cycle it went to sleep with nothing to do, each a wake-up a closed loop
+waits on), the load
 generator's own, the rest of the machine's (noise), and the jesync/Redis
 ratios.  Only the Python standard
 library is used; the clients are raw non-blocking sockets on one epoll per
@@ -493,6 +495,20 @@ def cpu_times(pid: int | None) -> tuple[float, float] | None:
     return int(fields[11]) / CLOCK_TICK, int(fields[12]) / CLOCK_TICK
 
 
+def voluntary_switches(pid: int | None) -> int | None:
+    """
+    How many times a process (its main thread) has gone to sleep waiting,
+    e.g. in epoll_wait with nothing ready: /proc's voluntary_ctxt_switches.
+    """
+    if pid is None:
+        return None
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    return None
+
+
 def cpu_seconds(pid: int | None) -> float | None:
     """User + system CPU time of a process (all its threads), from /proc."""
     times = cpu_times(pid)
@@ -606,6 +622,7 @@ class Result:
     retries_per_cycle: float
     other_cpu: float  # everything else the machine ran meanwhile (noise), in cores
     server_system_cpu: float | None = None  # the part of server_cpu spent in the kernel
+    server_sleeps: float | None = None  # per second: the server waiting with nothing to do, woken again
 
     @property
     def server_us_per_cycle(self) -> float | None:
@@ -620,6 +637,13 @@ class Result:
         if self.server_system_cpu is None or not self.cycles_per_second:
             return None
         return 1e6 * self.server_system_cpu / self.cycles_per_second
+
+    @property
+    def server_sleeps_per_cycle(self) -> float | None:
+        """How often the server slept (and had to be woken) per cycle: a latency a closed loop waits on."""
+        if self.server_sleeps is None or not self.cycles_per_second:
+            return None
+        return self.server_sleeps / self.cycles_per_second
 
 
 def receive(pipe):
@@ -668,8 +692,10 @@ def run_workers(server: Server, procs: int, worker, args) -> Result:
         pipe.send(start)
     time.sleep(max(0.0, start + args.warmup - time.monotonic()))
     cpu_before, busy_before = cpu_times(server.pid), machine_busy_seconds()
+    sleeps_before = voluntary_switches(server.pid)
     time.sleep(max(0.0, start + args.warmup + args.seconds - time.monotonic()))
     cpu_after, busy_after = cpu_times(server.pid), machine_busy_seconds()
+    sleeps_after = voluntary_switches(server.pid)
     cycles, latencies, retries, loadgen_cpu = 0, [], 0, 0.0
     for process, pipe in workers:
         n, lat, r, cpu = receive(pipe)
@@ -701,6 +727,7 @@ def run_workers(server: Server, procs: int, worker, args) -> Result:
         retries / cycles if cycles else 0.0,
         max(0.0, busy - (server_cpu or 0.0) - loadgen_cpu / args.seconds),
         server_system_cpu,
+        None if sleeps_before is None or sleeps_after is None else (sleeps_after - sleeps_before) / args.seconds,
     )
 
 
@@ -721,6 +748,10 @@ def fmt_cpu(value: float | None) -> str:
 
 def fmt_us(value: float | None) -> str:
     return "-" if value is None else f"{value:.1f}"
+
+
+def fmt_sleeps(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def ratios(rounds: list[dict[str, Result]], measure, name: str = "jesync", reference: str = "redis") -> float:
@@ -788,7 +819,8 @@ def run_rounds(scenarios, runs, pairs, measure, describe, args) -> dict:
                     f"  round {attempt + 1} x{n} {describe(server, workload)}: "
                     f"{result.cycles_per_second:,.0f} cycles/s, p50 {result.p50_us:,.0f} µs, "
                     f"p99 {result.p99_us:,.0f} µs, server CPU {fmt_cpu(result.server_cpu)} "
-                    f"({fmt_us(result.server_us_per_cycle)} µs/cycle, {fmt_us(result.server_system_us_per_cycle)} of it system), loadgen CPU {fmt_cpu(result.loadgen_cpu)}, "
+                    f"({fmt_us(result.server_us_per_cycle)} µs/cycle, {fmt_us(result.server_system_us_per_cycle)} of it system; "
+                    f"{fmt_sleeps(result.server_sleeps_per_cycle)} sleeps/cycle), loadgen CPU {fmt_cpu(result.loadgen_cpu)}, "
                     f"other CPU {fmt_cpu(result.other_cpu)}" + (" (noisy)" if noisy else ""),
                     flush=True,
                 )
@@ -820,9 +852,9 @@ def report(results: dict[tuple[str, int], list[dict[str, Result]]], args) -> Non
     print()
     print(
         "| scenario | server | cycles/s | p50 µs | p99 µs | server CPU | server CPU/cycle | of which system "
-        "| loadgen CPU | other CPU | SET retries/cycle |"
+        "| server sleeps/cycle | loadgen CPU | other CPU | SET retries/cycle |"
     )
-    print("|" + "---|" * 11)
+    print("|" + "---|" * 12)
     for (kind, n), rounds in results.items():
         for name in rounds[0]:
             runs = [round_[name] for round_ in rounds]
@@ -831,7 +863,7 @@ def report(results: dict[tuple[str, int], list[dict[str, Result]]], args) -> Non
             print(
                 f"| {kind} x{n} | {name} | {r.cycles_per_second:,.0f} | {r.p50_us:,.0f} | {r.p99_us:,.0f} "
                 f"| {fmt_cpu(r.server_cpu)} | {fmt_us(r.server_us_per_cycle)} | {fmt_us(r.server_system_us_per_cycle)} "
-                f"| {fmt_cpu(r.loadgen_cpu)} "
+                f"| {fmt_sleeps(r.server_sleeps_per_cycle)} | {fmt_cpu(r.loadgen_cpu)} "
                 f"| {fmt_cpu(r.other_cpu)} | {r.retries_per_cycle:.1f} |"
             )
     all_names = list(next(iter(results.values()))[0])
@@ -1154,7 +1186,8 @@ def main(argv: list[str] | None = None) -> None:
                             f"  {kind} x{n} {server.name}: {result.cycles_per_second:,.0f} cycles/s, "
                             f"p50 {result.p50_us:,.0f} µs, p99 {result.p99_us:,.0f} µs, "
                             f"server CPU {fmt_cpu(result.server_cpu)} ({fmt_us(result.server_us_per_cycle)} µs/cycle, "
-                            f"{fmt_us(result.server_system_us_per_cycle)} of it system), "
+                            f"{fmt_us(result.server_system_us_per_cycle)} of it system; "
+                            f"{fmt_sleeps(result.server_sleeps_per_cycle)} sleeps/cycle), "
                             f"loadgen CPU {fmt_cpu(result.loadgen_cpu)}, other CPU {fmt_cpu(result.other_cpu)}"
                             + (" (noisy)" if args.max_noise is not None and result.other_cpu > args.max_noise else ""),
                             flush=True,

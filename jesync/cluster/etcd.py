@@ -19,7 +19,14 @@ The rules:
    When the deadline passes: L{EtcdUnavailable}.
  - Each attempt gets at most C{attempt_timeout} (L{ATTEMPT_TIMEOUT}, 0.4
    s: etcd answers in about a millisecond) and its share of the timeout
-   among the endpoints, or, the last one, what is left.  An attempt with
+   among the endpoints, or, the last one, what is left (when less than
+   two attempts' worth is) -- unless etcd is
+   slow on every request: when even the fastest of its last
+   L{ANSWERS_REMEMBERED} answers took over a quarter of that,
+   L{SLOW_ETCD_MARGIN} times that fastest answer (at most half the
+   timeout).  A flapping link cannot raise it: its answers that get
+   through are fast, and one fast answer among the last ones is enough to
+   keep an attempt's 0.4 s.  An attempt with
    no answer by then is abandoned I{with its connection}, and the next
    goes at once, on another (a new one, or an idle one from the pool).
    Why: on a link that drops and heals, a request on a connection whose
@@ -49,8 +56,9 @@ from __future__ import annotations
 
 import base64
 import json
+from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Generator, List, Optional, Sequence, Tuple, Union, cast
+from typing import Any, Callable, Deque, Dict, Generator, List, Optional, Sequence, Tuple, Union, cast
 
 from treq.client import HTTPClient
 from twisted.internet.defer import CancelledError, Deferred, gatherResults, inlineCallbacks, succeed
@@ -78,6 +86,13 @@ RETRY_DELAY_MAX = 0.5
 # time a flapping link stays up (0.5 s), and at least three of them fit in
 # the shortest certainty window (1.5 s, a lease TTL of 2 s).
 ATTEMPT_TIMEOUT = 0.4
+# An etcd healthy but slow on every request (a slow disk) answers later than
+# ATTEMPT_TIMEOUT every time: an attempt may then take SLOW_ETCD_MARGIN
+# times the fastest of the last ANSWERS_REMEMBERED answers (see the module
+# docstring).  Why the fastest: one answer that came quickly shows that the
+# link, not etcd, was slow for the others.
+SLOW_ETCD_MARGIN = 4
+ANSWERS_REMEMBERED = 8
 
 # gRPC status codes that etcd's gateway puts in its error bodies.
 _GRPC_NOT_FOUND = 5
@@ -554,6 +569,8 @@ class EtcdClient:
         self._attempt_timeout = attempt_timeout
         self._observer = observer
         self._preferred = 0
+        # How long etcd's last answers took (each a successful attempt's round trip).
+        self._answered: Deque[float] = deque(maxlen=ANSWERS_REMEMBERED)
         self._pool = HTTPConnectionPool(reactor, persistent=True)
         self._pool._factory = _QuietFactory
         self._pool.maxPersistentPerHost = MAX_IDLE_CONNECTIONS
@@ -734,8 +751,7 @@ class EtcdClient:
         """
         now = self._reactor.seconds
         deadline = now() + self._timeout
-        # What an attempt may take: a member's share of the timeout, and at most attempt_timeout.
-        bound = min(self._attempt_timeout, self._timeout / len(self._endpoints))
+        bound = self._attempt_bound()
         attempts = 0
         failures = 0
         delay = RETRY_DELAY
@@ -749,8 +765,9 @@ class EtcdClient:
                 )
             index = self._preferred
             url = self._endpoints[index] + "/v3" + path
-            # The last attempt takes what is left, rather than leave too little for another.
-            allowed = remaining if remaining < bound * 1.5 else bound
+            # The last attempt takes what is left, rather than leave less than one more's worth:
+            # at least one attempt of each request may take longer than bound (a slow etcd is learned so).
+            allowed = remaining if remaining < bound * 2 else bound
             attempts += 1
             started = now()
             try:
@@ -767,8 +784,11 @@ class EtcdClient:
                     last = f"{self._endpoints[index]}: {_describe(e)}"
             else:
                 self._preferred = index
+                took = now() - started
+                if not stream:
+                    self._answered.append(took)
                 if self._observer is not None:
-                    self._observe(operation, now() - started)
+                    self._observe(operation, took)
                 return response if answer is None else answer
             self._preferred = (index + 1) % len(self._endpoints)
             if unanswered:
@@ -779,6 +799,21 @@ class EtcdClient:
             if failures % len(self._endpoints) == 0:
                 yield deferLater(self._reactor, min(delay, max(0.0, deadline - now())))
                 delay = min(delay * 2, RETRY_DELAY_MAX)
+
+    def _attempt_bound(self) -> float:
+        """
+        What one attempt may take: a member's share of the timeout, and at
+        most C{attempt_timeout}; or, if etcd has been slow on every one of
+        its last answers, L{SLOW_ETCD_MARGIN} times the fastest of them, up
+        to the member's share and half the timeout.
+        """
+        share = self._timeout / len(self._endpoints)
+        bound = min(self._attempt_timeout, share)
+        if len(self._answered) == ANSWERS_REMEMBERED:
+            slow = SLOW_ETCD_MARGIN * min(self._answered)
+            if slow > bound:
+                bound = max(bound, min(slow, share, self._timeout / 2))
+        return bound
 
     def _attempt(self, url: str, request: JSON, timeout: float, stream: bool) -> Deferred[Any]:
         """

@@ -28,6 +28,7 @@ from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
 from jesync.cluster.etcd import (
+    ANSWERS_REMEMBERED,
     ATTEMPT_TIMEOUT,
     RETRY_DELAY,
     Compare,
@@ -146,23 +147,104 @@ class AttemptTests(SynchronousTestCase):
 
     def test_attempts_in_a_certainty_window(self) -> None:
         """
-        TTL 3 (a window of 2.25 s): six attempts, each 0.4 s but the last
-        (0.25 s: what is left); TTL 2 (1.5 s): four.  Every connection is
-        given up.
+        TTL 3 (a window of 2.25 s): five attempts, each 0.4 s but the last
+        (0.65 s: what is left); TTL 2 (1.5 s): three, the last 0.7 s.
+        Every connection is given up.
         """
         started, error = self.attempts_within(2.25)
-        self.assertEqual(started, [0.0, 0.4, 0.8, 1.2, 1.6, 2.0])
-        self.assertIn("no etcd endpoint answered txn within 2.25 s (6 attempts; last:", error)
-        self.assertIn("no answer within 0.4 s", error)
+        self.assertEqual(started, [0.0, 0.4, 0.8, 1.2, 1.6])
+        self.assertIn("no etcd endpoint answered txn within 2.25 s (5 attempts; last:", error)
+        self.assertIn("no answer within 0.65 s", error)
         self.assertTrue(all(connector.stoppedConnecting for connector in self.reactor.connectors))
         started, _ = self.attempts_within(1.5)
-        self.assertEqual(started, [0.0, 0.4, 0.8, 1.2])
+        self.assertEqual(started, [0.0, 0.4, 0.8])
 
     def test_the_last_attempt_takes_what_is_left(self) -> None:
-        """Rather than leave less than 0.6 s for one more: a timeout of 0.5 s is one attempt of 0.5 s."""
-        started, error = self.attempts_within(0.5)
+        """Rather than leave less than 0.4 s for one more: a timeout of 0.7 s is one attempt of 0.7 s."""
+        started, error = self.attempts_within(0.7)
         self.assertEqual(started, [0.0])
-        self.assertIn("(1 attempt; last: http://127.0.0.1:2379: no answer within 0.5 s)", error)
+        self.assertIn("(1 attempt; last: http://127.0.0.1:2379: no answer within 0.7 s)", error)
+
+    def answered_after(self, client: EtcdClient, connection: int, seconds: float) -> None:
+        """One read, answered C{seconds} after it was sent on connection number C{connection}."""
+        got = client.get(b"k")
+        self.reactor.advance(seconds)
+        self.etcd.answer(connection, http_answer(ANSWER))
+        self.assertEqual(self.successResultOf(got)[0], 9)
+
+    def test_an_etcd_slow_on_every_request_gets_longer_attempts(self) -> None:
+        """
+        Eight answers in a row each 0.3 s late (over a quarter of 0.4 s):
+        an attempt may then take four times the fastest of them, at most
+        half the timeout (1.125 s), and a read answered after 0.9 s is
+        answered on its first attempt.
+        """
+        reactor, client = self.client()
+        got = client.get(b"k")
+        self.etcd.accept(0)
+        reactor.advance(0.3)
+        self.etcd.answer(0, http_answer(ANSWER))
+        self.successResultOf(got)
+        for _ in range(ANSWERS_REMEMBERED - 1):
+            self.answered_after(client, 0, 0.3)
+        got = client.get(b"k")
+        reactor.advance(0.9)
+        self.assertEqual(self.etcd.connects, 1)  # (not abandoned at 0.4 s)
+        self.etcd.answer(0, http_answer(ANSWER))
+        self.assertEqual(self.successResultOf(got)[0], 9)
+        # Nor longer than half the timeout.
+        got = client.get(b"k")
+        reactor.advance(2.25 / 2)
+        self.assertEqual(self.etcd.connects, 2)
+        self.etcd.accept(1)
+        self.etcd.answer(1, http_answer(ANSWER))
+        self.successResultOf(got)
+
+    def test_one_fast_answer_among_the_last_keeps_the_attempt_timeout(self) -> None:
+        """A flapping link's slow answers (retransmitted) come among fast ones: attempts stay at 0.4 s."""
+        reactor, client = self.client()
+        got = client.get(b"k")
+        self.etcd.accept(0)
+        reactor.advance(0.01)
+        self.etcd.answer(0, http_answer(ANSWER))
+        self.successResultOf(got)
+        for _ in range(ANSWERS_REMEMBERED - 1):
+            self.answered_after(client, 0, 0.35)
+        client.get(b"k")
+        reactor.advance(ATTEMPT_TIMEOUT)
+        self.assertEqual(self.etcd.connects, 2)
+
+    def test_a_suddenly_slow_etcd_is_learned_through_last_attempts(self) -> None:
+        """
+        etcd answering every request after 0.6 s: each request's last
+        attempt (0.65 s, of a 2.25 s timeout) gets the answer; after eight
+        of them the next is answered on its first attempt.
+        """
+        reactor, client = self.client()
+        accepted = set()
+
+        def attempt_on_newest() -> int:
+            newest = self.etcd.connects - 1  # (a new connection, or the one answered last, from the pool)
+            if newest not in accepted:
+                self.etcd.accept(newest)
+                accepted.add(newest)
+            return newest
+
+        for _ in range(ANSWERS_REMEMBERED):
+            got = client.get(b"k")
+            for _ in range(4):  # 0, 0.4, 0.8, 1.2: abandoned at 0.4 s each
+                attempt_on_newest()
+                reactor.advance(ATTEMPT_TIMEOUT)
+            self.assertNoResult(got)
+            last = attempt_on_newest()  # 1.6 s: the last, 0.65 s
+            reactor.advance(0.6)
+            self.etcd.answer(last, http_answer(ANSWER))
+            self.assertEqual(self.successResultOf(got)[0], 9)
+        opened = self.etcd.connects
+        got = client.get(b"k")
+        reactor.advance(0.6)
+        self.etcd.answer(opened - 1, http_answer(ANSWER))
+        self.assertEqual((self.successResultOf(got)[0], self.etcd.connects), (9, opened))
 
     def test_an_error_etcd_answers_is_not_tried_again(self) -> None:
         reactor, client = self.client()

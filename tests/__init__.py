@@ -16,6 +16,8 @@ Servers and clients:
  - C{twistd_process}: C{twistd jesync} run and watched as a subprocess;
  - C{etcd_server}, C{cluster}, C{cluster_members}: real etcd processes,
    and cluster members on them (as processes, or in the test's process);
+   C{fake_etcd}: a store answering the journal's transactions when a unit
+   test says;
  - C{client_case}, C{fake_session}, C{failover}, C{client_pki}: what the
    client tests share (a base, the sans-I/O core on a fake clock, standbys,
    certificates and a secured server);

@@ -10,97 +10,19 @@ tests/etcd/test_cluster_journal.py runs the journal against a real etcd.
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, List, Optional, Tuple
 
 from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 from twisted.trial.unittest import SynchronousTestCase
 
-from jesync.cluster.etcd import Compare, Delete, EtcdUnavailable, Get, KeyValue, Put, TxnResult
+from jesync.cluster.etcd import Compare, EtcdUnavailable, TxnResult
 from jesync.cluster.journal import MAX_IN_FLIGHT, MAX_OPS, Deposed, Journal, Layout
 from jesync.cluster.txn_channel import ChannelError
 from jesync.service import LockService
 from jesync.sessions import SessionTable
-
-
-class Request:
-    """One transaction as the journal sent it, awaiting the test."""
-
-    def __init__(self, etcd: FakeEtcd, compare, success, failure) -> None:
-        self.etcd = etcd
-        self.compare = list(compare)
-        self.success = list(success)
-        self.failure = list(failure)
-        self.answer: Deferred[TxnResult] = Deferred()
-        self.result: Optional[TxnResult] = None
-
-    @property
-    def tag(self) -> bytes:
-        return self.success[-1].value
-
-    def apply(self) -> TxnResult:
-        """etcd evaluates (a copy of) it now; the result is kept for L{reply}."""
-        self.result = self.etcd.evaluate(self.compare, self.success, self.failure)
-        return self.result
-
-    def reply(self) -> None:
-        assert self.result is not None
-        self.answer.callback(self.result)
-
-    def commit(self) -> None:
-        self.apply()
-        self.reply()
-
-
-class FakeEtcd:
-    """A key-value store with revisions, evaluating transactions when told to."""
-
-    def __init__(self) -> None:
-        self.revision = 1
-        self.kvs: Dict[bytes, KeyValue] = {}
-        self.sent: List[Request] = []
-
-    def put(self, key: bytes, value: bytes) -> int:
-        self.revision += 1
-        old = self.kvs.get(key)
-        created = old.create_revision if old else self.revision
-        self.kvs[key] = KeyValue(key, value, created, self.revision, 0)
-        return self.revision
-
-    def txn(self, compare, success, failure=()) -> Deferred[TxnResult]:
-        request = Request(self, compare, success, failure)
-        self.sent.append(request)
-        return request.answer
-
-    def holds(self, condition: Compare) -> bool:
-        kv = self.kvs.get(condition.key)
-        if condition.target == "VALUE":
-            return kv is not None and kv.value == condition.value
-        field = {"CREATE": "create_revision", "MOD": "mod_revision"}[condition.target]
-        return (getattr(kv, field) if kv else 0) == condition.value
-
-    def evaluate(self, compare, success, failure) -> TxnResult:
-        succeeded = all(self.holds(condition) for condition in compare)
-        responses: List[Optional[List[KeyValue]]] = []
-        changed = False
-        for operation in success if succeeded else failure:
-            if isinstance(operation, Get):
-                kv = self.kvs.get(operation.key)
-                responses.append([kv] if kv else [])
-                continue
-            if not changed:
-                self.revision += 1
-                changed = True
-            if isinstance(operation, Put):
-                old = self.kvs.get(operation.key)
-                created = old.create_revision if old else self.revision
-                self.kvs[operation.key] = KeyValue(operation.key, operation.value, created, self.revision, 0)
-            elif isinstance(operation, Delete):
-                for key in [key for key in self.kvs if key == operation.key or (operation.prefix and key.startswith(operation.key))]:
-                    del self.kvs[key]
-            responses.append(None)
-        return TxnResult(succeeded, self.revision, responses)
+from tests.fake_etcd import FakeEtcd
 
 
 class ChainTests(SynchronousTestCase):

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any, Dict, List, Optional, Sequence, Tuple, cast
+from typing import Any, List, Tuple, cast
 
 from twisted.internet.address import IPv4Address
-from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
@@ -29,7 +28,6 @@ from jesync.cluster.etcd import (
     Delete,
     EtcdError,
     Get,
-    KeyValue,
     Operation,
     Put,
     TxnResult,
@@ -40,6 +38,7 @@ from jesync.cluster.journal import MAX_IN_FLIGHT, Journal, Layout
 from jesync.cluster.txn_channel import ChannelError, TxnChannel, _Connection
 from jesync.service import LockService
 from jesync.sessions import SessionTable
+from tests.fake_etcd import FakeEtcd
 
 
 def b64(data: bytes) -> str:
@@ -363,72 +362,6 @@ class PipelinedTimeoutTests(SynchronousTestCase):
 # channel whose connections are Wires answered from a fake etcd's store,
 # and sends what the channel failed through that fake etcd as the client
 # (tests/unit/test_cluster_journal.py has the chain's rules alone).
-
-
-class FakeEtcd:
-    """A key-value store with revisions, and as the client: the transactions sent, applied when the test says."""
-
-    def __init__(self) -> None:
-        self.revision = 1
-        self.kvs: Dict[bytes, KeyValue] = {}
-        self.sent: List[Sent] = []
-
-    def put(self, key: bytes, value: bytes) -> int:
-        self.revision += 1
-        old = self.kvs.get(key)
-        self.kvs[key] = KeyValue(key, value, old.create_revision if old else self.revision, self.revision, 0)
-        return self.revision
-
-    def txn(self, compare: Sequence[Compare], success: Sequence[Operation], failure: Sequence[Operation] = ()) -> Deferred[TxnResult]:
-        sent = Sent(self, compare, success, failure)
-        self.sent.append(sent)
-        return sent.answer
-
-    def holds(self, condition: Compare) -> bool:
-        kv = self.kvs.get(condition.key)
-        if condition.target == "VALUE":
-            return kv is not None and kv.value == condition.value
-        field = {"CREATE": "create_revision", "MOD": "mod_revision"}[condition.target]
-        return (getattr(kv, field) if kv else 0) == condition.value
-
-    def evaluate(self, compare: Sequence[Compare], success: Sequence[Operation], failure: Sequence[Operation]) -> TxnResult:
-        succeeded = all(self.holds(condition) for condition in compare)
-        responses: List[Optional[List[KeyValue]]] = []
-        written = False
-        for operation in success if succeeded else failure:
-            if isinstance(operation, Get):
-                kv = self.kvs.get(operation.key)
-                responses.append([kv] if kv else [])
-                continue
-            if not written:
-                self.revision += 1
-                written = True
-            if isinstance(operation, Put):
-                old = self.kvs.get(operation.key)
-                created = old.create_revision if old else self.revision
-                self.kvs[operation.key] = KeyValue(operation.key, operation.value, created, self.revision, 0)
-            else:
-                for key in [key for key in self.kvs if key == operation.key or (operation.prefix and key.startswith(operation.key))]:
-                    del self.kvs[key]
-            responses.append(None)
-        return TxnResult(succeeded, self.revision, responses)
-
-
-class Sent:
-    """A transaction sent through the client, awaiting the test."""
-
-    def __init__(self, etcd: FakeEtcd, compare: Sequence[Compare], success: Sequence[Operation], failure: Sequence[Operation]) -> None:
-        self.etcd = etcd
-        self.request = (list(compare), list(success), list(failure))
-        self.answer: Deferred[TxnResult] = Deferred()
-
-    @property
-    def tag(self) -> bytes:
-        return cast(Put, self.request[1][-1]).value
-
-    def commit(self) -> None:
-        """etcd applies it and answers."""
-        self.answer.callback(self.etcd.evaluate(*self.request))
 
 
 def decode_compare(item: dict) -> Compare:

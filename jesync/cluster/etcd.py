@@ -20,13 +20,12 @@ The rules:
  - Each attempt gets at most C{attempt_timeout} (L{ATTEMPT_TIMEOUT}, 0.4
    s: etcd answers in about a millisecond) and its share of the timeout
    among the endpoints, or, the last one, what is left (when less than
-   two attempts' worth is) -- unless etcd is
-   slow on every request: when even the fastest of its last
-   L{ANSWERS_REMEMBERED} answers took over a quarter of that,
-   L{SLOW_ETCD_MARGIN} times that fastest answer (at most half the
-   timeout).  A flapping link cannot raise it: its answers that get
-   through are fast, and one fast answer among the last ones is enough to
-   keep an attempt's 0.4 s.  An attempt with
+   two attempts' worth is) -- unless etcd is slow on every request: when
+   even the fastest of its last L{ANSWERS_REMEMBERED} answers took over a
+   quarter of that, L{SLOW_ETCD_MARGIN} times that fastest answer (at
+   most half the timeout).  A flapping link cannot raise it: its answers
+   that get through are fast, and one fast answer among the last ones is
+   enough to keep an attempt's 0.4 s.  An attempt with
    no answer by then is abandoned I{with its connection}, and the next
    goes at once, on another (a new one, or an idle one from the pool).
    Why: on a link that drops and heals, a request on a connection whose

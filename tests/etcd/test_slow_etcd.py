@@ -203,7 +203,7 @@ def terms(member: MemberProcess) -> int:
 
 def etcd_round_trips(member: MemberProcess) -> Dict[str, Tuple[int, float]]:
     """Per etcd operation, the member's answered requests and their mean round trip (its metrics)."""
-    counts: Dict[str, int] = {}
+    counts: Dict[str, float] = {}
     sums: Dict[str, float] = {}
     for line in member.metrics().splitlines():
         for suffix, into in (("_count", counts), ("_sum", sums)):
@@ -211,7 +211,7 @@ def etcd_round_trips(member: MemberProcess) -> Dict[str, Tuple[int, float]]:
             if line.startswith(prefix):
                 labels, value = line[len(prefix) :].split("} ")
                 operation = labels.split('operation="')[1].split('"')[0]
-                into[operation] = float(value)  # type: ignore[assignment]
+                into[operation] = float(value)
     return {operation: (int(count), sums[operation] / count) for operation, count in counts.items() if count}
 
 

@@ -67,7 +67,9 @@ TTL = 5
 LEAD_WITHIN = 60.0
 #: Seconds of elock traffic the leader must ride out without stepping down.
 TRAFFIC = 10.0
-#: How long one elock reply may take: a durable write is one etcd transaction (0.5 s here), within the 4 s window.
+#: How long one elock reply may take: a durable write waits for one etcd transaction, answered within the 4 s
+#: window (measured: 1 s, the journal's first try on its lean path, jesync.cluster.txn_channel, being given
+#: up at its fixed 0.5 s, and the transaction sent again through the etcd client, which has learned etcd slow).
 REPLY_WITHIN = 4.0
 #: lock/unlock cycles answered in a row before the long run.
 IN_A_ROW = 5
@@ -265,7 +267,7 @@ class SlowEtcdTests(unittest.TestCase):
         sys.stderr.write(
             f"slow etcd: {cycles} lock/unlock cycles in {TRAFFIC} s, slowest reply {elock.slowest:.2f} s\n"
         )
-        # Over TRAFFIC s at about two transactions (0.5 s each) a cycle: several cycles, none refused.
+        # Over TRAFFIC s at two durable replies (1 s each, measured) a cycle: several cycles, none refused.
         self.assertGreaterEqual(cycles, 3)
         self.assertEqual(step_downs(self.member)[before:], [], self.member.log())
         self.assertEqual(self.member.health(), "leader")

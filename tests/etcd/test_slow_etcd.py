@@ -18,10 +18,13 @@ Why these numbers (jesync.cluster.etcd's rules; TTL 5 gives a request a
  - Until etcd has been learned slow, an attempt waits 0.4 s and is given
    up, but a request's last attempt takes what is left when less than two
    attempts' worth is: after eight 0.4 s attempts about 0.8 s.  So a delay
-   must stay under that for any request to be answered: 0.5 s is.  (At TTL
-   3, 2.25 s, that last attempt gets 0.65 s: a 0.5 s delay is learned
-   there too, but with little to spare on a loaded machine.)  Each of those
-   first requests takes about 3.7 s.
+   must stay under that for any request to be answered: 0.5 s is.  Each
+   of those first requests takes about 3.7 s.  (At TTL 3, 2.25 s, that
+   last attempt gets 0.65 s: 0.5 s is learned there too, with little to
+   spare on a loaded machine.  No TTL lets it get 0.8 s or more: the
+   largest delay a member sustains is just under 0.8 s.  At TTL 5, 0.7
+   and 0.75 s pass here; at 0.8 s the last attempt gets 0.785 s, no
+   request is ever answered, and the member never leads.)
  - Once the last 8 answers all took over 0.1 s, an attempt may take 4
    times the fastest (2 s, capped at half the window, 2 s): every request
    is then answered at its first attempt, in about 0.5 s.
@@ -44,6 +47,7 @@ checked, as long as it lasts.
 
 from __future__ import annotations
 
+import os
 import queue
 import socket
 import sys
@@ -57,8 +61,8 @@ from tests.cluster import MemberProcess
 from tests.etcd_server import require_etcd, shared_etcd
 from tests.servers import free_port
 
-#: Seconds every chunk etcd sends back is held by the proxy.
-DELAY = 0.5
+#: Seconds every chunk etcd sends back is held by the proxy (C{JESYNC_SLOW_ETCD_DELAY}, default 0.5).
+DELAY = float(os.environ.get("JESYNC_SLOW_ETCD_DELAY", "0.5"))
 #: The member's lease TTL (see the module docstring).
 TTL = 5
 #: The most the member may take to lead and serve, once its /health answers: 8 answers at up to the

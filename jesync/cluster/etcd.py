@@ -750,7 +750,7 @@ class EtcdClient:
         """
         now = self._reactor.seconds
         deadline = now() + self._timeout
-        bound = self._attempt_bound()
+        bound = self.attempt_bound()
         attempts = 0
         failures = 0
         delay = RETRY_DELAY
@@ -799,7 +799,7 @@ class EtcdClient:
                 yield deferLater(self._reactor, min(delay, max(0.0, deadline - now())))
                 delay = min(delay * 2, RETRY_DELAY_MAX)
 
-    def _attempt_bound(self) -> float:
+    def attempt_bound(self) -> float:
         """
         What one attempt may take: a member's share of the timeout, and at
         most C{attempt_timeout}; or, if etcd has been slow on every one of

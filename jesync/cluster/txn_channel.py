@@ -22,9 +22,10 @@ The rules:
    round trip of the one before it.  (Over several connections they race:
    measured at 8 in flight, nine in ten journal transactions reached etcd
    before their predecessor.)
- - B{It never retries.}  An answer not in time (C{timeout}, counted from
-   when the request was posted, a wait for the connection to open
-   included: so an attempt here never takes more than C{timeout}), a
+ - B{It never retries.}  An answer not in time (C{timeout}, or as long
+   as the etcd client gives an attempt once it has learned etcd slow on
+   every request: L{TxnChannel.answer_within}; counted from when the
+   request was posted, a wait for the connection to open included), a
    connection refused or lost, or anything but a well-formed HTTP answer
    fails the request with L{ChannelError} (and drops its connection; new
    ones go to the next endpoint): the caller retries through
@@ -116,9 +117,9 @@ class _Connection(Protocol):
             no_delay(True)
 
     def send(self, request: bytes, answer: Deferred[_Answer], deadline: Optional[float] = None) -> None:
-        """Write C{request}; C{answer} fails if not answered by C{deadline} (default: C{timeout} from now)."""
+        """Write C{request}; C{answer} fails if not answered by C{deadline} (default: L{TxnChannel.answer_within} from now)."""
         if deadline is None:
-            deadline = self.channel.reactor.seconds() + self.channel.timeout
+            deadline = self.channel.reactor.seconds() + self.channel.answer_within()
         self.waiting.append((answer, deadline))
         if self.timer is None:
             self._watch()
@@ -136,7 +137,7 @@ class _Connection(Protocol):
 
     def _late(self) -> None:
         self.timer = None
-        self._fail(ChannelError(f"no answer within {self.channel.timeout:.3g} s"))
+        self._fail(ChannelError(f"no answer within {self.channel.answer_within():.3g} s"))
 
     def dataReceived(self, data: bytes) -> None:
         self.buffer += data
@@ -259,11 +260,15 @@ class TxnChannel:
         endpoints: Sequence[Tuple[str, int]],
         timeout: float,
         observer: Optional[Callable[[str, float], None]] = None,
+        slow_etcd: Optional[Callable[[], float]] = None,
     ) -> None:
         self.reactor = reactor
         self.endpoints = list(endpoints)
         self.timeout = timeout
         self.observer = observer
+        # What the etcd client has learned an attempt may take (an etcd slow
+        # on every request: EtcdClient.attempt_bound); a request here gets as long.
+        self._slow_etcd = slow_etcd
         self._endpoint = 0
         self._connection: Optional[_Connection] = None
         self._connecting = False
@@ -281,6 +286,7 @@ class TxnChannel:
         urls: Sequence[str],
         timeout: float,
         observer: Optional[Callable[[str, float], None]] = None,
+        slow_etcd: Optional[Callable[[], float]] = None,
     ) -> Optional[TxnChannel]:
         """A channel to the etcd at C{urls} (as given to L{EtcdClient}), or None if one is not C{http://}."""
         endpoints = []
@@ -289,19 +295,30 @@ class TxnChannel:
             if parts.scheme != "http" or not parts.hostname:
                 return None
             endpoints.append((parts.hostname, parts.port or 80))
-        return cls(reactor, endpoints, timeout, observer)
+        return cls(reactor, endpoints, timeout, observer, slow_etcd)
 
     @classmethod
     def beside(cls, etcd: Any) -> Optional[TxnChannel]:
         """
         A channel to the etcd that C{etcd} (an L{EtcdClient}) talks to, with
         its observer, each attempt given at most a quarter of its timeout
-        (or 0.5 s): what is left is the client's, to retry in.  None if
-        C{etcd} is anything else, or an endpoint is not C{http://}.
+        (or 0.5 s): what is left is the client's, to retry in.  Unless the
+        client has learned that etcd is slow on every request: then as long
+        as the client gives an attempt (at most half its timeout), or every
+        transaction would be sent here in vain and again by the client.
+        None if C{etcd} is anything else, or an endpoint is not C{http://}.
         """
         if not isinstance(etcd, EtcdClient):
             return None
-        return cls.for_endpoints(etcd.reactor, etcd.endpoints, min(0.5, etcd.timeout / 4), etcd.observer)
+        return cls.for_endpoints(
+            etcd.reactor, etcd.endpoints, min(0.5, etcd.timeout / 4), etcd.observer, etcd.attempt_bound
+        )
+
+    def answer_within(self) -> float:
+        """How long a request posted now may wait for its answer: C{timeout}, or longer on a slow etcd."""
+        if self._slow_etcd is None:
+            return self.timeout
+        return max(self.timeout, self._slow_etcd())
 
     # -- transactions --
 
@@ -395,7 +412,7 @@ class TxnChannel:
         elif self._connection is not None:
             self._connection.send(request, answer)
         else:
-            self._queue.append((request, answer, self.reactor.seconds() + self.timeout))
+            self._queue.append((request, answer, self.reactor.seconds() + self.answer_within()))
             if not self._connecting:
                 self._connect()
         return answer

@@ -26,6 +26,7 @@ from jesync.cluster.etcd import (
     _COMPARE_FIELDS,
     Compare,
     Delete,
+    EtcdClient,
     EtcdError,
     Get,
     Operation,
@@ -159,6 +160,37 @@ class ChannelTests(SynchronousTestCase):
         self.channel.close()
         self.failureResultOf(waiting, ChannelError)
         self.failureResultOf(self.channel.txn(COMPARE, SUCCESS_OPS, FAILURE_OPS), ChannelError)
+
+    def test_on_an_etcd_learned_slow_a_request_waits_as_long_as_the_clients_attempts(self) -> None:
+        """
+        Beside an etcd client that has learned etcd slow on every request
+        (EtcdClient.attempt_bound: 1.5 s), a request waits that long, not
+        the channel's 0.5 s: else every transaction would be sent here in
+        vain and again by the client.
+        """
+        learned = [0.4]
+        self.channel._slow_etcd = lambda: learned[0]
+        fast = self.channel.txn(COMPARE, SUCCESS_OPS, FAILURE_OPS)
+        self.clock.advance(0.5)
+        self.failureResultOf(fast, ChannelError)  # (0.4 learned: the channel's own 0.5 s)
+        self.connection = _Connection(self.channel)
+        self.connection.makeConnection(StringTransport())
+        self.channel._connection = self.connection
+        learned[0] = 1.5
+        slow = self.channel.txn(COMPARE, SUCCESS_OPS[:1] + SUCCESS_OPS[2:], FAILURE_OPS)
+        self.clock.advance(1.4)
+        self.assertNoResult(slow)
+        self.connection.dataReceived(answer(SUCCESS))
+        self.assertTrue(self.successResultOf(slow).succeeded)
+
+    def test_beside_an_etcd_client_the_channel_follows_what_it_learned(self) -> None:
+        client = EtcdClient(self.clock, ["http://127.0.0.1:2379"], 4.0)
+        self.addCleanup(client.close)
+        channel = TxnChannel.beside(client)
+        assert channel is not None
+        self.assertEqual(channel.answer_within(), 0.5)  # (a quarter of 4 s, at most 0.5)
+        client._answered.extend([0.6] * 8)  # eight answers, each 0.6 s late
+        self.assertEqual((client.attempt_bound(), channel.answer_within()), (2.0, 2.0))
 
     def test_only_plain_http_endpoints(self) -> None:
         self.assertIsNone(TxnChannel.for_endpoints(self.clock, ["https://e:2379"], 1.0))

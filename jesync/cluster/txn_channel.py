@@ -272,8 +272,8 @@ class TxnChannel:
         self._endpoint = 0
         self._connection: Optional[_Connection] = None
         self._connecting = False
-        # Requests waiting for the connection to open, each with its
-        # deadline (C{timeout} from when it was posted, not from when it is written).
+        # Requests waiting for the connection to open, each with its deadline
+        # (answer_within() from when it was posted, not from when it is written).
         self._queue: List[Tuple[bytes, Deferred[_Answer], float]] = []
         self._closed = False
         self._heads: Dict[int, bytes] = {}

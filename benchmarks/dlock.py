@@ -294,13 +294,7 @@ def start_reference(tmp: Path, path: Path, cpus: set[int] | None) -> Server:
             stderr=subprocess.STDOUT,
             preexec_fn=None if not cpus else (lambda: os.sched_setaffinity(0, cpus)),
         )
-    server = Server("reference", ("127.0.0.1", port), process, log, protocol="dlock")
-    try:
-        wait_for_port(server.address, process, log)
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    return Server("reference", ("127.0.0.1", port), process, log, protocol="dlock").listening()
 
 
 # -- rounds and the report ---------------------------------------------------------

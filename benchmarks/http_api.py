@@ -100,7 +100,6 @@ from loadgen import (  # noqa: E402
     run_rounds,
     run_workers,
     start_jesync,
-    wait_for_port,
 )
 from memcache import python_version  # noqa: E402
 
@@ -337,14 +336,7 @@ def start_http_jesync(tmp: Path, name: str, checkout: Path, python: str, cpus) -
     port = free_port()
     options = ("--http-port", f"tcp:{port}:interface=127.0.0.1:backlog={BACKLOG}")
     jesync = start_jesync(tmp, None, cpus, name, checkout, python, options)
-    server = Server(name, ("127.0.0.1", port), jesync.process, jesync.log, "http")
-    assert jesync.log is not None
-    try:
-        wait_for_port(server.address, jesync.process, jesync.log)
-    except BaseException:
-        jesync.stop()
-        raise
-    return server
+    return Server(name, ("127.0.0.1", port), jesync.process, jesync.log, "http").listening()
 
 
 class EtcdServer(Server):

@@ -276,6 +276,16 @@ class Server:
     def pid(self) -> int | None:
         return self.process.pid if self.process else None
 
+    def listening(self) -> Server:
+        """This server, once it accepts connections; stopped (and the script ended) if it never does."""
+        assert self.log is not None
+        try:
+            wait_for_port(self.address, self.process, self.log)
+        except BaseException:
+            self.stop()  # it may still be running, only not listening
+            raise
+        return self
+
     def stop(self) -> None:
         if self.process and self.process.poll() is None:
             self.process.send_signal(signal.SIGTERM)
@@ -323,13 +333,7 @@ def start_jesync(
         process = subprocess.Popen(
             command, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp, preexec_fn=pinning(cpus)
         )
-    server = Server(name, ("127.0.0.1", port), process, log)
-    try:
-        wait_for_port(server.address, process, log)
-    except BaseException:
-        server.stop()  # it may still be running, only not listening
-        raise
-    return server
+    return Server(name, ("127.0.0.1", port), process, log).listening()
 
 
 def start_redis(tmp: Path, cpus: set[int] | None = None, maxclients: int = 10000) -> Server:
@@ -355,9 +359,7 @@ def start_redis(tmp: Path, cpus: set[int] | None = None, maxclients: int = 10000
     log = tmp / "redis.log"
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pinning(cpus))
-    server = Server("redis", ("127.0.0.1", port), process, log, protocol="redis")
-    wait_for_port(server.address, process, log)
-    return server
+    return Server("redis", ("127.0.0.1", port), process, log, protocol="redis").listening()
 
 
 def start_yrmcds(tmp: Path, cpus: set[int] | None = None, maxclients: int = 10000) -> Server:
@@ -380,9 +382,7 @@ def start_yrmcds(tmp: Path, cpus: set[int] | None = None, maxclients: int = 1000
         process = subprocess.Popen(
             ["yrmcdsd", "-f", str(config)], stdout=out, stderr=subprocess.STDOUT, preexec_fn=pinning(cpus)
         )
-    server = Server("yrmcds", ("127.0.0.1", port), process, log, protocol="yrmcds")
-    wait_for_port(server.address, process, log)
-    return server
+    return Server("yrmcds", ("127.0.0.1", port), process, log, protocol="yrmcds").listening()
 
 
 def start_elock(tmp: Path, ebin: Path, cpus: set[int] | None = None) -> Server:
@@ -399,9 +399,7 @@ def start_elock(tmp: Path, ebin: Path, cpus: set[int] | None = None) -> Server:
     log = tmp / "elock.log"
     with log.open("wb") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pinning(cpus))
-    server = Server("elock", ("127.0.0.1", port), process, log, protocol="elock")
-    wait_for_port(server.address, process, log)
-    return server
+    return Server("elock", ("127.0.0.1", port), process, log, protocol="elock").listening()
 
 
 # -- dflockd (github.com/mtingers/dflockd, a Python asyncio lock server; --dflockd SRC) -----
@@ -477,13 +475,7 @@ def start_dflockd(tmp: Path, command: list[str], pythonpath: Path | None, cpus: 
         process = subprocess.Popen(
             command + options, env=env, cwd=tmp, stdout=out, stderr=subprocess.STDOUT, preexec_fn=pinning(cpus)
         )
-    server = Server("dflockd", ("127.0.0.1", port), process, log, protocol="dflockd")
-    try:
-        wait_for_port(server.address, process, log)
-    except BaseException:
-        server.stop()
-        raise
-    return server
+    return Server("dflockd", ("127.0.0.1", port), process, log, protocol="dflockd").listening()
 
 
 def cpu_times(pid: int | None) -> tuple[float, float] | None:

@@ -115,7 +115,6 @@ from loadgen import (  # noqa: E402
     run_workers,
     start_jesync,
     start_yrmcds,
-    wait_for_port,
 )
 from memory import rss_bytes  # noqa: E402
 
@@ -319,14 +318,7 @@ def start_memcache_jesync(tmp: Path, name: str, checkout: Path, python: str, cpu
     if memory is not None:
         options += ["--memcache-memory", str(memory)]
     jesync = start_jesync(tmp, None, cpus, name, checkout, python, tuple(options))
-    server = Server(name, ("127.0.0.1", port), jesync.process, jesync.log, "memcache")
-    assert jesync.log is not None
-    try:
-        wait_for_port(server.address, jesync.process, jesync.log)
-    except BaseException:
-        jesync.stop()
-        raise
-    return server
+    return Server(name, ("127.0.0.1", port), jesync.process, jesync.log, "memcache").listening()
 
 
 def start_servers(tmp: Path, targets: list, with_yrmcds: bool, cpus, memory: int | None = None) -> list:

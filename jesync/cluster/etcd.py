@@ -270,6 +270,26 @@ def _revision(response: JSON) -> int:
     return _int(response.get("header", {}), "revision")
 
 
+def _txn_result(answer: JSON, success: Sequence[Operation], failure: Sequence[Operation]) -> TxnResult:
+    """
+    etcd's answer to a transaction (as JSON) as a L{TxnResult}: which branch
+    it took, and for each of that branch's operations the key-values a
+    L{Get} read (None for a write).
+    """
+    succeeded = bool(answer.get("succeeded", False))
+    taken = success if succeeded else failure
+    answers = answer.get("responses", [])
+    if len(answers) != len(taken):
+        raise EtcdError(f"etcd answered {len(answers)} operations of a transaction of {len(taken)}")
+    responses: List[Optional[List[KeyValue]]] = []
+    for operation, item in zip(taken, answers):
+        if isinstance(operation, Get):
+            responses.append([_decode_kv(kv) for kv in item.get("response_range", {}).get("kvs", ())])
+        else:
+            responses.append(None)
+    return TxnResult(succeeded=succeeded, revision=_revision(answer), responses=responses)
+
+
 def _gateway_error(message: JSON) -> Optional[EtcdError]:
     """
     The error in a gateway answer, if it is one: C{{"error": "...", "code":
@@ -658,19 +678,7 @@ class EtcdClient:
             "failure": [_encode_operation(operation) for operation in failure],
         }
         response = yield self._call("txn", "/kv/txn", request)
-        succeeded = bool(response.get("succeeded", False))
-        taken = success if succeeded else failure
-        answers = response.get("responses", [])
-        if len(answers) != len(taken):
-            raise EtcdError(f"etcd answered {len(answers)} operations of a transaction of {len(taken)}")
-        responses: List[Optional[List[KeyValue]]] = []
-        for operation, answer in zip(taken, answers):
-            if isinstance(operation, Get):
-                kvs = answer.get("response_range", {}).get("kvs", ())
-                responses.append([_decode_kv(kv) for kv in kvs])
-            else:
-                responses.append(None)
-        return TxnResult(succeeded=succeeded, revision=_revision(response), responses=responses)
+        return _txn_result(response, success, failure)
 
     # -- leases --
 

@@ -60,15 +60,13 @@ from jesync.cluster.etcd import (
     EtcdClient,
     EtcdError,
     Get,
-    KeyValue,
     Operation,
     Put,
     TxnResult,
-    _decode_kv,
     _encode_compare,
     _encode_operation,
     _gateway_error,
-    _revision,
+    _txn_result,
 )
 
 # The largest answer read (as L{jesync.cluster.etcd.MAX_RESPONSE}), and the largest header.
@@ -385,23 +383,13 @@ class TxnChannel:
         error = _gateway_error(message)
         if error is not None:
             raise error
-        succeeded = bool(message.get("succeeded", False))
-        taken = success if succeeded else failure
-        answers = message.get("responses", [])
-        if len(answers) != len(taken):
-            raise EtcdError(f"etcd answered {len(answers)} operations of a transaction of {len(taken)}")
-        responses: List[Optional[List[KeyValue]]] = []
-        for operation, item in zip(taken, answers):
-            if isinstance(operation, Get):
-                responses.append([_decode_kv(kv) for kv in item.get("response_range", {}).get("kvs", ())])
-            else:
-                responses.append(None)
+        result = _txn_result(message, success, failure)
         if self.observer is not None:
             try:
                 self.observer("txn", self.reactor.seconds() - started)
             except Exception:
                 _log.failure("the etcd channel's observer failed")
-        return TxnResult(succeeded=succeeded, revision=_revision(message), responses=responses)
+        return result
 
     # -- connections --
 

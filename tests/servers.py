@@ -347,7 +347,9 @@ class ServerThread(LocalServer):
         self._lines: list[str] = []
 
     def _observe(self, event: dict) -> None:
-        if self._running is not None and threading.current_thread() is self._running.thread:
+        # (read once: kill() may clear it from the test's thread meanwhile)
+        running = self._running
+        if running is not None and threading.current_thread() is running.thread:
             self._lines.append(formatEvent(event) or "")
 
     def start(self) -> "ServerThread":

@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Optional, Sequence, Set
 
 from twisted.internet import defer
 from twisted.internet.error import ConnectionDone
@@ -108,21 +108,50 @@ def _ports_below_the_ephemeral_range() -> range:
     return range(max(1024, low - 12000), low)
 
 
+def _this_workers_ports() -> range:
+    """
+    This test process's share of L{_ports_below_the_ephemeral_range}: under
+    pytest-xdist each worker (C{PYTEST_XDIST_WORKER} C{gwN} of
+    C{PYTEST_XDIST_WORKER_COUNT}) picks from a slice of its own, so two
+    workers never pick the same port between one's pick and its listen.
+    """
+    ports = _ports_below_the_ephemeral_range()
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    try:
+        index = int(worker[2:]) if worker.startswith("gw") else 0
+        count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    except ValueError:
+        return ports
+    if not 0 <= index < count:
+        return ports
+    share = len(ports) // count
+    return ports[index * share : (index + 1) * share]
+
+
 _picker = random.Random()
+_handed_out: Set[int] = set()
 
 
 def free_port(ipv6: bool = False) -> int:
-    """A port on loopback nothing listens on now, and no outgoing connection will take meanwhile."""
+    """
+    A port on loopback nothing listens on now, no outgoing connection will
+    take meanwhile, and no other call in this test run returns: a test that
+    picks two ports before it listens on either (a server and its memcached
+    listener) gets two different ones.
+    """
     family, host = (socket.AF_INET6, "::1") if ipv6 else (socket.AF_INET, "127.0.0.1")
-    ports = _ports_below_the_ephemeral_range()
+    ports = _this_workers_ports()
     for _ in range(100):
         port = _picker.choice(ports)
+        if port in _handed_out:
+            continue
         with socket.socket(family) as probe:
             try:
                 probe.bind((host, port))
             except OSError:
                 continue
-            return port
+        _handed_out.add(port)
+        return port
     with socket.socket(family) as probe:  # (a crowded range: any port the system gives)
         probe.bind((host, 0))
         return probe.getsockname()[1]

@@ -14,11 +14,20 @@ in-process tiers run on it:
 default's type is refused by pytest-twisted, loudly.  The servers the
 process tests start run as their commands say (the docs', the systemd
 unit's), whatever the variable.
+
+It also undoes one thing a test run may inherit: started in the background
+by a non-interactive shell (C{sh -c 'python -m pytest &'}, as a CI script
+may), a process ignores SIGINT, pytest-xdist's workers too, and so would
+every command the process tests start (an ignored signal stays ignored
+across C{exec}).  The tests that interrupt C{jesync watch} or C{jesync
+elect --observe} with SIGINT, as a person at a terminal does, need it
+delivered: the suite takes SIGINT back as Python's default.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 
 from twisted.application.reactors import installReactor
@@ -26,3 +35,6 @@ from twisted.application.reactors import installReactor
 _REACTOR = os.environ.get("JESYNC_REACTOR") or ("jesync-epoll" if sys.platform.startswith("linux") else "default")
 if _REACTOR != "default":
     installReactor(_REACTOR)
+
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
